@@ -1,0 +1,78 @@
+"""monarch_nb: a Jupyter-first, single-controller distributed environment for PyTorch.
+
+Layering (each layer imports only those below it)::
+
+    magics/, widgets/, debug     notebook side: IPython and ipywidgets live here only
+    _actor, _proc_mesh           actors, endpoints, process meshes (the public API)
+    _controller, _process_group  the controller client, worker processes, supervision
+    _calls, _future              calls in flight and the one Future type
+    _wire, _serialize, _io_loop  signed messages, pickling, the I/O thread
+    _shape, _value_mesh,         plain data: shapes, points, per-rank values, errors
+    _errors, _context
+    native/                      the one-sided tensor data plane (C extension)
+
+The runtime never imports IPython, ipywidgets or torch: it works from a plain
+Python script, and a worker imports torch only when user code does.
+"""
+
+from ._actor import Actor, ActorMesh, Endpoint, endpoint
+from ._calls import ReplyStream
+from ._context import Context, context, current_rank
+from ._controller import WorkerOutput, set_output_handler
+from ._errors import (
+    CallTimeout,
+    EndpointError,
+    MeshFailure,
+    MeshUsageError,
+    MonarchNbError,
+    RemoteError,
+    RemoteFailure,
+    SerializationError,
+    SpawnError,
+)
+from ._future import Future
+from ._proc_mesh import HostMesh, MeshStatistics, ProcInfo, ProcMesh, this_host
+from ._shape import Point, Shape
+from ._value_mesh import ValueMesh
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Actor",
+    "ActorMesh",
+    "CallTimeout",
+    "Context",
+    "Endpoint",
+    "EndpointError",
+    "Future",
+    "HostMesh",
+    "MeshFailure",
+    "MeshStatistics",
+    "MeshUsageError",
+    "MonarchNbError",
+    "Point",
+    "ProcInfo",
+    "ProcMesh",
+    "RemoteError",
+    "RemoteFailure",
+    "ReplyStream",
+    "SerializationError",
+    "Shape",
+    "SpawnError",
+    "ValueMesh",
+    "WorkerOutput",
+    "context",
+    "current_rank",
+    "endpoint",
+    "set_output_handler",
+    "this_host",
+]
+
+for _name in __all__:  # tracebacks and reprs read monarch_nb.X, not monarch_nb._module.X
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("monarch_nb._"):
+        try:
+            _obj.__module__ = __name__
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

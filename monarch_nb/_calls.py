@@ -1,0 +1,160 @@
+"""Bookkeeping of one call in flight: which ranks owe a reply, and what to do with it.
+
+A :class:`PendingCall` lives on the I/O thread from the moment the call is
+sent until every expected rank answered or the mesh failed. It completes
+exactly one :class:`CallFuture` (gathered adverbs) or a sequence of per-reply
+futures (``stream()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from ._errors import (
+    CallTimeout,
+    MeshFailure,
+    RemoteError,
+    RemoteFailure,
+    SerializationError,
+    SpawnError,
+    format_ranks,
+)
+from ._future import Future
+from ._shape import Point, Shape
+from ._value_mesh import ValueMesh
+
+
+class CallFuture(Future[Any]):
+    """A future whose timeout error names the ranks that have not replied."""
+
+    __slots__ = ("_call",)
+
+    def __init__(self, call: PendingCall) -> None:
+        super().__init__()
+        self._call = call
+
+    def _timeout_error(self, timeout: float | None) -> BaseException:
+        waiting = self._call.waiting_ranks()
+        replied = len(self._call.ranks) - len(waiting)
+        return CallTimeout(
+            f"{self._call.label} got no reply from rank(s) {format_ranks(waiting)} within "
+            f"{timeout} s ({replied} of {len(self._call.ranks)} replied); the call is still "
+            "running there: wait longer, interrupt it, or stop the mesh",
+            ranks=waiting,
+        )
+
+
+class PendingCall:
+    """The state of one call to a set of ranks (touched on the I/O thread only)."""
+
+    def __init__(
+        self,
+        call_id: int,
+        shape: Shape,
+        *,
+        actor: str,
+        endpoint: str,
+        collect: str = "mesh",  # "mesh": ValueMesh; "one": the single value; "stream"
+        spawn: bool = False,
+    ) -> None:
+        self.call_id = call_id
+        self.shape = shape
+        self.ranks = shape.ranks
+        self.actor, self.endpoint = actor, endpoint
+        self.collect = collect
+        self.spawn = spawn
+        self.values: dict[int, Any] = {}
+        self.failures: list[RemoteFailure] = []
+        self.serialization_failures: list[RemoteFailure] = []
+        self.future: CallFuture = CallFuture(self)
+        self.stream_futures: list[Future[tuple[Point, Any]]] = (
+            [Future() for _ in self.ranks] if collect == "stream" else []
+        )
+        self._arrived = 0
+        self.on_finish: Callable[[PendingCall], None] | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.actor}.{self.endpoint}" if self.endpoint else self.actor
+
+    def waiting_ranks(self) -> list[int]:
+        answered = set(self.values) | {f.rank for f in self.failures}
+        answered |= {f.rank for f in self.serialization_failures}
+        return [r for r in self.ranks if r not in answered]
+
+    @property
+    def finished(self) -> bool:
+        return self.future.done()
+
+    # -- replies ------------------------------------------------------------------
+
+    def add_value(self, rank: int, value: Any) -> None:
+        self.values[rank] = value
+        self._next_stream_item(lambda f: f.set_result((self.shape.point_of_rank(rank), value)))
+        self._maybe_finish()
+
+    def add_failure(self, failure: RemoteFailure, *, serialization: bool = False) -> None:
+        (self.serialization_failures if serialization else self.failures).append(failure)
+        self._next_stream_item(lambda f: f.set_exception(self._error([failure], serialization)))
+        self._maybe_finish()
+
+    def fail(self, error: MeshFailure) -> None:
+        """The mesh failed: complete everything still open with ``error``."""
+        for item in self.stream_futures:
+            item.set_exception(error)
+        self.future.set_exception(error)
+        if self.on_finish:
+            self.on_finish(self)
+
+    def _next_stream_item(self, complete: Callable[[Future[Any]], Any]) -> None:
+        if self.stream_futures:
+            complete(self.stream_futures[self._arrived])
+        self._arrived += 1
+
+    def _error(self, failures: list[RemoteFailure], serialization: bool) -> Exception:
+        if serialization:
+            f = failures[0]
+            ranks = [x.rank for x in failures]
+            return SerializationError(
+                f"{self.label} on rank(s) {format_ranks(ranks)}: {f.message}",
+                ranks=ranks,
+                type_name=f.type_name,
+            )
+        cls = SpawnError if self.spawn else RemoteError
+        return cls(failures, actor=self.actor, endpoint=self.endpoint)
+
+    def _maybe_finish(self) -> None:
+        if self._arrived < len(self.ranks):
+            return
+        if self.serialization_failures:
+            self.future.set_exception(self._error(self.serialization_failures, True))
+        elif self.failures:
+            self.future.set_exception(self._error(self.failures, False))
+        elif self.collect == "one":
+            self.future.set_result(self.values[self.ranks[0]])
+        else:
+            self.future.set_result(ValueMesh(self.shape, [self.values[r] for r in self.ranks]))
+        if self.on_finish:
+            self.on_finish(self)
+
+
+class ReplyStream:
+    """``(point, value)`` pairs in the order replies arrive; iterate or ``async for``."""
+
+    def __init__(self, items: list[Future[tuple[Point, Any]]]) -> None:
+        self._items = items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[tuple[Point, Any]]:
+        for item in self._items:
+            yield item.get()
+
+    async def _aiter(self) -> AsyncIterator[tuple[Point, Any]]:
+        for item in self._items:
+            yield await item
+
+    def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]:
+        return self._aiter()

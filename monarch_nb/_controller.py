@@ -1,0 +1,256 @@
+"""The controller client: one per process, lazily created, shared by every mesh.
+
+It owns the I/O thread, the ROUTER socket every worker connects to, and the
+table of calls in flight. Meshes talk to it through three thread-safe methods:
+:meth:`Controller.register`, :meth:`Controller.send` and :meth:`Controller.run`.
+Everything else happens on the I/O thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import weakref
+import os
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import zmq
+
+from ._calls import PendingCall
+from ._errors import MeshFailure, RemoteFailure
+from ._io_loop import IOLoop
+from ._wire import Encoded, WireStats, decode_payload
+
+if TYPE_CHECKING:
+    from ._process_group import ProcGroup
+
+_log = logging.getLogger("monarch_nb")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkerOutput:
+    """One line a worker wrote to its stdout or stderr."""
+
+    rank: int
+    stream: str  # "stdout" or "stderr"
+    line: str
+    mesh: str
+
+
+def print_output(output: WorkerOutput) -> None:
+    """Default output handler: the line, prefixed by its rank, on our own stream."""
+    stream = sys.stderr if output.stream == "stderr" else sys.stdout
+    stream.write(f"[{output.rank}] {output.line}\n")
+    stream.flush()
+
+
+OutputHandler = Callable[[WorkerOutput], None]
+
+
+class _Peer:
+    __slots__ = ("group", "last_sequence", "rank")
+
+    def __init__(self, group: ProcGroup, rank: int) -> None:
+        self.group, self.rank, self.last_sequence = group, rank, 0
+
+
+class Controller:
+    """Process-wide client of every mesh this process started."""
+
+    _instance: Controller | None = None
+    _instance_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> Controller:
+        """The controller of this process, started on first use."""
+        with cls._instance_lock:
+            if cls._instance is None or cls._instance._pid != os.getpid():
+                cls._instance = Controller()
+            return cls._instance
+
+    def __init__(self, bind_host: str | None = None) -> None:
+        self._pid = os.getpid()
+        self.bind_host = bind_host or os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
+        self.stats = WireStats()
+        self.loop = IOLoop()
+        self._peers: dict[bytes, _Peer] = {}
+        self._calls: dict[int, PendingCall] = {}
+        self._call_groups: dict[int, ProcGroup] = {}
+        self._call_ids = itertools.count(1)
+        self.outstanding: Counter[tuple[int, int]] = Counter()
+        self.output_handler: OutputHandler = print_output
+        self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
+        atexit.register(self.shutdown)
+        self.router: zmq.Socket = self.run(self._bind)
+        self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _bind(self) -> zmq.Socket:
+        router = self.loop.context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.SNDHWM, 0)
+        router.setsockopt(zmq.RCVHWM, 0)
+        router.bind_to_random_port(f"tcp://{self.bind_host}")
+        self.loop.add_socket(router, self._on_readable)
+        return router
+
+    # -- thread-safe API ------------------------------------------------------------
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the I/O thread and return its result (blocking)."""
+        if self.loop.in_loop_thread:
+            return fn()
+        box: list[Any] = []
+        done = threading.Event()
+
+        def task() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:
+                box.append((False, exc))
+            done.set()
+
+        self.loop.call_soon(task)
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def shutdown(self) -> None:
+        """Kill every worker this process started (at interpreter exit)."""
+        for group in list(self.groups):
+            try:
+                group.kill()
+            except Exception:
+                _log.exception("monarch_nb: could not stop %r at exit", group.name)
+        self.loop.stop()
+
+    def next_call_id(self) -> int:
+        return next(self._call_ids)
+
+    def send(
+        self,
+        group: ProcGroup,
+        ranks: Iterable[int],
+        message: Encoded,
+        call: PendingCall | None = None,
+    ) -> None:
+        """Send one encoded message to ``ranks`` of ``group``; track ``call`` if given.
+
+        If the group has failed by the time the I/O thread sends, the call
+        fails with that failure instead (checked on the I/O thread, so a
+        crash can never slip between the check and the send).
+        """
+        ranks = tuple(ranks)
+        self.loop.call_soon(lambda: self._send_now(group, ranks, message, call))
+
+    def _send_now(
+        self, group: ProcGroup, ranks: tuple[int, ...], message: Encoded, call: PendingCall | None
+    ) -> None:
+        failure = group.failure_for(ranks)
+        if failure is not None:
+            if call is not None:
+                call.fail(failure)
+            return
+        if call is not None:
+            self._calls[call.call_id] = call
+            self._call_groups[call.call_id] = group
+            call.on_finish = self._forget
+            for rank in ranks:
+                self.outstanding[(group.id, rank)] += 1
+        frames = message.frames
+        for rank in ranks:
+            self.router.send_multipart([group.identity(rank), *frames], copy=False)
+        self.stats.sent += len(ranks)
+
+    # -- I/O thread ---------------------------------------------------------------------
+
+    def add_peer(self, identity: bytes, group: ProcGroup, rank: int) -> None:
+        self._peers[identity] = _Peer(group, rank)
+
+    def remove_peer(self, identity: bytes) -> None:
+        self._peers.pop(identity, None)
+
+    def fail_calls(self, group: ProcGroup, error: MeshFailure) -> None:
+        """Fail every call in flight to ``group`` (I/O thread)."""
+        for call_id, owner in list(self._call_groups.items()):
+            if owner is group:
+                self._calls[call_id].fail(error)
+
+    def _forget(self, call: PendingCall) -> None:
+        self._calls.pop(call.call_id, None)
+        group = self._call_groups.pop(call.call_id, None)
+        if group is not None:
+            for rank in call.ranks:
+                key = (group.id, rank)
+                self.outstanding[key] -= 1
+                if self.outstanding[key] <= 0:
+                    del self.outstanding[key]
+
+    def _on_readable(self) -> None:
+        router = self.router
+        while True:
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._dispatch(frames)
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        peer = self._peers.get(frames[0].bytes)
+        if peer is None:
+            self.stats.dropped_unknown_peer += 1
+            return
+        body = frames[1:]
+        checked = peer.group.signer.verify(body, peer.last_sequence)
+        if checked is None:
+            return
+        peer.last_sequence, meta = checked
+        kind = meta[0]
+        if kind == "value":
+            self._on_value(meta[1], peer.rank, body)
+        elif kind == "failure":
+            _, call_id, failure, serialization = meta
+            call = self._calls.get(call_id)
+            if call is not None:
+                call.add_failure(failure, serialization=serialization)
+        else:
+            peer.group.on_worker_message(peer.rank, meta, body)
+
+    def _on_value(self, call_id: int, rank: int, body: list[Any]) -> None:
+        call = self._calls.get(call_id)
+        if call is None:
+            return  # the call already failed (mesh failure); a late reply is moot
+        try:
+            value = decode_payload(body)
+        except Exception as exc:
+            call.add_failure(
+                RemoteFailure(
+                    rank,
+                    type(exc).__name__,
+                    f"the return value could not be unpickled on the controller: "
+                    f"{type(exc).__name__}: {exc}",
+                    "",
+                ),
+                serialization=True,
+            )
+            return
+        call.add_value(rank, value)
+
+
+def set_output_handler(handler: OutputHandler | None) -> OutputHandler:
+    """Route worker output lines to ``handler`` (None: the default printer).
+
+    Returns the previous handler, so callers can restore it.
+    """
+    controller = Controller.get()
+    previous = controller.output_handler
+    controller.output_handler = handler or print_output
+    return previous

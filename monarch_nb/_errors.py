@@ -1,0 +1,169 @@
+"""Every error monarch_nb raises, in one place.
+
+::
+
+    MonarchNbError
+     ├── MeshFailure          a process died, a broadcast failed, or the mesh was stopped:
+     │                        the mesh is unusable until restart()
+     ├── RemoteError          user code raised on one or more ranks (the mesh stays usable)
+     │    └── SpawnError      an actor's __init__ raised
+     ├── SerializationError   a value could not be pickled or unpickled (names rank and type)
+     ├── EndpointError        the thing called is not an endpoint (lists the endpoints)
+     ├── CallTimeout          ranks did not reply in time (names them); also a TimeoutError
+     └── MeshUsageError       wrong use of the API (bad slice, call_one on many points, ...)
+
+Remote errors keep the remote traceback as text with real source lines and
+render natively in IPython (``_render_traceback_``), grouped by identical
+traceback and labelled with the rank set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# How many distinct tracebacks a grouped error shows before "... and N more".
+_MAX_GROUPS_SHOWN = 4
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """Compact rank set: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+class MonarchNbError(Exception):
+    """Root of every monarch_nb error."""
+
+
+class MeshUsageError(MonarchNbError, ValueError):
+    """The API was used in a way that cannot work; the message says the right way."""
+
+
+class EndpointError(MonarchNbError, AttributeError):
+    """The name called on an actor mesh is not one of its endpoints."""
+
+    def __init__(self, message: str, *, actor: str, endpoint: str, endpoints: Sequence[str]):
+        super().__init__(message)
+        self.actor, self.endpoint, self.endpoints = actor, endpoint, tuple(endpoints)
+
+
+class SerializationError(MonarchNbError, TypeError):
+    """A value could not cross the wire; ``.ranks`` says where, ``.type_name`` what."""
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = (), type_name: str = ""):
+        super().__init__(message)
+        self.ranks, self.type_name = tuple(ranks), type_name
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """One rank's failure as it came over the wire (plain data, picklable)."""
+
+    rank: int
+    type_name: str
+    message: str
+    traceback: str  # the remote traceback as text, source lines included
+
+
+class RemoteError(MonarchNbError):
+    """User code raised on one or more ranks.
+
+    ``.failures`` holds one :class:`RemoteFailure` per failed rank; ``.ranks``
+    the failed ranks; ``.remote_traceback`` the first traceback. The message
+    groups identical tracebacks and labels each group with its rank set.
+    """
+
+    what = "call"
+
+    def __init__(
+        self, failures: Sequence[RemoteFailure], *, actor: str = "", endpoint: str = ""
+    ) -> None:
+        self.failures = tuple(sorted(failures, key=lambda f: f.rank))
+        self.actor, self.endpoint = actor, endpoint
+        self.ranks = tuple(f.rank for f in self.failures)
+        self.remote_traceback = self.failures[0].traceback if self.failures else ""
+        super().__init__(self._summary())
+
+    @property
+    def target(self) -> str:
+        return f"{self.actor}.{self.endpoint}" if self.endpoint else self.actor
+
+    def groups(self) -> list[tuple[tuple[int, ...], RemoteFailure]]:
+        """Failures grouped by identical traceback: ``[(ranks, failure), ...]``."""
+        by_text: dict[str, list[RemoteFailure]] = {}
+        for failure in self.failures:
+            by_text.setdefault(failure.traceback, []).append(failure)
+        return [(tuple(f.rank for f in fs), fs[0]) for fs in by_text.values()]
+
+    def _summary(self) -> str:
+        head = ", ".join(
+            f"ranks {format_ranks(ranks)}: {f.type_name}: {f.message}"
+            if len(ranks) > 1
+            else f"rank {ranks[0]}: {f.type_name}: {f.message}"
+            for ranks, f in self.groups()[:_MAX_GROUPS_SHOWN]
+        )
+        return f"{self.target} failed on {head}"
+
+    def render(self) -> str:
+        """Full text: each distinct remote traceback once, labelled by rank set."""
+        lines = [f"{self.what} {self.target} failed on rank(s) {format_ranks(self.ranks)}"]
+        groups = self.groups()
+        for ranks, failure in groups[:_MAX_GROUPS_SHOWN]:
+            lines.append(f"--- Traceback of where the remote call failed (rank {format_ranks(ranks)}):")
+            lines.append(failure.traceback.rstrip())
+        if len(groups) > _MAX_GROUPS_SHOWN:
+            lines.append(f"... and {len(groups) - _MAX_GROUPS_SHOWN} more distinct tracebacks")
+        return "\n".join(lines)
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of formatting the local traceback.
+        return self.render().splitlines()
+
+    def __reduce__(self):  # noqa: ANN204 - keep picklable for nested meshes
+        return (_rebuild_remote_error, (type(self), self.failures, self.actor, self.endpoint))
+
+
+def _rebuild_remote_error(cls, failures, actor, endpoint):  # noqa: ANN001, ANN202
+    return cls(failures, actor=actor, endpoint=endpoint)
+
+
+class SpawnError(RemoteError):
+    """An actor's ``__init__`` raised; the process mesh is still usable."""
+
+    what = "spawn of"
+
+
+class MeshFailure(MonarchNbError):
+    """A mesh can no longer be used: a process died, a broadcast failed, or it was stopped.
+
+    ``.ranks`` are the ranks that failed; ``.cause`` says why (an exit code, a
+    signal, a :class:`RemoteError`). Calls on the mesh raise this at once until
+    ``procs.restart()``.
+    """
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = (), cause: object = None):
+        super().__init__(message)
+        self.ranks, self.cause = tuple(ranks), cause
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [f"MeshFailure: {self}"]
+        if isinstance(self.cause, RemoteError):
+            lines += self.cause.render().splitlines()
+        return lines
+
+
+class CallTimeout(MonarchNbError, TimeoutError):
+    """Some ranks did not reply within the timeout; ``.ranks`` names them."""
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = ()):
+        super().__init__(message)
+        self.ranks = tuple(ranks)

@@ -1,0 +1,145 @@
+"""One future type: awaitable in any asyncio loop and blocking with ``.get()``.
+
+Results are produced on monarch_nb's I/O thread (or a native thread), never on
+the caller's loop, so the future is thread-safe and independent of asyncio.
+``.get()`` blocks only the calling thread; because the I/O thread keeps
+running, it is safe to call from inside a running event loop (a Jupyter cell)
+without deadlock or ``nest_asyncio``. ``await fut`` bridges to whatever loop is
+running at the await site.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Generator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_PENDING = object()
+
+
+class Future(Generic[T]):
+    """The eventual result of an operation on the mesh.
+
+    Use ``fut.get(timeout=None)`` to block for the value, or ``await fut`` from a
+    coroutine. Both raise the operation's error if it failed.
+
+    Example::
+
+        value = actor.ping.call_one().get(timeout=5)
+        value = await actor.ping.call_one()
+    """
+
+    __slots__ = ("_callbacks", "_event", "_exception", "_lock", "_result")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._result: Any = _PENDING
+        self._exception: BaseException | None = None
+        self._callbacks: list[Callable[[Future[T]], None]] = []
+
+    # -- completion (internal: called by whoever produces the value) ---------
+
+    def set_result(self, value: T) -> bool:
+        """Complete with ``value``; returns False if it was already complete."""
+        return self._complete(value, None)
+
+    def set_exception(self, exc: BaseException) -> bool:
+        """Complete with an error; returns False if it was already complete."""
+        return self._complete(None, exc)
+
+    def _complete(self, value: Any, exc: BaseException | None) -> bool:
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._result, self._exception = value, exc
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+        return True
+
+    # -- consumption ----------------------------------------------------------
+
+    def done(self) -> bool:
+        """True once a value or an error is available."""
+        return self._event.is_set()
+
+    def add_done_callback(self, callback: Callable[[Future[T]], None]) -> None:
+        """Run ``callback(self)`` on completion (at once if already done).
+
+        The callback runs on the thread that completes the future: keep it short.
+        """
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def get(self, timeout: float | None = None) -> T:
+        """Block until the result is ready and return it (or raise its error).
+
+        Raises the error of the operation, or a ``TimeoutError`` subclass if
+        ``timeout`` seconds pass first (the operation itself keeps going).
+        """
+        if not self._event.wait(timeout):
+            raise self._timeout_error(timeout)
+        if self._exception is not None:
+            raise self._exception
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Wait like ``get`` but return the error (or None) instead of raising it."""
+        if not self._event.wait(timeout):
+            raise self._timeout_error(timeout)
+        return self._exception
+
+    def _timeout_error(self, timeout: float | None) -> BaseException:
+        # Subclasses name what is still missing (which ranks, which endpoint).
+        return TimeoutError(f"the operation did not finish within {timeout} s")
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if not self._event.is_set():
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+
+            def wake(_: Future[T]) -> None:
+                try:
+                    loop.call_soon_threadsafe(_resolve, waiter)
+                except RuntimeError:
+                    pass  # the awaiting loop was closed; nobody is waiting any more
+
+            self.add_done_callback(wake)
+            yield from waiter.__await__()
+        return self.get()
+
+    def __repr__(self) -> str:
+        if not self.done():
+            state = "pending"
+        elif self._exception is not None:
+            state = f"failed: {type(self._exception).__name__}"
+        else:
+            state = "done"
+        return f"<{type(self).__name__} {state}>"
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def completed(value: T) -> Future[T]:
+    """A future that already holds ``value``."""
+    fut: Future[T] = Future()
+    fut.set_result(value)
+    return fut
+
+
+def failed(exc: BaseException) -> Future[Any]:
+    """A future that already holds the error ``exc``."""
+    fut: Future[Any] = Future()
+    fut.set_exception(exc)
+    return fut

@@ -1,0 +1,133 @@
+"""The controller's I/O thread: one poll loop that owns every socket and pipe.
+
+User threads never touch a socket. They hand work to this thread with
+:meth:`IOLoop.call_soon` (thread-safe; wakes the loop through an eventfd) and
+get results back through futures. The loop polls, in one ``zmq.Poller``:
+
+- the ROUTER socket all workers connect to,
+- a pidfd per worker process, readable the instant the process exits, so a
+  crash is seen at once with its exit code or signal,
+- the stdout/stderr pipe of every worker, forwarded line by line as it arrives,
+- the wake-up eventfd; timers set the poll timeout.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+Callback = Callable[[], None]
+_log = logging.getLogger("monarch_nb")
+
+
+class IOLoop:
+    """A single background thread running a ``zmq.Poller`` loop."""
+
+    def __init__(self, name: str = "monarch_nb-io") -> None:
+        self.context = zmq.Context.instance()
+        self._pending: deque[Callback] = deque()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._poller = zmq.Poller()
+        self._poller.register(self._wake_fd, zmq.POLLIN)
+        self._sockets: dict[Any, Callback] = {}
+        self._fds: dict[int, Callback] = {}
+        self._timers: list[tuple[float, int, Callback]] = []
+        self._timer_ids = itertools.count()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    # -- thread-safe entry points --------------------------------------------
+
+    def call_soon(self, callback: Callback) -> None:
+        """Run ``callback()`` on the I/O thread as soon as possible."""
+        self._pending.append(callback)
+        try:
+            os.eventfd_write(self._wake_fd, 1)
+        except OSError:
+            pass  # loop already closed; nothing will run the callback
+
+    def call_later(self, delay: float, callback: Callback) -> None:
+        """Run ``callback()`` on the I/O thread after ``delay`` seconds."""
+        deadline = time.monotonic() + delay
+        self.call_soon(
+            lambda: heapq.heappush(self._timers, (deadline, next(self._timer_ids), callback))
+        )
+
+    def stop(self) -> None:
+        """Stop the loop and close its sockets (waits for the thread)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.call_soon(lambda: None)
+        if not self.in_loop_thread:
+            self._thread.join(timeout=5)
+
+    # -- registration (I/O thread only) ---------------------------------------
+
+    def add_socket(self, socket: zmq.Socket, on_readable: Callback) -> None:
+        self._sockets[socket] = on_readable
+        self._poller.register(socket, zmq.POLLIN)
+
+    def add_fd(self, fd: int, on_readable: Callback) -> None:
+        self._fds[fd] = on_readable
+        self._poller.register(fd, zmq.POLLIN)
+
+    def remove_fd(self, fd: int) -> None:
+        if self._fds.pop(fd, None) is not None:
+            self._poller.unregister(fd)
+
+    # -- the loop ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._poll_once()
+        finally:
+            for socket in self._sockets:
+                socket.close(linger=0)
+            os.close(self._wake_fd)
+
+    def _poll_once(self) -> None:
+        timeout_ms: float | None = None
+        if self._pending:
+            timeout_ms = 0
+        elif self._timers:
+            timeout_ms = max(0.0, (self._timers[0][0] - time.monotonic()) * 1000)
+        for item, _ in self._poller.poll(timeout_ms):
+            if item == self._wake_fd:
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:
+                    pass
+            else:
+                # An earlier callback in this batch may have removed the fd.
+                callback = self._fds.get(item) or self._sockets.get(item)
+                if callback is not None:
+                    _safely(callback)
+        while self._pending:
+            _safely(self._pending.popleft())
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _safely(heapq.heappop(self._timers)[2])
+
+
+def _safely(callback: Callback) -> None:
+    # One bad callback must not take down the thread every mesh depends on.
+    try:
+        callback()
+    except Exception:
+        _log.exception("monarch_nb I/O thread: a callback failed")

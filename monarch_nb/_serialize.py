@@ -1,0 +1,129 @@
+"""Pickling for the wire: protocol 5 with large buffers out of band.
+
+Tensors, numpy arrays, bytes and bytearrays above a small threshold are handed
+to the wire as separate frames (``PickleBuffer``), so a 64 MiB tensor is never
+copied into the pickle stream; on receipt it is rebuilt directly on the
+received frame's memory.
+
+Two picklers share one reducer: the controller uses cloudpickle (classes and
+functions from ``__main__``, i.e. notebook cells, travel by value); workers use
+the standard pickler and fall back to cloudpickle only when a reply needs it,
+so a worker does not pay cloudpickle's import on start.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+# Below this many bytes a buffer is cheaper in-band than as its own frame.
+OUT_OF_BAND_THRESHOLD = 4096
+
+
+def _reduce_buffers(obj: Any) -> Any:
+    """Reducer for objects we send out of band; NotImplemented for everything else."""
+    kind = type(obj)
+    if kind is bytes and len(obj) >= OUT_OF_BAND_THRESHOLD:
+        return _rebuild_bytes, (pickle.PickleBuffer(obj),)
+    if kind is bytearray and len(obj) >= OUT_OF_BAND_THRESHOLD:
+        return _rebuild_bytearray, (pickle.PickleBuffer(obj),)
+    torch = sys.modules.get("torch")  # never import torch just to check a type
+    if torch is not None and kind is torch.Tensor:
+        return _reduce_tensor(torch, obj)
+    return NotImplemented
+
+
+def _reduce_tensor(torch: Any, t: Any) -> Any:
+    if (
+        t.device.type != "cpu"
+        or t.layout != torch.strided
+        or t.is_quantized
+        or (t.requires_grad and not t.is_leaf)
+        or type(t) is not torch.Tensor
+    ):
+        return NotImplemented  # torch's own pickling handles the rare cases
+    flat = t.detach().contiguous().reshape(-1)
+    raw = flat.view(torch.uint8).numpy() if flat.numel() else None
+    dtype = str(t.dtype).removeprefix("torch.")
+    if raw is None:
+        data: Any = b""
+    elif raw.nbytes >= OUT_OF_BAND_THRESHOLD:
+        data = pickle.PickleBuffer(raw)
+    else:
+        data = raw.tobytes()
+    return _rebuild_tensor, (data, dtype, tuple(t.shape), t.requires_grad)
+
+
+def _rebuild_tensor(data: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    view = memoryview(data)
+    if view.nbytes == 0:
+        t = torch.empty(shape, dtype=torch_dtype)
+    else:
+        if view.readonly:  # in-band bytes: small, so a copy is cheap
+            view = memoryview(bytearray(view))
+        t = torch.frombuffer(view, dtype=torch.uint8).view(torch_dtype).reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _rebuild_bytes(data: Any) -> bytes:
+    return bytes(data)
+
+
+def _rebuild_bytearray(data: Any) -> bytearray:
+    return bytearray(data)
+
+
+class _FastPickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        return _reduce_buffers(obj)
+
+
+_cloud_pickler: type | None = None
+
+
+def _cloudpickler() -> type:
+    global _cloud_pickler
+    if _cloud_pickler is None:
+        import cloudpickle
+
+        class _CloudPickler(cloudpickle.Pickler):
+            def reducer_override(self, obj: Any) -> Any:
+                reduced = _reduce_buffers(obj)
+                if reduced is NotImplemented:
+                    return super().reducer_override(obj)
+                return reduced
+
+        _cloud_pickler = _CloudPickler
+    return _cloud_pickler
+
+
+def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj``; returns the pickle bytes and its out-of-band buffers.
+
+    ``by_value=True`` uses cloudpickle (needed for anything defined in
+    ``__main__``); ``False`` tries the standard pickler first and falls back.
+    """
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    if not by_value:
+        try:
+            _FastPickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+            return stream.getvalue(), buffers
+        except (pickle.PicklingError, AttributeError, TypeError):
+            buffers.clear()
+            stream = io.BytesIO()
+    _cloudpickler()(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+    return stream.getvalue(), buffers
+
+
+def loads(data: Any, buffers: Sequence[Any] = ()) -> Any:
+    """Inverse of :func:`dumps`; ``buffers`` are the received out-of-band frames."""
+    return pickle.loads(data, buffers=buffers)

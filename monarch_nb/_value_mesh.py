@@ -1,0 +1,86 @@
+"""ValueMesh: one value per point of a mesh, with a repr that folds equal values."""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Generic, TypeVar
+
+from ._errors import MeshUsageError, format_ranks
+from ._shape import Point, Shape
+
+T = TypeVar("T")
+
+# A repr lists at most this many distinct values, then "... and N more".
+_MAX_GROUPS_IN_REPR = 8
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = 60
+_short_repr.maxother = 60
+
+
+class ValueMesh(Generic[T]):
+    """The values a mesh produced, one per point.
+
+    - ``vm[rank]`` (an int: a *global* rank) or ``vm[{"procs": 2}]`` (a point);
+    - ``vm.items()`` yields ``(Point, value)``; ``vm.values()`` lists values;
+    - ``len(vm)`` is the number of points; iteration yields ``(point, value)``.
+
+    The repr folds equal values: ``ValueMesh({procs: 4}) {0-3: 42}``.
+    """
+
+    __slots__ = ("_values", "shape")
+
+    def __init__(self, shape: Shape, values: Sequence[T]) -> None:
+        if len(values) != len(shape):
+            raise MeshUsageError(f"{len(values)} values for a shape of {len(shape)} points")
+        self.shape = shape
+        self._values = list(values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __iter__(self) -> Iterator[tuple[Point, T]]:
+        return self.items()
+
+    def items(self) -> Iterator[tuple[Point, T]]:
+        """``(point, value)`` pairs in row-major order."""
+        return ((self.shape.point(i), v) for i, v in enumerate(self._values))
+
+    def values(self) -> list[T]:
+        """The values in row-major order."""
+        return list(self._values)
+
+    def __getitem__(self, key: int | Mapping[str, int]) -> T:
+        if isinstance(key, int) and not isinstance(key, bool):
+            return self._values[self.shape.index_of_rank(key)]
+        if isinstance(key, Mapping):
+            return self._values[self.shape.index_of_point(key)]
+        raise MeshUsageError(
+            f"index a ValueMesh by a global rank (int) or a point (mapping), not {key!r}"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, ValueMesh)
+            and self.shape == other.shape
+            and self._values == other._values
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable contents
+
+    def groups(self) -> list[tuple[tuple[int, ...], str]]:
+        """Ranks grouped by the repr of their value, first-seen order."""
+        by_text: dict[str, list[int]] = {}
+        for rank, value in zip(self.shape.ranks, self._values):
+            by_text.setdefault(_short_repr.repr(value), []).append(rank)
+        return [(tuple(ranks), text) for text, ranks in by_text.items()]
+
+    def __repr__(self) -> str:
+        groups = self.groups()
+        body = ", ".join(f"{format_ranks(r)}: {t}" for r, t in groups[:_MAX_GROUPS_IN_REPR])
+        if len(groups) > _MAX_GROUPS_IN_REPR:
+            body += f", ... and {len(groups) - _MAX_GROUPS_IN_REPR} more"
+        return f"ValueMesh({self.shape!r}) {{{body}}}"
+
+    def __reduce__(self):  # noqa: ANN204
+        return (ValueMesh, (self.shape, self._values))
