@@ -126,7 +126,10 @@ class ActorMesh(Generic[A]):
             return Endpoint(self, name)
         listed = ", ".join(self._endpoints) or "(none: mark methods with @endpoint)"
         if name in self._plain_methods:
-            why = f"{self._cls_name}.{name} is a method but not an endpoint: decorate it with @endpoint"
+            why = (
+                f"{self._cls_name}.{name} is a method but not an endpoint: "
+                "decorate it with @endpoint"
+            )
         else:
             why = f"{self._cls_name} has no endpoint {name!r}"
         raise EndpointError(
@@ -164,7 +167,7 @@ class ActorMesh(Generic[A]):
             return error
         return group.failure_for(self._shape.ranks)
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         raise MeshUsageError(
             f"actor mesh {self._name!r} cannot be sent to a rank; call it from the controller, "
             "or pass the values it returns"
@@ -258,7 +261,9 @@ class Endpoint(Generic[R]):
             call.fail(error)
             return call
         try:
-            message = self._encode(("call", call.call_id, mesh._actor_id, self._name, True), args, kwargs)
+            message = self._encode(
+                ("call", call.call_id, mesh._actor_id, self._name, True), args, kwargs
+            )
         except SerializationError as exc:
             call.fail(exc)  # type: ignore[arg-type]
             return call
@@ -273,7 +278,9 @@ class Endpoint(Generic[R]):
             raise unpicklable_argument(self.label, args, kwargs, exc) from exc
 
 
-def unpicklable_argument(label: str, args: tuple, kwargs: dict, exc: Exception) -> SerializationError:
+def unpicklable_argument(
+    label: str, args: tuple, kwargs: dict, exc: Exception
+) -> SerializationError:
     """Name the first argument that cannot be pickled (re-pickling each, only on failure)."""
     import cloudpickle
 

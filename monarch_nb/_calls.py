@@ -13,7 +13,6 @@ from typing import Any
 
 from ._errors import (
     CallTimeout,
-    MeshFailure,
     RemoteError,
     RemoteFailure,
     SerializationError,
@@ -72,6 +71,7 @@ class PendingCall:
             [Future() for _ in self.ranks] if collect == "stream" else []
         )
         self._arrived = 0
+        self.group: Any = None  # the ProcGroup it was sent to, set when sent
         self.on_finish: Callable[[PendingCall], None] | None = None
 
     @property
@@ -99,12 +99,12 @@ class PendingCall:
         self._next_stream_item(lambda f: f.set_exception(self._error([failure], serialization)))
         self._maybe_finish()
 
-    def fail(self, error: MeshFailure) -> None:
-        """The mesh failed: complete everything still open with ``error``."""
+    def fail(self, error: Exception) -> None:
+        """Complete everything still open with ``error`` (the mesh failed, or the
+        call could not be sent)."""
         for item in self.stream_futures:
             item.set_exception(error)
-        self.future.set_exception(error)
-        if self.on_finish:
+        if self.future.set_exception(error) and self.on_finish:
             self.on_finish(self)
 
     def _next_stream_item(self, complete: Callable[[Future[Any]], Any]) -> None:
@@ -115,7 +115,7 @@ class PendingCall:
     def _error(self, failures: list[RemoteFailure], serialization: bool) -> Exception:
         if serialization:
             f = failures[0]
-            ranks = [x.rank for x in failures]
+            ranks = sorted(x.rank for x in failures)
             return SerializationError(
                 f"{self.label} on rank(s) {format_ranks(ranks)}: {f.message}",
                 ranks=ranks,
@@ -137,6 +137,7 @@ class PendingCall:
             self.future.set_result(ValueMesh(self.shape, [self.values[r] for r in self.ranks]))
         if self.on_finish:
             self.on_finish(self)
+            self.on_finish = None
 
 
 class ReplyStream:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import weakref
 import os
 import sys
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -82,9 +82,11 @@ class Controller:
         self.loop = IOLoop()
         self._peers: dict[bytes, _Peer] = {}
         self._calls: dict[int, PendingCall] = {}
-        self._call_groups: dict[int, ProcGroup] = {}
         self._call_ids = itertools.count(1)
+        # Calls in flight per (group id, rank): counted when sent, on the caller's
+        # thread, so choose() sees a call the instant it was made.
         self.outstanding: Counter[tuple[int, int]] = Counter()
+        self._load_lock = threading.Lock()
         self.output_handler: OutputHandler = print_output
         self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
         atexit.register(self.shutdown)
@@ -149,6 +151,12 @@ class Controller:
         crash can never slip between the check and the send).
         """
         ranks = tuple(ranks)
+        if call is not None:
+            call.group = group
+            call.on_finish = self._forget
+            with self._load_lock:
+                for rank in ranks:
+                    self.outstanding[(group.id, rank)] += 1
         self.loop.call_soon(lambda: self._send_now(group, ranks, message, call))
 
     def _send_now(
@@ -161,10 +169,6 @@ class Controller:
             return
         if call is not None:
             self._calls[call.call_id] = call
-            self._call_groups[call.call_id] = group
-            call.on_finish = self._forget
-            for rank in ranks:
-                self.outstanding[(group.id, rank)] += 1
         frames = message.frames
         for rank in ranks:
             self.router.send_multipart([group.identity(rank), *frames], copy=False)
@@ -180,16 +184,20 @@ class Controller:
 
     def fail_calls(self, group: ProcGroup, error: MeshFailure) -> None:
         """Fail every call in flight to ``group`` (I/O thread)."""
-        for call_id, owner in list(self._call_groups.items()):
-            if owner is group:
-                self._calls[call_id].fail(error)
+        for call in [c for c in self._calls.values() if c.group is group]:
+            call.fail(error)
+
+    def calls_waiting_on(self, group: ProcGroup, rank: int) -> list[str]:
+        """Labels of the calls in flight that still wait for ``rank`` (I/O thread)."""
+        return [
+            c.label for c in self._calls.values() if c.group is group and rank in c.waiting_ranks()
+        ]
 
     def _forget(self, call: PendingCall) -> None:
         self._calls.pop(call.call_id, None)
-        group = self._call_groups.pop(call.call_id, None)
-        if group is not None:
+        with self._load_lock:
             for rank in call.ranks:
-                key = (group.id, rank)
+                key = (call.group.id, rank)
                 self.outstanding[key] -= 1
                 if self.outstanding[key] <= 0:
                     del self.outstanding[key]
@@ -235,7 +243,7 @@ class Controller:
                 RemoteFailure(
                     rank,
                     type(exc).__name__,
-                    f"the return value could not be unpickled on the controller: "
+                    "the return value could not be unpickled on the controller: "
                     f"{type(exc).__name__}: {exc}",
                     "",
                 ),

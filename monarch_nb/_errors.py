@@ -118,7 +118,9 @@ class RemoteError(MonarchNbError):
         lines = [f"{self.what} {self.target} failed on rank(s) {format_ranks(self.ranks)}"]
         groups = self.groups()
         for ranks, failure in groups[:_MAX_GROUPS_SHOWN]:
-            lines.append(f"--- Traceback of where the remote call failed (rank {format_ranks(ranks)}):")
+            lines.append(
+                f"--- Traceback of where the remote call failed (rank {format_ranks(ranks)}):"
+            )
             lines.append(failure.traceback.rstrip())
         if len(groups) > _MAX_GROUPS_SHOWN:
             lines.append(f"... and {len(groups) - _MAX_GROUPS_SHOWN} more distinct tracebacks")
@@ -128,11 +130,11 @@ class RemoteError(MonarchNbError):
         # IPython calls this instead of formatting the local traceback.
         return self.render().splitlines()
 
-    def __reduce__(self):  # noqa: ANN204 - keep picklable for nested meshes
+    def __reduce__(self):
         return (_rebuild_remote_error, (type(self), self.failures, self.actor, self.endpoint))
 
 
-def _rebuild_remote_error(cls, failures, actor, endpoint):  # noqa: ANN001, ANN202
+def _rebuild_remote_error(cls, failures, actor, endpoint):
     return cls(failures, actor=actor, endpoint=endpoint)
 
 

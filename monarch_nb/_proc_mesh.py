@@ -110,10 +110,7 @@ class ProcMesh:
         procs = []
         for rank in self._shape.ranks:
             w = group.workers[rank]
-            if w.returncode is not None:
-                state = "exited"
-            else:
-                state = self.state if w.ready else "starting"
+            state = "exited" if w.returncode is not None else self.state if w.ready else "starting"
             procs.append(ProcInfo(rank, w.pid, state, w.returncode))
         failure = self.failure
         return MeshStatistics(
@@ -192,7 +189,9 @@ class ProcMesh:
         try:
             message = group.signer.encode(meta, (actor_class, args, kwargs))
         except Exception as exc:
-            raise unpicklable_argument(f"{actor_class.__name__}.__init__", args, kwargs, exc) from exc
+            raise unpicklable_argument(
+                f"{actor_class.__name__}.__init__", args, kwargs, exc
+            ) from exc
         group.controller.send(group, shape.ranks, message, call)
         call.future.get()
         return ActorMesh(
@@ -215,7 +214,7 @@ class ProcMesh:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         raise MeshUsageError(
             f"process mesh {self.name!r} cannot be sent to a rank; keep it on the controller"
         )

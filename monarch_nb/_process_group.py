@@ -106,7 +106,6 @@ class WorkerProcess:
         self.returncode: int | None = None
         self.partial = {"stdout": b"", "stderr": b""}
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
-        self.busy_with = ""  # what the controller last asked of it, for error messages
 
 
 class ProcGroup:
@@ -130,7 +129,8 @@ class ProcGroup:
         self.generation = 0
         self.state: State = Starting()
         self.workers: list[WorkerProcess] = []
-        self.signer: Signer = Signer(new_key(), self.controller.stats)
+        self._key = new_key()
+        self.signer: Signer = Signer(self._key, self.controller.stats)
         self.owner = _context.current_actor_or_none()  # who supervises us, if an actor
         self.actor_failures: dict[int, MeshFailure] = {}
         self._all_ready = threading.Event()
@@ -143,26 +143,24 @@ class ProcGroup:
         self.generation += 1
         self.state = Starting()
         self.actor_failures.clear()
-        key = new_key()
+        key = self._key = new_key()
         self.signer = Signer(key, self.controller.stats)
         self._all_ready.clear()
         host = self.controller.bind_host
         base_env = self._base_env(host)
         workers = [self._launch(rank, key, base_env) for rank in range(len(self.shape))]
         self.controller.run(lambda: self._watch(workers))
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._all_ready.wait(0.05):
-            if isinstance(self.state, Failed):
-                raise self.state.error
-            if time.monotonic() > deadline:
-                self.kill()
-                raise MeshFailure(
-                    f"{self.name}: workers did not start within {START_TIMEOUT_S} s "
-                    "(set MONARCH_NB_START_TIMEOUT to wait longer)",
-                    ranks=self.shape.ranks,
-                )
+        if not self._all_ready.wait(START_TIMEOUT_S):
+            self.kill()
+            raise MeshFailure(
+                f"{self.name}: workers did not start within {START_TIMEOUT_S} s "
+                "(set MONARCH_NB_START_TIMEOUT to wait longer)",
+                ranks=self.shape.ranks,
+            )
         if isinstance(self.state, Failed):
-            raise self.state.error
+            error = self.state.error
+            self.kill()  # the ranks that did start must not outlive a failed start
+            raise error
 
     def _base_env(self, host: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -225,8 +223,7 @@ class ProcGroup:
                 return error
             case Stopped():
                 return MeshFailure(
-                    f"process mesh {self.name!r} was stopped; start a new one "
-                    "or call restart()",
+                    f"process mesh {self.name!r} was stopped; start a new one or call restart()",
                     ranks=ranks,
                 )
         return None
@@ -312,15 +309,18 @@ class ProcGroup:
         self._notify("worker_exited", worker)
         if isinstance(self.state, Stopped | Failed) or worker.identity not in self._identities():
             return
-        what = f" while running {worker.busy_with}" if worker.busy_with else ""
-        tail = ""
-        if worker.stderr_tail and not worker.ready:
-            tail = "\nlast lines of its stderr:\n  " + "\n  ".join(worker.stderr_tail)
+        running = self.controller.calls_waiting_on(self, worker.rank)
+        what = f" while running {', '.join(running)}" if running else ""
+        if worker.ready:
+            consequence = "the mesh is failed: call restart() to start fresh processes"
+        else:
+            consequence = "so the mesh failed to start"
+            if worker.stderr_tail:
+                consequence += "; last lines of its stderr:\n  " + "\n  ".join(worker.stderr_tail)
         self.fail(
             MeshFailure(
                 f"rank {worker.rank} (pid {worker.pid}) of process mesh {self.name!r} "
-                f"{describe_exit(worker.returncode)}{what}; the mesh is failed: "
-                f"call restart() to start fresh processes{tail}",
+                f"{describe_exit(worker.returncode)}{what}; {consequence}",
                 ranks=(worker.rank,),
                 cause=worker.returncode,
             )
@@ -422,7 +422,6 @@ class ProcGroup:
                 listener(event, detail)
             except Exception:
                 _log.exception("monarch_nb: an event listener failed")
-
 
 
 def check_gpus(count: int) -> None:

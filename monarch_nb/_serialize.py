@@ -23,13 +23,48 @@ from typing import Any
 OUT_OF_BAND_THRESHOLD = 4096
 
 
+class _OutOfBand:
+    """Carries a large bytes/bytearray out of band.
+
+    The C pickler writes bytes and bytearray in-band without asking
+    ``reducer_override``, so :func:`dumps` wraps large ones in this first.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.data = data
+
+    def __reduce__(self) -> Any:
+        rebuild = _rebuild_bytes if type(self.data) is bytes else _rebuild_bytearray
+        return rebuild, (pickle.PickleBuffer(self.data),)
+
+
+def _wrap_large_bytes(obj: Any, depth: int = 3) -> Any:
+    """``obj`` with large bytes wrapped, looking into containers ``depth`` levels deep.
+
+    Shallow on purpose: arguments, return values and their direct containers
+    are where bulk bytes travel; deeper ones go in-band (still correct).
+    """
+    kind = type(obj)
+    if kind is bytes or kind is bytearray:
+        return _OutOfBand(obj) if len(obj) >= OUT_OF_BAND_THRESHOLD else obj
+    if depth == 0:
+        return obj
+    if kind is tuple or kind is list:
+        items = [_wrap_large_bytes(x, depth - 1) for x in obj]
+        if any(a is not b for a, b in zip(items, obj, strict=False)):
+            return kind(items)
+    elif kind is dict:
+        values = {k: _wrap_large_bytes(v, depth - 1) for k, v in obj.items()}
+        if any(values[k] is not v for k, v in obj.items()):
+            return values
+    return obj
+
+
 def _reduce_buffers(obj: Any) -> Any:
     """Reducer for objects we send out of band; NotImplemented for everything else."""
     kind = type(obj)
-    if kind is bytes and len(obj) >= OUT_OF_BAND_THRESHOLD:
-        return _rebuild_bytes, (pickle.PickleBuffer(obj),)
-    if kind is bytearray and len(obj) >= OUT_OF_BAND_THRESHOLD:
-        return _rebuild_bytearray, (pickle.PickleBuffer(obj),)
     torch = sys.modules.get("torch")  # never import torch just to check a type
     if torch is not None and kind is torch.Tensor:
         return _reduce_tensor(torch, obj)
@@ -111,6 +146,7 @@ def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.Pickle
     ``by_value=True`` uses cloudpickle (needed for anything defined in
     ``__main__``); ``False`` tries the standard pickler first and falls back.
     """
+    obj = _wrap_large_bytes(obj)
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     if not by_value:

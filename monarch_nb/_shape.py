@@ -48,7 +48,7 @@ class Point(Mapping[str, int]):
     def __hash__(self) -> int:
         return hash((self.rank, tuple(self._coords.items())))
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (Point, (self._coords, self.rank))
 
 
@@ -65,10 +65,15 @@ class Shape:
         total = 1
         for label, size in zip(labels, sizes, strict=True):
             if not isinstance(size, int) or size < 1:
-                raise MeshUsageError(f"dimension {label!r} must have a positive int size, got {size!r}")
+                raise MeshUsageError(
+                    f"dimension {label!r} must have a positive int size, got {size!r}"
+                )
             total *= size
         if total != len(ranks):
-            raise MeshUsageError(f"shape {dict(zip(labels, sizes))} has {total} points, got {len(ranks)} ranks")
+            raise MeshUsageError(
+                f"shape {dict(zip(labels, sizes, strict=False))} has {total} points, "
+                f"got {len(ranks)} ranks"
+            )
         self.labels: tuple[str, ...] = tuple(labels)
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.ranks: tuple[int, ...] = tuple(ranks)
@@ -86,24 +91,26 @@ class Shape:
         return len(self.ranks)
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Shape)
-            and (self.labels, self.sizes, self.ranks) == (other.labels, other.sizes, other.ranks)
+        return isinstance(other, Shape) and (self.labels, self.sizes, self.ranks) == (
+            other.labels,
+            other.sizes,
+            other.ranks,
         )
 
     def __hash__(self) -> int:
         return hash((self.labels, self.sizes, self.ranks))
 
     def __repr__(self) -> str:
-        return "{" + ", ".join(f"{k}: {v}" for k, v in zip(self.labels, self.sizes)) + "}"
+        dims = zip(self.labels, self.sizes, strict=True)
+        return "{" + ", ".join(f"{k}: {v}" for k, v in dims) + "}"
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (Shape, (self.labels, self.sizes, self.ranks))
 
     @property
     def extent(self) -> dict[str, int]:
         """``{dimension: size}``."""
-        return dict(zip(self.labels, self.sizes))
+        return dict(zip(self.labels, self.sizes, strict=False))
 
     # -- rank <-> point -------------------------------------------------------
 
@@ -117,7 +124,7 @@ class Shape:
 
     def point(self, index: int) -> Point:
         """The ``index``-th point of this shape (0 <= index < len)."""
-        return Point(dict(zip(self.labels, self.coords(index))), self.ranks[index])
+        return Point(dict(zip(self.labels, self.coords(index), strict=False)), self.ranks[index])
 
     def points(self) -> Iterator[Point]:
         return (self.point(i) for i in range(len(self)))
@@ -146,7 +153,7 @@ class Shape:
                 + (f" (unknown {extra})" if extra else "")
             )
         index = 0
-        for label, size in zip(self.labels, self.sizes):
+        for label, size in zip(self.labels, self.sizes, strict=False):
             c = point[label]
             if not 0 <= c < size:
                 raise MeshUsageError(f"coordinate {label}={c!r} is outside 0..{size - 1}")
@@ -173,7 +180,7 @@ class Shape:
         kept_labels: list[str] = []
         kept_sizes: list[int] = []
         per_dim: list[list[int]] = []
-        for label, size in zip(self.labels, self.sizes):
+        for label, size in zip(self.labels, self.sizes, strict=False):
             chosen = _resolve(label, size, selection.get(label, slice(None)))
             per_dim.append(chosen)
             if not isinstance(selection.get(label), int):
@@ -183,7 +190,7 @@ class Shape:
         for i in range(len(self.sizes) - 2, -1, -1):
             strides[i] = strides[i + 1] * self.sizes[i + 1]
         ranks = [
-            self.ranks[sum(c * s for c, s in zip(combo, strides))]
+            self.ranks[sum(c * s for c, s in zip(combo, strides, strict=False))]
             for combo in itertools.product(*per_dim)
         ]
         return Shape(kept_labels, kept_sizes, ranks)
@@ -191,7 +198,9 @@ class Shape:
 
 def _resolve(label: str, size: int, sel: Selector) -> list[int]:
     if isinstance(sel, bool):
-        raise MeshUsageError(f"cannot slice {label!r} by a bool ({sel!r}); use an int, slice or list")
+        raise MeshUsageError(
+            f"cannot slice {label!r} by a bool ({sel!r}); use an int, slice or list"
+        )
     if isinstance(sel, int):
         if not -size <= sel < size:
             raise MeshUsageError(f"index {label}={sel!r} is out of range for size {size}")
@@ -211,4 +220,3 @@ def _resolve(label: str, size: int, sel: Selector) -> list[int]:
     if not chosen:
         raise MeshUsageError(f"slicing {label}={sel!r} selects no points")
     return chosen
-

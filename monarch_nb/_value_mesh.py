@@ -71,7 +71,7 @@ class ValueMesh(Generic[T]):
     def groups(self) -> list[tuple[tuple[int, ...], str]]:
         """Ranks grouped by the repr of their value, first-seen order."""
         by_text: dict[str, list[int]] = {}
-        for rank, value in zip(self.shape.ranks, self._values):
+        for rank, value in zip(self.shape.ranks, self._values, strict=False):
             by_text.setdefault(_short_repr.repr(value), []).append(rank)
         return [(tuple(ranks), text) for text, ranks in by_text.items()]
 
@@ -82,5 +82,5 @@ class ValueMesh(Generic[T]):
             body += f", ... and {len(groups) - _MAX_GROUPS_IN_REPR} more"
         return f"ValueMesh({self.shape!r}) {{{body}}}"
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (ValueMesh, (self.shape, self._values))

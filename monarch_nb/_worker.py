@@ -50,7 +50,7 @@ class Worker:
     def __init__(self, boot: dict[str, Any]) -> None:
         self.rank: int = boot["rank"]
         labels, sizes = boot["shape"]
-        self.shape = Shape.from_sizes(dict(zip(labels, sizes)))
+        self.shape = Shape.from_sizes(dict(zip(labels, sizes, strict=False)))
         self.mesh_name: str = boot["mesh"]
         self.signer = Signer(bytes.fromhex(boot["key"]), WireStats())
         self.last_sequence = 0
@@ -81,8 +81,7 @@ class Worker:
             failure = RemoteFailure(
                 self.rank,
                 type(value).__name__,
-                f"the return value of {label} on rank {self.rank} "
-                f"({type(value).__name__}) cannot be pickled: {exc}",
+                f"the return value ({type(value).__name__}) cannot be pickled: {exc}",
                 "",
             )
             self.send(("failure", call_id, failure, True))
@@ -146,8 +145,8 @@ class Worker:
             failure = RemoteFailure(
                 self.rank,
                 type(exc).__name__,
-                f"the arguments of {label} could not be unpickled on rank {self.rank}: "
-                f"{type(exc).__name__}: {exc} (is the module that defines them importable there?)",
+                f"the arguments could not be unpickled: {type(exc).__name__}: {exc} "
+                "(is the module that defines them importable on the workers?)",
                 "",
             )
             self._report(call_id, reply, 0, label, failure, serialization=True)

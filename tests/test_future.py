@@ -1,0 +1,55 @@
+import asyncio
+import threading
+
+import pytest
+
+from monarch_nb import Future
+
+
+def complete_later(fut: Future, value: object, delay: float = 0.05) -> None:
+    threading.Timer(delay, fut.set_result, args=(value,)).start()
+
+
+def test_get_blocks_until_another_thread_completes():
+    fut: Future[int] = Future()
+    complete_later(fut, 7)
+    assert fut.get(timeout=5) == 7
+    assert fut.done()
+
+
+def test_get_raises_the_error_and_times_out_clearly():
+    fut: Future[int] = Future()
+    with pytest.raises(TimeoutError, match=r"did not finish within 0\.01 s"):
+        fut.get(timeout=0.01)
+    fut.set_exception(ValueError("boom"))
+    with pytest.raises(ValueError, match="boom"):
+        fut.get()
+    assert not fut.set_result(1), "a future completes once"
+
+
+def test_await_from_a_running_loop():
+    async def main() -> int:
+        fut: Future[int] = Future()
+        complete_later(fut, 3)
+        return await fut
+
+    assert asyncio.run(main()) == 3
+
+
+def test_get_inside_a_running_loop_does_not_deadlock():
+    # What a Jupyter cell does: .get() while the kernel's loop is running.
+    async def main() -> int:
+        fut: Future[int] = Future()
+        complete_later(fut, 5)
+        return fut.get(timeout=5)
+
+    assert asyncio.run(main()) == 5
+
+
+def test_done_callbacks_run_once_even_when_added_late():
+    fut: Future[str] = Future()
+    seen: list[str] = []
+    fut.add_done_callback(lambda f: seen.append(f.get()))
+    fut.set_result("x")
+    fut.add_done_callback(lambda f: seen.append(f.get() + "!"))
+    assert seen == ["x", "x!"]

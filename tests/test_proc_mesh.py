@@ -1,0 +1,126 @@
+"""Process meshes: start, environment, views, stop, restart."""
+
+import os
+import sys
+
+import psutil
+import pytest
+from conftest import wait_for_exit
+
+from monarch_nb import Actor, MeshFailure, MeshUsageError, endpoint, this_host
+
+
+class Probe(Actor):
+    @endpoint
+    def env(self, *names: str) -> dict:
+        return {n: os.environ.get(n) for n in names}
+
+    @endpoint
+    def modules(self) -> list[str]:
+        return sorted(m for m in ("torch", "numpy", "IPython", "cloudpickle") if m in sys.modules)
+
+    @endpoint
+    def all_reduce(self) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        try:
+            x = torch.full((2,), float(dist.get_rank()))
+            dist.all_reduce(x)
+            return x.tolist()
+        finally:
+            dist.destroy_process_group()
+
+
+def test_workers_get_the_torch_distributed_environment(procs4):
+    probes = procs4.spawn("probe", Probe)
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    envs = probes.env.call(*names).get(timeout=10).values()
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"}
+    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+
+
+def test_workers_import_no_torch_until_user_code_does(procs4):
+    probes = procs4.spawn("modules", Probe)
+    assert probes.modules.call().get(timeout=10).values() == [[]] * 4
+
+
+@pytest.mark.slow
+def test_gloo_all_reduce_across_four_ranks(procs4):
+    probes = procs4.spawn("dist", Probe)
+    assert probes.all_reduce.call().get(timeout=60).values() == [[6.0, 6.0]] * 4
+
+
+def test_extra_env_and_context_manager():
+    with this_host().spawn_procs(per_host={"procs": 2}, env={"MY_FLAG": "on"}) as procs:
+        pids = procs.pids
+        probes = procs.spawn("p", Probe)
+        assert probes.env.call("MY_FLAG").get(timeout=10).values() == [{"MY_FLAG": "on"}] * 2
+        assert procs.state == "running"
+    assert procs.state == "stopped"
+    assert not wait_for_exit(set(pids), 1.0)
+    with pytest.raises(MeshFailure, match="was stopped"):
+        probes.env.call("X").get(timeout=10)
+
+
+def test_slices_are_views_over_the_same_processes(procs4):
+    view = procs4.slice(procs=slice(1, 3))
+    assert len(view) == 2
+    assert view.pids == procs4.pids[1:3]
+    probes = view.spawn("view", Probe)
+    assert [p.rank for p, _ in probes.env.call("RANK").get(timeout=10).items()] == [1, 2]
+    assert procs4.point_of_rank(3) == {"procs": 3}
+    assert procs4.rank_of_point({"procs": 2}) == 2
+
+
+def test_gpus_fail_clearly_when_the_host_has_too_few():
+    with pytest.raises(MeshUsageError, match=r"needs 64 GPUs but this host has \d+ visible"):
+        this_host().spawn_procs(per_host={"gpus": 64})
+
+
+def test_bad_per_host_and_env_are_named():
+    with pytest.raises(MeshUsageError, match=r"positive ints, got 'procs': 0"):
+        this_host().spawn_procs(per_host={"procs": 0})
+    with pytest.raises(MeshUsageError, match=r"env values must be strings; 'N' is not"):
+        this_host().spawn_procs(per_host={"procs": 1}, env={"N": 1})
+
+
+def test_restart_after_a_failure_gives_fresh_processes(procs2):
+    probes = procs2.spawn("p", Probe)
+    old = procs2.pids
+    psutil.Process(old[1]).kill()
+    with pytest.raises(MeshFailure, match="rank 1"):
+        probes.env.call("RANK").get(timeout=10)
+    assert procs2.state == "failed"
+    procs2.restart()
+    assert procs2.state == "running"
+    assert not set(procs2.pids) & set(old)
+    assert not wait_for_exit(set(old), 2.0)
+    with pytest.raises(
+        MeshFailure, match="spawned before its process mesh restarted; spawn it again"
+    ):
+        probes.env.call("RANK").get(timeout=10)
+    fresh = procs2.spawn("p", Probe)
+    assert fresh.env.call("RANK").get(timeout=10).values() == [{"RANK": "0"}, {"RANK": "1"}]
+
+
+def test_statistics_is_a_plain_snapshot(procs4):
+    stats = procs4.statistics()
+    assert stats.state == "running"
+    assert [p.rank for p in stats.procs] == [0, 1, 2, 3]
+    assert {p.state for p in stats.procs} == {"running"}
+    assert stats.wire.sent >= 0
+
+
+def test_a_worker_that_cannot_start_is_reported_with_its_stderr():
+    # A broken sitecustomize makes python itself fail before our code runs.
+    with pytest.raises(
+        MeshFailure,
+        match=r"(?s)exited with code 1; so the mesh failed to start; "
+        r"last lines of its stderr:.*encodings",
+    ):
+        this_host().spawn_procs(per_host={"procs": 2}, env={"PYTHONHOME": "/nonexistent"})

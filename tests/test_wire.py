@@ -1,0 +1,197 @@
+"""The wire: signed frames, replay protection, encode once, buffers out of band."""
+
+import os
+import pickle
+
+import numpy as np
+import psutil
+import pytest
+import torch
+import zmq
+
+from monarch_nb import Actor, endpoint
+from monarch_nb._controller import Controller
+from monarch_nb._wire import Signer, WireStats, decode_payload, new_key
+
+
+class Evil:
+    """Unpickling this creates a file: proof that a frame was unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x: object) -> object:
+        return x
+
+    @endpoint
+    def describe(self, x: object) -> tuple:
+        return (
+            type(x).__name__,
+            getattr(x, "dtype", None) and str(x.dtype),
+            getattr(x, "shape", None) and tuple(x.shape),
+        )
+
+
+@pytest.fixture
+def pair():
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    yield router, dealer
+    router.close(0)
+    dealer.close(0)
+
+
+def receive(router):
+    assert router.poll(5000)
+    return router.recv_multipart(copy=False)[1:]
+
+
+def test_signed_message_round_trip_over_real_sockets(pair):
+    router, dealer = pair
+    key = new_key()
+    sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
+    dealer.send_multipart(sender.encode(("call", 1), {"x": b"y" * 10000}).frames, copy=False)
+    frames = receive(router)
+    _sequence, meta = receiver.verify(frames, 0)
+    assert meta == ("call", 1)
+    assert decode_payload(frames) == {"x": b"y" * 10000}
+    assert receiver.stats.received == 1
+
+
+def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
+    router, dealer = pair
+    key = new_key()
+    receiver = Signer(key, WireStats())
+    marker = tmp_path / "unpickled"
+    evil = pickle.dumps(Evil(str(marker)))
+    # 1. unsigned: raw pickles, no signature frame at all
+    dealer.send_multipart([evil])
+    assert receiver.verify(receive(router), 0) is None
+    dealer.send_multipart([b"x" * 32, b"\0" * 8, evil, evil])
+    # 2. signed with another key
+    forged = Signer(new_key(), WireStats()).encode(("call", 1), Evil(str(marker)))
+    dealer.send_multipart(forged.frames)
+    # 3. genuine, then replayed
+    genuine = Signer(key, WireStats()).encode(("call", 2), None)
+    dealer.send_multipart(genuine.frames)
+    dealer.send_multipart(genuine.frames)
+    last = 0
+    results = []
+    for _ in range(4):
+        checked = receiver.verify(receive(router), last)
+        results.append(checked)
+        if checked:
+            last = checked[0]
+    assert [r is not None for r in results] == [False, False, True, False]
+    stats = receiver.stats
+    assert (stats.dropped_malformed, stats.dropped_bad_signature, stats.dropped_replayed) == (
+        1,
+        2,
+        1,
+    )
+    assert not marker.exists()
+
+
+def test_frames_forged_to_the_controller_are_dropped_and_counted(procs4, tmp_path):
+    controller = Controller.get()
+    before = controller.stats.snapshot()
+    marker = tmp_path / "unpickled"
+    evil = pickle.dumps(Evil(str(marker)))
+    ctx = zmq.Context.instance()
+    # A rogue that claims a live worker's identity is refused by the ROUTER itself;
+    # an anonymous rogue reaches us and is dropped before anything is unpickled.
+    impostor, anonymous = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+    impostor.setsockopt(zmq.IDENTITY, procs4._group.identity(0))
+    try:
+        for rogue in (impostor, anonymous):
+            rogue.connect(controller.address)
+            for _ in range(5):
+                rogue.send_multipart([b"\0" * 32, b"\0" * 8, evil, evil])
+        echo = procs4.spawn("forged", Echo)
+        for _ in range(100):
+            if controller.stats.dropped_unknown_peer - before.dropped_unknown_peer >= 5:
+                break
+            echo.echo.call(1).get(timeout=10)
+    finally:
+        impostor.close(0)
+        anonymous.close(0)
+    assert controller.stats.dropped_unknown_peer - before.dropped_unknown_peer == 5
+    assert not marker.exists()
+    assert echo.echo.call(2).get(timeout=10).values() == [2] * 4  # the mesh is unaffected
+
+
+def test_a_cast_is_encoded_once_however_many_ranks(procs4):
+    echo = procs4.spawn("once", Echo)
+    stats = Controller.get().stats
+    encoded, sent = stats.encoded, stats.sent
+    echo.echo.call(np.zeros(1000)).get(timeout=10)
+    assert stats.encoded - encoded == 1
+    assert stats.sent - sent == 4
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.arange(1 << 18, dtype=np.float32),
+        torch.arange(1 << 18, dtype=torch.float32),
+        b"\x01" * (1 << 20),
+        bytearray(b"\x02" * (1 << 20)),
+    ],
+    ids=["ndarray", "tensor", "bytes", "bytearray"],
+)
+def test_large_buffers_travel_out_of_band(procs4, value):
+    echo = procs4.slice(procs=0).spawn("oob", Echo)
+    stats = Controller.get().stats
+    in_band, out_of_band = stats.bytes_in_band, stats.bytes_out_of_band
+    result = echo.echo.call_one(value).get(timeout=10)
+    assert type(result) is type(value)
+    if isinstance(value, torch.Tensor):
+        assert torch.equal(result, value)
+    else:
+        assert bytes(memoryview(result).cast("B")) == bytes(memoryview(value).cast("B"))
+    # Out: the controller encoded 1 MiB out of band and only a small pickle in band.
+    assert stats.bytes_out_of_band - out_of_band == 1 << 20
+    assert stats.bytes_in_band - in_band < 1024
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(24, dtype=torch.float64).reshape(2, 3, 4),
+        torch.arange(10000, dtype=torch.bfloat16).reshape(100, 100).t(),  # non-contiguous
+        torch.ones(3, 3, dtype=torch.bool),
+        torch.zeros(0, 5),
+        torch.tensor(3.5),
+        torch.randn(2000, requires_grad=True),
+        torch.randn(4, dtype=torch.complex64),
+    ],
+    ids=["f64-3d", "bf16-transposed", "bool", "empty", "scalar", "requires-grad", "complex"],
+)
+def test_tensors_round_trip_exactly(procs4, tensor):
+    echo = procs4.slice(procs=1).spawn("tensors", Echo)
+    result = echo.echo.call_one(tensor).get(timeout=10)
+    assert result.dtype == tensor.dtype
+    assert result.shape == tensor.shape
+    assert result.requires_grad == tensor.requires_grad
+    assert torch.equal(result.detach(), tensor.detach())
+    if result.numel() and result.dtype != torch.bool:
+        result.detach().add_(1)  # received tensors are writable, without a warning
+
+
+def test_sockets_bind_to_loopback_and_the_key_is_never_on_a_command_line(procs4):
+    assert Controller.get().address.startswith("tcp://127.0.0.1:")
+    key_hex = procs4._group._key.hex()
+    for pid in procs4.pids:
+        proc = psutil.Process(pid)
+        assert proc.cmdline()[1:] == ["-m", "monarch_nb.worker"]
+        assert key_hex not in " ".join(proc.cmdline())
+        assert all(key_hex not in v for v in proc.environ().values())
+    assert key_hex not in " ".join(psutil.Process(os.getpid()).cmdline())
