@@ -25,7 +25,7 @@ import zmq
 from ._calls import PendingCall
 from ._errors import MeshFailure, RemoteFailure
 from ._io_loop import IOLoop
-from ._wire import Encoded, WireStats, decode_payload
+from ._wire import Encoded, WireStats, decode_payload, receive
 
 if TYPE_CHECKING:
     from ._process_group import ProcGroup
@@ -169,9 +169,8 @@ class Controller:
             return
         if call is not None:
             self._calls[call.call_id] = call
-        frames = message.frames
         for rank in ranks:
-            self.router.send_multipart([group.identity(rank), *frames], copy=False)
+            message.send(self.router, group.identity(rank))
         self.stats.sent += len(ranks)
 
     # -- I/O thread ---------------------------------------------------------------------
@@ -204,11 +203,7 @@ class Controller:
 
     def _on_readable(self) -> None:
         router = self.router
-        while True:
-            try:
-                frames = router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        while (frames := receive(router)) is not None:
             self._dispatch(frames)
 
     def _dispatch(self, frames: list[Any]) -> None:

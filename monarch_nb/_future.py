@@ -32,14 +32,26 @@ class Future(Generic[T]):
         value = await actor.ping.call_one()
     """
 
-    __slots__ = ("_callbacks", "_event", "_exception", "_lock", "_result")
+    __slots__ = ("_callbacks", "_done", "_exception", "_latch", "_lock", "_result")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        # A lock held until completion: waiting on it is cheaper than an Event,
+        # and futures are made on every call. Waiters release it again at once.
+        self._latch = threading.Lock()
+        self._latch.acquire()
+        self._done = False
         self._result: Any = _PENDING
         self._exception: BaseException | None = None
         self._callbacks: list[Callable[[Future[T]], None]] = []
+
+    def _wait(self, timeout: float | None) -> bool:
+        if self._done:
+            return True
+        if not self._latch.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return False
+        self._latch.release()
+        return True
 
     # -- completion (internal: called by whoever produces the value) ---------
 
@@ -53,10 +65,11 @@ class Future(Generic[T]):
 
     def _complete(self, value: Any, exc: BaseException | None) -> bool:
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return False
             self._result, self._exception = value, exc
-            self._event.set()
+            self._done = True
+            self._latch.release()
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(self)
@@ -66,7 +79,7 @@ class Future(Generic[T]):
 
     def done(self) -> bool:
         """True once a value or an error is available."""
-        return self._event.is_set()
+        return self._done
 
     def add_done_callback(self, callback: Callable[[Future[T]], None]) -> None:
         """Run ``callback(self)`` on completion (at once if already done).
@@ -74,7 +87,7 @@ class Future(Generic[T]):
         The callback runs on the thread that completes the future: keep it short.
         """
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 self._callbacks.append(callback)
                 return
         callback(self)
@@ -85,7 +98,7 @@ class Future(Generic[T]):
         Raises the error of the operation, or a ``TimeoutError`` subclass if
         ``timeout`` seconds pass first (the operation itself keeps going).
         """
-        if not self._event.wait(timeout):
+        if not self._wait(timeout):
             raise self._timeout_error(timeout)
         if self._exception is not None:
             raise self._exception
@@ -93,7 +106,7 @@ class Future(Generic[T]):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait like ``get`` but return the error (or None) instead of raising it."""
-        if not self._event.wait(timeout):
+        if not self._wait(timeout):
             raise self._timeout_error(timeout)
         return self._exception
 
@@ -102,7 +115,7 @@ class Future(Generic[T]):
         return TimeoutError(f"the operation did not finish within {timeout} s")
 
     def __await__(self) -> Generator[Any, None, T]:
-        if not self._event.is_set():
+        if not self._done:
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
 

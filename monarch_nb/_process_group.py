@@ -352,9 +352,7 @@ class ProcGroup:
 
         def begin_stop() -> None:
             for rank in live:
-                self.controller.router.send_multipart(
-                    [self.identity(rank), *message.frames], copy=False
-                )
+                message.send(self.controller.router, self.identity(rank))
             self.state = Stopped()
             self.controller.fail_calls(
                 self,

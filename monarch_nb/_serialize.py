@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,26 +41,30 @@ class _OutOfBand:
         return rebuild, (pickle.PickleBuffer(self.data),)
 
 
+_CONTAINERS = (tuple, list, dict)
+
+
 def _wrap_large_bytes(obj: Any, depth: int = 3) -> Any:
     """``obj`` with large bytes wrapped, looking into containers ``depth`` levels deep.
 
     Shallow on purpose: arguments, return values and their direct containers
     are where bulk bytes travel; deeper ones go in-band (still correct).
+    This runs on every call, so the common case (no bytes) allocates nothing.
     """
     kind = type(obj)
     if kind is bytes or kind is bytearray:
         return _OutOfBand(obj) if len(obj) >= OUT_OF_BAND_THRESHOLD else obj
-    if depth == 0:
+    if depth == 0 or kind not in _CONTAINERS or not obj:
         return obj
-    if kind is tuple or kind is list:
-        items = [_wrap_large_bytes(x, depth - 1) for x in obj]
-        if any(a is not b for a, b in zip(items, obj, strict=False)):
-            return kind(items)
-    elif kind is dict:
-        values = {k: _wrap_large_bytes(v, depth - 1) for k, v in obj.items()}
-        if any(values[k] is not v for k, v in obj.items()):
-            return values
-    return obj
+    items = obj.values() if kind is dict else obj
+    if not any(type(x) in _SCANNED for x in items):
+        return obj
+    if kind is dict:
+        return {k: _wrap_large_bytes(v, depth - 1) for k, v in obj.items()}
+    return kind(_wrap_large_bytes(x, depth - 1) for x in obj)
+
+
+_SCANNED = {bytes, bytearray, tuple, list, dict}
 
 
 def _reduce_buffers(obj: Any) -> Any:
@@ -116,9 +121,30 @@ def _rebuild_bytearray(data: Any) -> bytearray:
     return bytearray(data)
 
 
+class _NeedsByValue(Exception):
+    """Raised by the fast pickler for what only cloudpickle can send."""
+
+
 class _FastPickler(pickle.Pickler):
+    """The standard C pickler, plus our buffers; refuses what must go by value.
+
+    Functions, classes and instances of classes from ``__main__`` cannot be
+    found by reference on a worker, so for those it gives up early and
+    :func:`dumps` starts over with cloudpickle.
+    """
+
     def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is types.FunctionType or kind is type or kind.__module__ == "__main__":
+            if self.strict:
+                raise _NeedsByValue
         return _reduce_buffers(obj)
+
+    strict = False
+
+
+class _GuardedPickler(_FastPickler):
+    strict = True
 
 
 _cloud_pickler: type | None = None
@@ -143,19 +169,21 @@ def _cloudpickler() -> type:
 def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle ``obj``; returns the pickle bytes and its out-of-band buffers.
 
-    ``by_value=True`` uses cloudpickle (needed for anything defined in
-    ``__main__``); ``False`` tries the standard pickler first and falls back.
+    Both modes try the fast standard pickler first. ``by_value=True`` (the
+    controller) falls back to cloudpickle as soon as a function, a class or
+    anything from ``__main__`` (a notebook cell) turns up, so those travel by
+    value; ``False`` (workers) falls back only if plain pickling fails.
     """
     obj = _wrap_large_bytes(obj)
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
-    if not by_value:
-        try:
-            _FastPickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
-            return stream.getvalue(), buffers
-        except (pickle.PicklingError, AttributeError, TypeError):
-            buffers.clear()
-            stream = io.BytesIO()
+    fast = _GuardedPickler if by_value else _FastPickler
+    try:
+        fast(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+        return stream.getvalue(), buffers
+    except (_NeedsByValue, pickle.PicklingError, AttributeError, TypeError):
+        buffers.clear()
+        stream = io.BytesIO()
     _cloudpickler()(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
     return stream.getvalue(), buffers
 

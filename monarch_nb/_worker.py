@@ -29,7 +29,7 @@ from . import _context
 from ._context import Context
 from ._errors import MeshFailure, RemoteFailure
 from ._shape import Shape
-from ._wire import Signer, WireStats, decode_payload
+from ._wire import Signer, WireStats, decode_payload, receive
 
 _WATCH_INTERVAL_S = 0.2
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
@@ -72,7 +72,7 @@ class Worker:
 
     def send(self, meta: tuple, payload: Any = None) -> None:
         message = self.signer.encode(meta, payload, by_value=False)
-        self.socket.send_multipart(message.frames, copy=False)
+        message.send(self.socket)
 
     def reply_value(self, call_id: int, label: str, value: Any) -> None:
         try:
@@ -86,7 +86,7 @@ class Worker:
             )
             self.send(("failure", call_id, failure, True))
             return
-        self.socket.send_multipart(message.frames, copy=False)
+        message.send(self.socket)
 
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
@@ -105,11 +105,7 @@ class Worker:
                 poller.poll()
                 while self._posted:
                     self._posted.popleft()()
-                while True:
-                    try:
-                        frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
+                while (frames := receive(self.socket)) is not None:
                     if not self.handle(frames):
                         return
             except KeyboardInterrupt:

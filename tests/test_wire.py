@@ -75,7 +75,7 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     # 1. unsigned: raw pickles, no signature frame at all
     dealer.send_multipart([evil])
     assert receiver.verify(receive(router), 0) is None
-    dealer.send_multipart([b"x" * 32, b"\0" * 8, evil, evil])
+    dealer.send_multipart([b"x" * 40, evil, evil])  # well-formed, but a made-up signature
     # 2. signed with another key
     forged = Signer(new_key(), WireStats()).encode(("call", 1), Evil(str(marker)))
     dealer.send_multipart(forged.frames)
@@ -114,7 +114,7 @@ def test_frames_forged_to_the_controller_are_dropped_and_counted(procs4, tmp_pat
         for rogue in (impostor, anonymous):
             rogue.connect(controller.address)
             for _ in range(5):
-                rogue.send_multipart([b"\0" * 32, b"\0" * 8, evil, evil])
+                rogue.send_multipart([b"\0" * 40, evil, evil])
         echo = procs4.spawn("forged", Echo)
         for _ in range(100):
             if controller.stats.dropped_unknown_peer - before.dropped_unknown_peer >= 5:

@@ -1,0 +1,248 @@
+"""Core runtime figures, each beside a floor measured in the same run.
+
+Run: ``python benchmarks/bench_runtime.py`` (``--quick`` for fewer repetitions).
+
+Floors: a raw pyzmq DEALER/ROUTER round trip between two processes; the same
+payload echoed as raw pyzmq frames; 4 bare ``python -c "import zmq"``
+processes started the same way as workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from monarch_nb import Actor, endpoint, this_host
+
+_ECHO_SERVER = """
+import sys, zmq
+ctx = zmq.Context()
+s = ctx.socket(zmq.DEALER)
+s.connect(sys.argv[1])
+s.send(b"ready")
+while True:
+    frames = s.recv_multipart(copy=False)
+    if frames[0].bytes == b"stop":
+        break
+    s.send_multipart(frames, copy=False)
+"""
+
+
+@dataclass
+class Row:
+    what: str
+    ours: float
+    floor: float
+    unit: str
+    floor_what: str
+    target: str
+    higher_is_better: bool = False
+
+    @property
+    def ratio(self) -> float:
+        return self.ours / self.floor
+
+
+class Noop(Actor):
+    @endpoint
+    def noop(self) -> None:
+        return None
+
+    @endpoint
+    def echo(self, x: object) -> object:
+        return x
+
+
+def median_time(fn: Callable[[], object], repeat: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+class RawEcho:
+    """A raw pyzmq echo peer in another process: the floor for the wire."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _ECHO_SERVER, f"tcp://127.0.0.1:{port}"]
+        )
+        self.peer = self.router.recv_multipart()[0]
+
+    def round_trip(self, frames: list) -> None:
+        self.router.send_multipart([self.peer, *frames], copy=False)
+        self.router.recv_multipart(copy=False)
+
+    def pipelined(self, n: int) -> None:
+        for _ in range(n):
+            self.router.send_multipart([self.peer, b"x"], copy=False)
+        for _ in range(n):
+            self.router.recv_multipart(copy=False)
+
+    def close(self) -> None:
+        self.router.send_multipart([self.peer, b"stop"])
+        self.proc.wait(10)
+        self.router.close(0)
+        self.ctx.term()
+
+
+def bare_processes(n: int) -> None:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "import zmq"], stdin=subprocess.PIPE)
+        for _ in range(n)
+    ]
+    for p in procs:
+        p.stdin.close()
+        p.wait()
+
+
+def mesh_to_first_reply(n: int) -> None:
+    procs = this_host().spawn_procs(per_host={"procs": n}, name="bench-start")
+    try:
+        procs.spawn("noop", Noop).noop.call().get(timeout=60)
+    finally:
+        procs.stop()
+
+
+def run(quick: bool = False) -> list[Row]:
+    reps = 200 if quick else 1000
+    rows: list[Row] = []
+    raw = RawEcho()
+    procs = this_host().spawn_procs(per_host={"procs": 4}, name="bench")
+    try:
+        one = procs.slice(procs=0).spawn("one", Noop)
+        four = procs.spawn("four", Noop)
+        sixteen = [procs.spawn(f"sixteen{i}", Noop) for i in range(4)]
+
+        raw_rt = median_time(lambda: raw.round_trip([b"x"]), reps)
+        rows.append(
+            Row(
+                "no-op call_one round trip",
+                median_time(lambda: one.noop.call_one().get(), reps),
+                raw_rt,
+                "us",
+                "raw pyzmq round trip",
+                "<= 2x (aim 1.3x)",
+            )
+        )
+        rows.append(
+            Row(
+                "call() gathered from 4 procs",
+                median_time(lambda: four.noop.call().get(), reps),
+                raw_rt,
+                "us",
+                "raw pyzmq round trip",
+                "",
+            )
+        )
+
+        def gather16() -> None:
+            for fut in [mesh.noop.call() for mesh in sixteen]:
+                fut.get()
+
+        rows.append(
+            Row(
+                "call() gathered from 16 actors in 4 procs",
+                median_time(gather16, reps),
+                raw_rt,
+                "us",
+                "raw pyzmq round trip",
+                "<= 8x",
+            )
+        )
+
+        n = 2000 if quick else 10000
+
+        def pipelined_ours() -> None:
+            futures = [one.noop.call_one() for _ in range(n)]
+            for fut in futures:
+                fut.get()
+
+        ours_s = median_time(pipelined_ours, 3, warmup=1)
+        raw_s = median_time(lambda: raw.pipelined(n), 3, warmup=1)
+        rows.append(
+            Row(
+                "pipelined call_one",
+                n / ours_s,
+                n / raw_s,
+                "calls/s",
+                "raw pyzmq pipelined messages/s",
+                "",
+                higher_is_better=True,
+            )
+        )
+
+        for size, label in ((1 << 20, "1 MiB"), (64 << 20, "64 MiB")):
+            tensor = torch.ones(size // 4, dtype=torch.float32)
+            payload = tensor.numpy()
+            repeat = 50 if size == 1 << 20 else (5 if quick else 15)
+            ours = median_time(lambda t=tensor: one.echo.call_one(t).get(), repeat, warmup=2)
+            floor = median_time(lambda p=payload: raw.round_trip([p]), repeat, warmup=2)
+            rows.append(
+                Row(
+                    f"{label} tensor argument echo",
+                    size / ours / 1e6,
+                    size / floor / 1e6,
+                    "MB/s",
+                    "raw pyzmq frame echo",
+                    ">= 75%" if size > 1 << 20 else "",
+                    higher_is_better=True,
+                )
+            )
+    finally:
+        procs.stop()
+        raw.close()
+
+    starts = 3 if quick else 7
+    rows.append(
+        Row(
+            "4-process mesh to first reply",
+            median_time(lambda: mesh_to_first_reply(4), starts, warmup=1),
+            median_time(lambda: bare_processes(4), starts, warmup=1),
+            "s",
+            "4 bare python -c 'import zmq'",
+            "<= 2x",
+        )
+    )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| what | monarch_nb | floor (same run) | ratio | target |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        scale = 1e6 if r.unit == "us" else 1.0
+        fmt = "{:,.0f}" if r.unit in ("us", "calls/s", "MB/s") else "{:.3f}"
+        ours = fmt.format(r.ours * scale) + f" {r.unit}"
+        floor = fmt.format(r.floor * scale) + f" {r.unit} ({r.floor_what})"
+        ratio = f"{r.ratio:.0%}" if r.higher_is_better else f"{r.ratio:.2f}x"
+        lines.append(f"| {r.what} | {ours} | {floor} | {ratio} | {r.target} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    args = parser.parse_args(argv)
+    print(table(run(quick=args.quick)))
+
+
+if __name__ == "__main__":
+    main()
