@@ -15,12 +15,15 @@ The runtime never imports IPython, ipywidgets or torch: it works from a plain
 Python script, and a worker imports torch only when user code does.
 """
 
+from typing import Any
+
 from ._actor import Actor, ActorMesh, Endpoint, endpoint
 from ._calls import ReplyStream
 from ._context import Context, context, current_rank
 from ._controller import WorkerOutput, set_output_handler
 from ._errors import (
     CallTimeout,
+    CellError,
     EndpointError,
     MeshFailure,
     MeshUsageError,
@@ -37,10 +40,33 @@ from ._value_mesh import ValueMesh
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext monarch_nb``: register ``%mesh`` and ``%%mesh``."""
+    from .magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext monarch_nb``: stop every notebook mesh, remove the magics."""
+    from .magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
+def current_mesh(name: str | None = None) -> Any:
+    """The mesh ``%%mesh`` runs on (the last started), or the one called ``name``."""
+    from .magics import current_mesh as current
+
+    return current(name)
+
+
 __all__ = [
     "Actor",
     "ActorMesh",
     "CallTimeout",
+    "CellError",
     "Context",
     "Endpoint",
     "EndpointError",
@@ -62,6 +88,7 @@ __all__ = [
     "ValueMesh",
     "WorkerOutput",
     "context",
+    "current_mesh",
     "current_rank",
     "endpoint",
     "set_output_handler",

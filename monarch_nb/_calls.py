@@ -56,13 +56,14 @@ class PendingCall:
         endpoint: str,
         collect: str = "mesh",  # "mesh": ValueMesh; "one": the single value; "stream"
         spawn: bool = False,
+        error_class: type[RemoteError] | None = None,
     ) -> None:
         self.call_id = call_id
         self.shape = shape
         self.ranks = shape.ranks
         self.actor, self.endpoint = actor, endpoint
         self.collect = collect
-        self.spawn = spawn
+        self.error_class = error_class or (SpawnError if spawn else RemoteError)
         self.values: dict[int, Any] = {}
         self.failures: list[RemoteFailure] = []
         self.serialization_failures: list[RemoteFailure] = []
@@ -121,8 +122,7 @@ class PendingCall:
                 ranks=ranks,
                 type_name=f.type_name,
             )
-        cls = SpawnError if self.spawn else RemoteError
-        return cls(failures, actor=self.actor, endpoint=self.endpoint)
+        return self.error_class(failures, actor=self.actor, endpoint=self.endpoint)
 
     def _maybe_finish(self) -> None:
         if self._arrived < len(self.ranks):

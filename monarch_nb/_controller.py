@@ -42,12 +42,13 @@ class WorkerOutput:
     stream: str  # "stdout" or "stderr"
     line: str
     mesh: str
+    end: str = "\n"  # "\r" for a progress-bar update that the next one overwrites
 
 
 def print_output(output: WorkerOutput) -> None:
     """Default output handler: the line, prefixed by its rank, on our own stream."""
     stream = sys.stderr if output.stream == "stderr" else sys.stdout
-    stream.write(f"[{output.rank}] {output.line}\n")
+    stream.write(f"[{output.rank}] {output.line}{output.end}")
     stream.flush()
 
 

@@ -6,7 +6,8 @@
      ├── MeshFailure          a process died, a broadcast failed, or the mesh was stopped:
      │                        the mesh is unusable until restart()
      ├── RemoteError          user code raised on one or more ranks (the mesh stays usable)
-     │    └── SpawnError      an actor's __init__ raised
+     │    ├── SpawnError      an actor's __init__ raised
+     │    └── CellError       a %%mesh cell raised
      ├── SerializationError   a value could not be pickled or unpickled (names rank and type)
      ├── EndpointError        the thing called is not an endpoint (lists the endpoints)
      ├── CallTimeout          ranks did not reply in time (names them); also a TimeoutError
@@ -142,6 +143,12 @@ class SpawnError(RemoteError):
     """An actor's ``__init__`` raised; the process mesh is still usable."""
 
     what = "spawn of"
+
+
+class CellError(RemoteError):
+    """A ``%%mesh`` cell (or ``run_cell``) raised on one or more ranks."""
+
+    what = "%%mesh"
 
 
 class MeshFailure(MonarchNbError):

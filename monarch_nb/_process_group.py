@@ -277,15 +277,20 @@ class ProcGroup:
                 worker.partial[stream] = b""
             return
         data = worker.partial[stream] + chunk
-        *lines, worker.partial[stream] = data.split(b"\n")
+        *lines, partial = data.split(b"\n")
         for line in lines:
-            self._emit(worker, stream, line)
+            self._emit(worker, stream, line.rsplit(b"\r", 1)[-1] if b"\r" in line[:-1] else line)
+        # Progress bars rewrite one line with "\r": pass each update on live.
+        *updates, worker.partial[stream] = partial.split(b"\r")
+        for update in updates:
+            if update:
+                self._emit(worker, stream, update, end="\r")
 
-    def _emit(self, worker: WorkerProcess, stream: str, raw: bytes) -> None:
+    def _emit(self, worker: WorkerProcess, stream: str, raw: bytes, end: str = "\n") -> None:
         line = raw.decode(errors="replace").rstrip("\r")
-        if stream == "stderr":
+        if stream == "stderr" and end == "\n":
             worker.stderr_tail.append(line)
-        output = WorkerOutput(worker.rank, stream, line, self.name)
+        output = WorkerOutput(worker.rank, stream, line, self.name, end)
         try:
             self.controller.output_handler(output)
         except Exception:

@@ -135,9 +135,9 @@ class _FastPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
-        if kind is types.FunctionType or kind is type or kind.__module__ == "__main__":
-            if self.strict:
-                raise _NeedsByValue
+        by_value = kind is types.FunctionType or kind is type or kind.__module__ == "__main__"
+        if by_value and self.strict:
+            raise _NeedsByValue
         return _reduce_buffers(obj)
 
     strict = False

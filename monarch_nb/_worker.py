@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -66,6 +67,8 @@ class Worker:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.namespace: Any = None  # a _cells.RankNamespace once a cell runs
+        self._in_user_code = False
+        signal.signal(signal.SIGINT, self._on_sigint)
         _context.set_supervision_hook(self._on_child_failure)
 
     # -- sending ------------------------------------------------------------------
@@ -88,6 +91,20 @@ class Worker:
             return
         message.send(self.socket)
 
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        # An interrupt is meant for user code. Raised anywhere else (between
+        # calls, or while a reply is being sent) it would lose a reply.
+        if self._in_user_code:
+            raise KeyboardInterrupt
+
+    def user_code(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` with interrupts enabled (main thread)."""
+        self._in_user_code = True
+        try:
+            return fn()
+        finally:
+            self._in_user_code = False
+
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
         self._posted.append(task)
@@ -101,15 +118,12 @@ class Worker:
         poller.register(self.socket, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
         while True:
-            try:
-                poller.poll()
-                while self._posted:
-                    self._posted.popleft()()
-                while (frames := receive(self.socket)) is not None:
-                    if not self.handle(frames):
-                        return
-            except KeyboardInterrupt:
-                continue  # an interrupt that arrived between calls has nothing to stop
+            poller.poll()
+            while self._posted:
+                self._posted.popleft()()
+            while (frames := receive(self.socket)) is not None:
+                if not self.handle(frames):
+                    return
             try:
                 os.eventfd_read(self._wake_fd)
             except BlockingIOError:
@@ -158,7 +172,7 @@ class Worker:
         ctx = Context(shape.point_of_rank(self.rank), len(shape), self.mesh_name, name)
         previous = _context.set_current(ctx)
         try:
-            instance = cls(*args, **kwargs)
+            instance = self.user_code(lambda: cls(*args, **kwargs))
         except BaseException as exc:
             self.send(("failure", call_id, self.failure_of(exc), False))
             return
@@ -181,9 +195,8 @@ class Worker:
         args, kwargs = decoded
         previous = _context.set_current(live.context)
         try:
-            result = getattr(live.instance, endpoint)(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = self.run_async(result)
+            method = getattr(live.instance, endpoint)
+            result = self.user_code(lambda: self._call_maybe_async(method, args, kwargs))
         except BaseException as exc:
             self._report(call_id, reply, actor_id, label, self.failure_of(exc))
             return
@@ -221,9 +234,9 @@ class Worker:
         previous = _context.set_current(ns.context)
         try:
             if kind == "exec":
-                result = ns.execute(meta[2], decoded)
-                if inspect.isawaitable(result):
-                    result = self.run_async(result)
+                result = self.user_code(
+                    lambda: self._call_maybe_async(ns.execute, (meta[2], decoded), {})
+                )
             elif kind == "push":
                 ns.globals.update(decoded)
                 result = None
@@ -239,6 +252,12 @@ class Worker:
     def send_event(self, kind: str, detail: Any) -> None:
         """Tell the controller's listeners something (rich display, progress)."""
         self.send(("event", kind), detail)
+
+    def _call_maybe_async(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = self.run_async(result)
+        return result
 
     def run_async(self, awaitable: Any) -> Any:
         if self._loop is None:

@@ -60,3 +60,31 @@ def test_default_handler_prefixes_lines_with_the_rank(procs4, capfd):
         out += capfd.readouterr().out
     assert "[3] first line" in out
     assert "[3] partial line" in out
+
+
+class Progress(Actor):
+    @endpoint
+    def bar(self) -> None:
+        import sys
+
+        for i in range(3):
+            sys.stdout.write(f"\r{i}/3")
+            sys.stdout.flush()
+        sys.stdout.write("\rdone\n")
+
+
+def test_progress_updates_arrive_as_carriage_return_segments(procs4):
+    lines: list = []
+    bars = procs4.slice(procs=0).spawn("bars", Progress)
+    previous = set_output_handler(lines.append)
+    try:
+        bars.bar.call_one().get(timeout=10)
+        deadline = time.monotonic() + 5
+        while not any(o.line == "done" for o in lines) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        set_output_handler(previous)
+    assert lines[-1].line == "done"
+    assert lines[-1].end == "\n"
+    assert all(o.end == "\r" for o in lines[:-1])
+    assert {o.line for o in lines[:-1]} <= {"0/3", "1/3", "2/3"}

@@ -22,6 +22,7 @@ from monarch_nb import (
     SpawnError,
     current_rank,
     endpoint,
+    set_output_handler,
     this_host,
 )
 
@@ -251,3 +252,33 @@ def test_workers_exit_when_the_controller_is_killed(tmp_path):
         controller.kill()
         controller.wait()
         controller.stdout.close()
+
+
+class Busy(Actor):
+    @endpoint
+    def spin(self, seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        print("spinning", flush=True)
+        try:
+            while time.monotonic() < deadline:
+                pass
+        except KeyboardInterrupt:
+            return "interrupted"
+        return "finished"
+
+
+def test_interrupt_reaches_busy_user_code_and_the_mesh_stays_usable(procs2):
+    busy = procs2.spawn("busy", Busy)
+    spinning: set[int] = set()
+    previous = set_output_handler(lambda out: out.line == "spinning" and spinning.add(out.rank))
+    try:
+        fut = busy.spin.call(30)
+        _wait_for(lambda: spinning == {0, 1})
+    finally:
+        set_output_handler(previous)
+    assert procs2.busy_ranks() == [0, 1]
+    procs2.interrupt()
+    assert fut.get(timeout=10).values() == ["interrupted"] * 2
+    # An interrupt between calls is ignored: nothing is lost, nothing breaks.
+    procs2.interrupt(ranks=[0, 1])
+    assert busy.spin.call(0).get(timeout=10).values() == ["finished"] * 2
