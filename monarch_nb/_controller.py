@@ -182,10 +182,12 @@ class Controller:
     def remove_peer(self, identity: bytes) -> None:
         self._peers.pop(identity, None)
 
-    def fail_calls(self, group: ProcGroup, error: MeshFailure) -> None:
-        """Fail every call in flight to ``group`` (I/O thread)."""
-        for call in [c for c in self._calls.values() if c.group is group]:
+    def fail_calls(self, group: ProcGroup, error: MeshFailure) -> int:
+        """Fail every call in flight to ``group`` (I/O thread); returns how many."""
+        calls = [c for c in self._calls.values() if c.group is group]
+        for call in calls:
             call.fail(error)
+        return len(calls)
 
     def calls_waiting_on(self, group: ProcGroup, rank: int) -> list[str]:
         """Labels of the calls in flight that still wait for ``rank`` (I/O thread)."""

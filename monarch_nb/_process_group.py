@@ -340,8 +340,8 @@ class ProcGroup:
             return
         self.state = Failed(error)
         self._all_ready.set()
-        self.controller.fail_calls(self, error)
-        _log.warning("monarch_nb: %s", error)
+        if not self.controller.fail_calls(self, error):
+            _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
         self._notify("mesh_failed", error)
         _context.report_child_failure(self.owner, error)
 

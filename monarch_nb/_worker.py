@@ -33,7 +33,10 @@ from ._shape import Shape
 from ._wire import Signer, WireStats, decode_payload, receive
 
 _WATCH_INTERVAL_S = 0.2
-_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+# Frames of these files sit between the wire and user code: noise in a traceback.
+_DISPATCH_FILES = frozenset(
+    os.path.join(os.path.dirname(__file__), name) for name in ("_worker.py", "_cells.py")
+)
 
 
 class _LiveActor:
@@ -266,8 +269,8 @@ class Worker:
 
     def failure_of(self, exc: BaseException) -> RemoteFailure:
         tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-            tb = tb.tb_next  # our own dispatch frames are noise to the user
+        while tb is not None and tb.tb_frame.f_code.co_filename in _DISPATCH_FILES:
+            tb = tb.tb_next
         text = "".join(traceback.format_exception(type(exc), exc, tb))
         return RemoteFailure(self.rank, type(exc).__name__, str(exc), text)
 

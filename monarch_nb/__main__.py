@@ -1,0 +1,119 @@
+"""``python -m monarch_nb demo``: the quick start, headless, in one command.
+
+Starts a 4-rank mesh on this host, spawns actors, calls them every way there
+is, shows live output, a remote error and a dead rank, and a gloo
+all-reduce when torch is installed; then stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+import time
+
+from monarch_nb import Actor, MeshFailure, RemoteError, current_rank, endpoint, this_host
+
+
+class Greeter(Actor):
+    """A tiny actor: remembers a greeting, answers from every rank."""
+
+    def __init__(self, greeting: str) -> None:
+        self.greeting = greeting
+
+    @endpoint
+    def hello(self) -> str:
+        rank = current_rank().rank
+        print(f"{self.greeting} from rank {rank} (pid {os.getpid()})")
+        return f"rank {rank} says {self.greeting}"
+
+    @endpoint
+    def square(self, x: int) -> int:
+        return x * x
+
+    @endpoint
+    def divide(self, x: float) -> float:
+        return 1 / x
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def all_reduce(self) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        try:
+            t = torch.full((2,), float(dist.get_rank()))
+            dist.all_reduce(t)
+            return t.tolist()
+        finally:
+            dist.destroy_process_group()
+
+
+def demo(procs_per_host: int) -> None:
+    step = _Steps()
+    started = time.perf_counter()
+    with this_host().spawn_procs(per_host={"procs": procs_per_host}, name="demo") as procs:
+        step(f"started {procs} in {time.perf_counter() - started:.2f} s")
+        greeters = procs.spawn("greeters", Greeter, "hello")
+
+        step("call() every rank; their output streams back live, prefixed by rank")
+        print(greeters.hello.call().get(timeout=30))
+
+        step("call_one() on a slice, choose() one rank, stream() replies as they come")
+        print(greeters.slice(procs=1).square.call_one(7).get(timeout=30))
+        print(greeters.square.choose(3).get(timeout=30))
+        for point, value in greeters.square.stream(5):
+            print(f"  {dict(point)} -> {value}")
+
+        step("a remote error: one traceback, labelled with its rank set")
+        try:
+            greeters.divide.call(0).get(timeout=30)
+        except RemoteError as error:
+            print(error.render())
+
+        if importlib.util.find_spec("torch") is not None:
+            step("torch.distributed with no arguments: gloo all_reduce over every rank")
+            print(greeters.all_reduce.call().get(timeout=120))
+
+        step("a rank dies: the call fails at once, naming it; restart() brings fresh ones")
+        pid = greeters.slice(procs=procs_per_host - 1).pid.call_one().get(timeout=30)
+        pending = greeters.divide.call(1)
+        os.kill(pid, signal.SIGKILL)
+        try:
+            pending.get(timeout=30)
+        except MeshFailure as failure:
+            print(f"MeshFailure: {failure}")
+        procs.restart()
+        greeters = procs.spawn("greeters", Greeter, "welcome back")
+        print(greeters.square.call(2).get(timeout=30))
+    step(f"stopped: {procs}")
+
+
+class _Steps:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, text: str) -> None:
+        self.n += 1
+        print(f"\n== {self.n}. {text}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monarch_nb", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_demo = sub.add_parser("demo", help="run the quick start headless")
+    run_demo.add_argument("--procs", type=int, default=4, help="ranks to start (default 4)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        demo(args.procs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
