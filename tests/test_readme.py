@@ -1,0 +1,41 @@
+"""The README's promises: its first example runs as written, and so does the demo."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def first_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## First example", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_first_example_runs_as_a_script(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(first_example())
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ValueMesh({procs: 4}) {0-3: 0.3" in out.stdout
+    assert re.search(r"^\[2\] rank 2 got 2 samples$", out.stdout, re.M)
+
+
+@pytest.mark.slow
+def test_the_demo_runs_headless():
+    out = subprocess.run(
+        [sys.executable, "-m", "monarch_nb", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "{0-3: [6.0, 6.0]}" in out.stdout  # the gloo all_reduce
+    assert "was killed by signal SIGKILL" in out.stdout
+    assert "stopped: <ProcMesh 'demo' {procs: 4} stopped>" in out.stdout
