@@ -17,10 +17,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import cloudpickle
 import torch
 import zmq
 
 from monarch_nb import Actor, endpoint, this_host
+
+# Workers cannot import benchmarks/: send this module's actors by value, as if
+# they were defined in a notebook, also when another script imports us.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 _ECHO_SERVER = """
 import sys, zmq

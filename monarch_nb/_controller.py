@@ -1,9 +1,20 @@
 """The controller client: one per process, lazily created, shared by every mesh.
 
-It owns the I/O thread, the ROUTER socket every worker connects to, and the
-table of calls in flight. Meshes talk to it through three thread-safe methods:
-:meth:`Controller.register`, :meth:`Controller.send` and :meth:`Controller.run`.
-Everything else happens on the I/O thread.
+It owns the ROUTER socket every worker connects to, the I/O thread that
+receives on it, and the table of calls in flight.
+
+Sending happens on the caller's thread, under ``_lock``: a call goes out
+without waiting for another thread to wake up. The I/O thread polls the
+socket's ``ZMQ_FD`` rather than the socket, and takes the same lock to drain
+it, so the socket is only ever used by one thread at a time (zmq allows
+moving a socket between threads behind a full memory barrier, which a lock
+is). ``ZMQ_FD`` is edge-triggered: a send may consume the notification of a
+message that just arrived, so a sender that sees pending input wakes the I/O
+thread.
+
+The same lock makes "is the group still healthy?" and "register the call"
+one step, against the I/O thread's "mark the group failed and take its calls":
+a crash can never slip between the check and the send.
 """
 
 from __future__ import annotations
@@ -26,6 +37,9 @@ from ._calls import PendingCall
 from ._errors import MeshFailure, RemoteFailure
 from ._io_loop import IOLoop
 from ._wire import Encoded, WireStats, decode_payload, receive
+
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 if TYPE_CHECKING:
     from ._process_group import ProcGroup
@@ -84,10 +98,10 @@ class Controller:
         self._peers: dict[bytes, _Peer] = {}
         self._calls: dict[int, PendingCall] = {}
         self._call_ids = itertools.count(1)
-        # Calls in flight per (group id, rank): counted when sent, on the caller's
-        # thread, so choose() sees a call the instant it was made.
+        # Calls in flight per (group id, rank), counted as they are sent, so
+        # choose() sees a call the instant it was made.
         self.outstanding: Counter[tuple[int, int]] = Counter()
-        self._load_lock = threading.Lock()
+        self._lock = threading.Lock()
         self.output_handler: OutputHandler = print_output
         self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
         atexit.register(self.shutdown)
@@ -100,7 +114,8 @@ class Controller:
         router.setsockopt(zmq.SNDHWM, 0)
         router.setsockopt(zmq.RCVHWM, 0)
         router.bind_to_random_port(f"tcp://{self.bind_host}")
-        self.loop.add_socket(router, self._on_readable)
+        self.router = router
+        self.loop.add_fd(router.getsockopt(zmq.FD), self._on_readable)
         return router
 
     # -- thread-safe API ------------------------------------------------------------
@@ -147,32 +162,42 @@ class Controller:
     ) -> None:
         """Send one encoded message to ``ranks`` of ``group``; track ``call`` if given.
 
-        If the group has failed by the time the I/O thread sends, the call
-        fails with that failure instead (checked on the I/O thread, so a
-        crash can never slip between the check and the send).
+        If the group has failed or stopped, nothing is sent and ``call`` fails
+        with the reason instead.
         """
         ranks = tuple(ranks)
-        if call is not None:
-            call.group = group
-            call.on_finish = self._forget
-            with self._load_lock:
+        with self._lock:
+            failure = group.failure_for(ranks)
+            if failure is None:
+                if call is not None:
+                    call.group = group
+                    call.on_finish = self._forget
+                    self._calls[call.call_id] = call
+                    for rank in ranks:
+                        self.outstanding[(group.id, rank)] += 1
+                router = self.router
                 for rank in ranks:
-                    self.outstanding[(group.id, rank)] += 1
-        self.loop.call_soon(lambda: self._send_now(group, ranks, message, call))
-
-    def _send_now(
-        self, group: ProcGroup, ranks: tuple[int, ...], message: Encoded, call: PendingCall | None
-    ) -> None:
-        failure = group.failure_for(ranks)
+                    message.send(router, group.identity(rank))
+                self.stats.sent += len(ranks)
+                pending_input = router.getsockopt(_EVENTS) & _POLLIN
         if failure is not None:
             if call is not None:
                 call.fail(failure)
             return
-        if call is not None:
-            self._calls[call.call_id] = call
-        for rank in ranks:
-            message.send(self.router, group.identity(rank))
-        self.stats.sent += len(ranks)
+        if pending_input:
+            self.loop.call_soon(self._on_readable)
+
+    def end_group(self, group: ProcGroup, state: Any, error: MeshFailure) -> int:
+        """Move ``group`` to a final ``state``, failing its calls in flight with ``error``.
+
+        Any thread. Returns how many calls were failed.
+        """
+        with self._lock:
+            group.state = state
+            calls = [c for c in self._calls.values() if c.group is group]
+        for call in calls:
+            call.fail(error)
+        return len(calls)
 
     # -- I/O thread ---------------------------------------------------------------------
 
@@ -182,13 +207,6 @@ class Controller:
     def remove_peer(self, identity: bytes) -> None:
         self._peers.pop(identity, None)
 
-    def fail_calls(self, group: ProcGroup, error: MeshFailure) -> int:
-        """Fail every call in flight to ``group`` (I/O thread); returns how many."""
-        calls = [c for c in self._calls.values() if c.group is group]
-        for call in calls:
-            call.fail(error)
-        return len(calls)
-
     def calls_waiting_on(self, group: ProcGroup, rank: int) -> list[str]:
         """Labels of the calls in flight that still wait for ``rank`` (I/O thread)."""
         return [
@@ -196,8 +214,8 @@ class Controller:
         ]
 
     def _forget(self, call: PendingCall) -> None:
-        self._calls.pop(call.call_id, None)
-        with self._load_lock:
+        with self._lock:
+            self._calls.pop(call.call_id, None)
             for rank in call.ranks:
                 key = (call.group.id, rank)
                 self.outstanding[key] -= 1
@@ -206,8 +224,15 @@ class Controller:
 
     def _on_readable(self) -> None:
         router = self.router
-        while (frames := receive(router)) is not None:
-            self._dispatch(frames)
+        while True:
+            with self._lock:  # receive under the lock, handle outside it
+                batch = []
+                while len(batch) < 64 and (frames := receive(router)) is not None:
+                    batch.append(frames)
+            if not batch:
+                return
+            for frames in batch:
+                self._dispatch(frames)
 
     def _dispatch(self, frames: list[Any]) -> None:
         peer = self._peers.get(frames[0].bytes)

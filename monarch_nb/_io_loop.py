@@ -1,10 +1,10 @@
-"""The controller's I/O thread: one poll loop that owns every socket and pipe.
+"""The controller's I/O thread: one poll loop for every socket, pipe and process.
 
-User threads never touch a socket. They hand work to this thread with
-:meth:`IOLoop.call_soon` (thread-safe; wakes the loop through an eventfd) and
-get results back through futures. The loop polls, in one ``zmq.Poller``:
+Other threads hand it work with :meth:`IOLoop.call_soon` (thread-safe; wakes
+the loop through an eventfd) and get results back through futures. The loop
+polls file descriptors, in one ``zmq.Poller``:
 
-- the ROUTER socket all workers connect to,
+- the ``ZMQ_FD`` of the ROUTER socket all workers connect to,
 - a pidfd per worker process, readable the instant the process exits, so a
   crash is seen at once with its exit code or signal,
 - the stdout/stderr pipe of every worker, forwarded line by line as it arrives,
@@ -21,7 +21,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import zmq
 
@@ -38,7 +37,6 @@ class IOLoop:
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poller = zmq.Poller()
         self._poller.register(self._wake_fd, zmq.POLLIN)
-        self._sockets: dict[Any, Callback] = {}
         self._fds: dict[int, Callback] = {}
         self._timers: list[tuple[float, int, Callback]] = []
         self._timer_ids = itertools.count()
@@ -78,10 +76,6 @@ class IOLoop:
 
     # -- registration (I/O thread only) ---------------------------------------
 
-    def add_socket(self, socket: zmq.Socket, on_readable: Callback) -> None:
-        self._sockets[socket] = on_readable
-        self._poller.register(socket, zmq.POLLIN)
-
     def add_fd(self, fd: int, on_readable: Callback) -> None:
         self._fds[fd] = on_readable
         self._poller.register(fd, zmq.POLLIN)
@@ -97,8 +91,6 @@ class IOLoop:
             while not self._stopping:
                 self._poll_once()
         finally:
-            for socket in self._sockets:
-                socket.close(linger=0)
             os.close(self._wake_fd)
 
     def _poll_once(self) -> None:
@@ -115,7 +107,7 @@ class IOLoop:
                     pass
             else:
                 # An earlier callback in this batch may have removed the fd.
-                callback = self._fds.get(item) or self._sockets.get(item)
+                callback = self._fds.get(item)
                 if callback is not None:
                     _safely(callback)
         while self._pending:

@@ -338,9 +338,9 @@ class ProcGroup:
         """Mark the group failed and fail every call in flight to it (I/O thread)."""
         if isinstance(self.state, Failed | Stopped):
             return
-        self.state = Failed(error)
+        failed_calls = self.controller.end_group(self, Failed(error), error)
         self._all_ready.set()
-        if not self.controller.fail_calls(self, error):
+        if not failed_calls:
             _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
         self._notify("mesh_failed", error)
         _context.report_child_failure(self.owner, error)
@@ -355,16 +355,12 @@ class ProcGroup:
         message = self.signer.encode(("shutdown",))
         live = tuple(w.rank for w in workers if w.returncode is None)
 
-        def begin_stop() -> None:
-            for rank in live:
-                message.send(self.controller.router, self.identity(rank))
-            self.state = Stopped()
-            self.controller.fail_calls(
-                self,
-                MeshFailure(f"process mesh {self.name!r} was stopped", ranks=self.shape.ranks),
-            )
-
-        self.controller.run(begin_stop)
+        self.controller.send(self, live, message)
+        self.controller.end_group(
+            self,
+            Stopped(),
+            MeshFailure(f"process mesh {self.name!r} was stopped", ranks=self.shape.ranks),
+        )
         deadline = time.monotonic() + grace
         for w in workers:
             try:
@@ -377,15 +373,12 @@ class ProcGroup:
     def kill(self) -> None:
         """Kill every worker at once (no grace), e.g. before a restart."""
 
-        def mark() -> None:
-            if not isinstance(self.state, Stopped):
-                self.state = Stopped()
-                self.controller.fail_calls(
-                    self,
-                    MeshFailure(f"process mesh {self.name!r} was killed", ranks=self.shape.ranks),
-                )
-
-        self.controller.run(mark)
+        if not isinstance(self.state, Stopped):
+            self.controller.end_group(
+                self,
+                Stopped(),
+                MeshFailure(f"process mesh {self.name!r} was killed", ranks=self.shape.ranks),
+            )
         for w in self.workers:
             if w.popen.poll() is None:
                 w.popen.kill()

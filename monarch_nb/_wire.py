@@ -1,29 +1,32 @@
 """Signed multipart messages over pyzmq.
 
-A message is the frames ``[header, meta, payload, *buffers]``, where the
-header is the 32-byte signature followed by the 8-byte sequence number:
+A message is one *envelope* frame, then one frame per out-of-band buffer::
+
+    envelope = signature(32) | sequence(8) | meta length(4) | meta | payload
 
 - ``meta`` is a small pickle of plain types (what to do, call id, names), so a
   receiver can always answer "which call failed" even if the payload cannot be
   unpickled;
-- ``payload`` is the (cloud)pickle of the arguments or value, and ``buffers``
-  are its out-of-band frames (tensors, arrays, large bytes);
-- ``signature`` is HMAC-SHA256 over every other frame, each prefixed by its
-  length so frame boundaries cannot be shifted; ``sequence`` is the sender's
-  message counter and must grow per sender, which stops replays. A frame of
-  8 MiB or more enters the HMAC as the SHA-256 digests of its 2 MiB chunks,
-  hashed on a small thread pool (hashlib releases the GIL): as strong, since
-  SHA-256 is collision resistant, and it uses every core on big tensors.
+- ``payload`` is the (cloud)pickle of the arguments or value; the buffer
+  frames are its out-of-band buffers (tensors, arrays, large bytes);
+- ``signature`` is HMAC-SHA256 over the rest of the envelope and every buffer
+  frame, each buffer prefixed by its length so frame boundaries cannot be
+  shifted; ``sequence`` is the sender's message counter and must grow per
+  sender, which stops replays. A buffer of 8 MiB or more enters the HMAC as
+  the SHA-256 digests of its 2 MiB chunks, hashed on a small thread pool
+  (hashlib releases the GIL): as strong, since SHA-256 is collision
+  resistant, and it uses every core on big tensors.
+
+A small call is thus a single frame. Nothing is unpickled before the
+signature and the sequence check pass; frames that fail are dropped and
+counted in :class:`WireStats`. A message is encoded (pickled and signed) once,
+however many ranks it is sent to.
 
 Out-of-band buffers are sent zero-copy, straight from the caller's memory
 (a copy of 64 MiB costs more than the transfer itself here). So a tensor
 must not be modified until its call's future completes: modified in flight,
 its frame no longer matches the signature and is dropped (and counted in
 ``dropped_bad_signature``).
-
-Nothing is unpickled before the signature and the sequence check pass; frames
-that fail are dropped and counted in :class:`WireStats`. A message is encoded
-(pickled and signed) once, however many ranks it is sent to.
 """
 
 from __future__ import annotations
@@ -47,14 +50,15 @@ from ._serialize import dumps, loads
 KEY_BYTES = 32
 _SIG_BYTES = 32
 _SEQ_BYTES = 8
-_HEADER_BYTES = _SIG_BYTES + _SEQ_BYTES
-_MIN_FRAMES = 3  # header, meta, payload
+_META_LEN_BYTES = 4
+_PREFIX_BYTES = _SIG_BYTES + _SEQ_BYTES + _META_LEN_BYTES
 # Frames below this are copied into zmq (cheaper than pinning a Python object).
 _ZERO_COPY_BYTES = 1 << 16
 # pyzmq's send_multipart combines IntFlag enums on every frame; plain ints are
 # several times cheaper on the per-call path.
 _SNDMORE = int(zmq.SNDMORE)
-_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 _CHUNKED_FRAME_BYTES = 8 << 20
@@ -121,11 +125,14 @@ class Encoded:
 
 
 def receive(socket: zmq.Socket) -> list[zmq.Frame] | None:
-    """One whole multipart message without blocking, or None if none is waiting."""
-    try:
-        frame = socket.recv(_NOBLOCK, copy=False)
-    except zmq.Again:
+    """One whole multipart message without blocking, or None if none is waiting.
+
+    Asks ``ZMQ_EVENTS`` first: ending every batch on a ``zmq.Again`` exception
+    costs more than a no-op call's whole handling.
+    """
+    if not socket.getsockopt(_EVENTS) & _POLLIN:
         return None
+    frame = socket.recv(copy=False)
     frames = [frame]
     while frame.more:
         frame = socket.recv(copy=False)
@@ -143,23 +150,16 @@ class Signer:
         self._sequence = itertools.count(1)
         self.stats = stats
 
-    def _digest(self, sequence: Any, frames: Sequence[Any]) -> bytes:
+    def _digest(self, signed: Any, buffers: Sequence[Any]) -> bytes:
         mac = self._mac.copy()
-        small: list[Any] = [sequence]  # small frames go to the HMAC in one update
-        for frame in frames:
+        mac.update(signed)
+        for frame in buffers:
             view = memoryview(frame)
-            small.append(view.nbytes.to_bytes(8, "little"))
-            if view.nbytes < _ZERO_COPY_BYTES:
-                small.append(view)
-                continue
-            mac.update(b"".join(small))
-            small = []
+            mac.update(view.nbytes.to_bytes(8, "little"))
             if view.nbytes >= _CHUNKED_FRAME_BYTES:
                 mac.update(_chunk_digests(view.cast("B")))
             else:
                 mac.update(view)
-        if small:
-            mac.update(b"".join(small))
         return mac.digest()
 
     def encode(self, meta: tuple, payload: Any = None, *, by_value: bool = True) -> Encoded:
@@ -170,12 +170,18 @@ class Signer:
         else:
             body, buffers = dumps(payload, by_value=by_value)
         raw = [b.raw() for b in buffers]  # zero-copy: see the module docstring
-        sequence = next(self._sequence).to_bytes(_SEQ_BYTES, "little")
-        signed = [meta_bytes, body, *raw]
-        frames = [self._digest(sequence, signed) + sequence, *signed]
+        signed = b"".join(
+            (
+                next(self._sequence).to_bytes(_SEQ_BYTES, "little"),
+                len(meta_bytes).to_bytes(_META_LEN_BYTES, "little"),
+                meta_bytes,
+                body,
+            )
+        )
+        frames = [self._digest(signed, raw) + signed, *raw]
         oob = sum(r.nbytes for r in raw)
         self.stats.encoded += 1
-        self.stats.bytes_in_band += len(body) + len(meta_bytes)
+        self.stats.bytes_in_band += len(signed)
         self.stats.bytes_out_of_band += oob
         return Encoded(frames, len(body) + oob)
 
@@ -184,28 +190,36 @@ class Signer:
 
         ``frames`` are ``zmq.Frame`` objects or buffers, identity already removed.
         """
-        if len(frames) < _MIN_FRAMES:
+        if not frames:
             self.stats.dropped_malformed += 1
             return None
-        header = memoryview(frames[0])
-        if header.nbytes != _HEADER_BYTES:
+        envelope = memoryview(frames[0])
+        if envelope.nbytes < _PREFIX_BYTES:
             self.stats.dropped_malformed += 1
             return None
-        sequence = header[_SIG_BYTES:]
-        if not hmac.compare_digest(self._digest(sequence, frames[1:]), header[:_SIG_BYTES]):
+        meta_end = _PREFIX_BYTES + int.from_bytes(
+            envelope[_PREFIX_BYTES - 4 : _PREFIX_BYTES], "little"
+        )
+        if meta_end > envelope.nbytes:
+            self.stats.dropped_malformed += 1
+            return None
+        expected = self._digest(envelope[_SIG_BYTES:], frames[1:])
+        if not hmac.compare_digest(expected, envelope[:_SIG_BYTES]):
             self.stats.dropped_bad_signature += 1
             return None
-        number = int.from_bytes(sequence, "little")
+        number = int.from_bytes(envelope[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little")
         if number <= last_sequence:
             self.stats.dropped_replayed += 1
             return None
         self.stats.received += 1
-        return number, pickle.loads(memoryview(frames[1]))
+        return number, pickle.loads(envelope[_PREFIX_BYTES:meta_end])
 
 
 def decode_payload(frames: Sequence[Any]) -> Any:
     """Unpickle the payload of a verified message (buffers stay zero-copy)."""
-    body = memoryview(frames[2])
+    envelope = memoryview(frames[0])
+    meta_end = _PREFIX_BYTES + int.from_bytes(envelope[_PREFIX_BYTES - 4 : _PREFIX_BYTES], "little")
+    body = envelope[meta_end:]
     if body.nbytes == 0:
         return None
-    return loads(body, [memoryview(f) for f in frames[3:]])
+    return loads(body, [memoryview(f) for f in frames[1:]])

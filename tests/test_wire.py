@@ -72,31 +72,30 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     receiver = Signer(key, WireStats())
     marker = tmp_path / "unpickled"
     evil = pickle.dumps(Evil(str(marker)))
-    # 1. unsigned: raw pickles, no signature frame at all
-    dealer.send_multipart([evil])
-    assert receiver.verify(receive(router), 0) is None
-    dealer.send_multipart([b"x" * 40, evil, evil])  # well-formed, but a made-up signature
-    # 2. signed with another key
+    unsigned = b"\0" * 32 + (1).to_bytes(8, "little") + len(evil).to_bytes(4, "little") + evil
     forged = Signer(new_key(), WireStats()).encode(("call", 1), Evil(str(marker)))
-    dealer.send_multipart(forged.frames)
-    # 3. genuine, then replayed
     genuine = Signer(key, WireStats()).encode(("call", 2), None)
-    dealer.send_multipart(genuine.frames)
-    dealer.send_multipart(genuine.frames)
+    sent = [
+        [b"short"],  # truncated: not even an envelope
+        [unsigned, evil],  # a well-formed envelope whose meta is a malicious pickle
+        forged.frames,  # signed, but with another key
+        genuine.frames,
+        genuine.frames,  # replayed
+    ]
+    for frames in sent:
+        dealer.send_multipart(frames)
     last = 0
     results = []
-    for _ in range(4):
+    for _ in sent:
         checked = receiver.verify(receive(router), last)
         results.append(checked)
         if checked:
             last = checked[0]
-    assert [r is not None for r in results] == [False, False, True, False]
+    assert [r is not None for r in results] == [False, False, False, True, False]
     stats = receiver.stats
-    assert (stats.dropped_malformed, stats.dropped_bad_signature, stats.dropped_replayed) == (
-        1,
-        2,
-        1,
-    )
+    assert stats.dropped_malformed == 1
+    assert stats.dropped_bad_signature == 2
+    assert stats.dropped_replayed == 1
     assert not marker.exists()
 
 
@@ -114,7 +113,7 @@ def test_frames_forged_to_the_controller_are_dropped_and_counted(procs4, tmp_pat
         for rogue in (impostor, anonymous):
             rogue.connect(controller.address)
             for _ in range(5):
-                rogue.send_multipart([b"\0" * 40, evil, evil])
+                rogue.send_multipart([b"\0" * 44 + evil, evil])
         echo = procs4.spawn("forged", Echo)
         for _ in range(100):
             if controller.stats.dropped_unknown_peer - before.dropped_unknown_peer >= 5:
