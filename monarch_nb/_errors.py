@@ -176,3 +176,21 @@ class CallTimeout(MonarchNbError, TimeoutError):
     def __init__(self, message: str, *, ranks: Sequence[int] = ()):
         super().__init__(message)
         self.ranks = tuple(ranks)
+
+
+# Errors show up in tracebacks, often before anyone touched monarch_nb.X
+# (which is what renames the other public names): name them publicly here.
+for _error in (
+    MonarchNbError,
+    MeshUsageError,
+    EndpointError,
+    SerializationError,
+    RemoteFailure,
+    RemoteError,
+    SpawnError,
+    CellError,
+    MeshFailure,
+    CallTimeout,
+):
+    _error.__module__ = "monarch_nb"
+del _error

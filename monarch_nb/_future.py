@@ -10,10 +10,12 @@ running at the await site.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -116,6 +118,8 @@ class Future(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         if not self._done:
+            import asyncio  # here, not at the top: workers start without asyncio
+
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
 

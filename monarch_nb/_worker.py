@@ -10,7 +10,6 @@ once, even while user code is busy, so no worker outlives its controller.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import json
@@ -68,7 +67,7 @@ class Worker:
         self.actors: dict[int, _LiveActor] = {}
         self._posted: deque[Callable[[], None]] = deque()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: Any = None  # an asyncio loop, made for the first async endpoint
         self.namespace: Any = None  # a _cells.RankNamespace once a cell runs
         self._in_user_code = False
         signal.signal(signal.SIGINT, self._on_sigint)
@@ -264,6 +263,8 @@ class Worker:
 
     def run_async(self, awaitable: Any) -> Any:
         if self._loop is None:
+            import asyncio
+
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(awaitable)
 
