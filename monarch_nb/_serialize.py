@@ -14,6 +14,8 @@ so a worker does not pay cloudpickle's import on start.
 from __future__ import annotations
 
 import io
+import linecache
+import os
 import pickle
 import sys
 import types
@@ -156,14 +158,38 @@ def _cloudpickler() -> type:
         import cloudpickle
 
         class _CloudPickler(cloudpickle.Pickler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self._shipping_source: set[int] = set()
+
             def reducer_override(self, obj: Any) -> Any:
                 reduced = _reduce_buffers(obj)
-                if reduced is NotImplemented:
-                    return super().reducer_override(obj)
-                return reduced
+                if reduced is not NotImplemented:
+                    return reduced
+                if type(obj) is types.FunctionType and id(obj) not in self._shipping_source:
+                    source = _cell_source(obj.__code__.co_filename)
+                    if source is not None:
+                        # Rebuilt through _with_source, which puts the cell's lines in the
+                        # worker's linecache: remote tracebacks then show them.
+                        self._shipping_source.add(id(obj))
+                        return _with_source, (obj.__code__.co_filename, source, obj)
+                return super().reducer_override(obj)
 
         _cloud_pickler = _CloudPickler
     return _cloud_pickler
+
+
+def _cell_source(filename: str) -> list[str] | None:
+    """The lines of a notebook cell (in linecache, not on disk), else None."""
+    entry = linecache.cache.get(filename)
+    if entry is None or len(entry) != 4 or os.path.exists(filename):
+        return None
+    return list(entry[2])
+
+
+def _with_source(filename: str, lines: list[str], fn: Any) -> Any:
+    linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+    return fn
 
 
 def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.PickleBuffer]]:

@@ -13,6 +13,7 @@ from monarch_nb import (
     Actor,
     EndpointError,
     MeshUsageError,
+    RemoteError,
     ValueMesh,
     context,
     current_rank,
@@ -202,3 +203,24 @@ def test_futures_resolve_on_another_thread_while_main_waits(counters):
     thread.start()
     thread.join(10)
     assert len(results[0]) == 4
+
+
+def test_source_of_notebook_cells_reaches_remote_tracebacks(procs4):
+    # A class defined in a notebook cell: its code's file exists only in linecache.
+    import linecache
+
+    filename = "/tmp/ipykernel_0/cell-test-source.py"
+    source = (
+        "from monarch_nb import Actor, endpoint\n"
+        "class FromCell(Actor):\n"
+        "    @endpoint\n"
+        "    def boom(self):\n"
+        "        raise ValueError('raised in a cell')  # shown remotely\n"
+    )
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(source, filename, "exec"), namespace)
+    actors = procs4.slice(procs=0).spawn("cell", namespace["FromCell"])
+    with pytest.raises(RemoteError) as info:
+        actors.boom.call_one().get(timeout=10)
+    assert "raise ValueError('raised in a cell')  # shown remotely" in info.value.render()
