@@ -82,15 +82,20 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def visible_gpu_count() -> int:
-    """GPUs this host lets us use, without importing torch."""
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (no torch import)."""
     listed = os.environ.get("CUDA_VISIBLE_DEVICES")
     if listed is not None:
-        return len([d for d in listed.split(",") if d.strip() and d.strip() != "-1"])
+        devices = []
+        for entry in (d.strip() for d in listed.split(",")):
+            if not entry or entry == "-1":
+                break  # CUDA stops at the first invalid entry
+            devices.append(entry)
+        return devices
     try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
     except OSError:
-        return 0
+        return []
 
 
 class WorkerProcess:
@@ -177,7 +182,7 @@ class ProcGroup:
     def _launch(self, rank: int, key: bytes, base_env: dict[str, str]) -> WorkerProcess:
         env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
         if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(rank)
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpus()[rank]
         identity = f"{self.id}.{self.generation}.{rank}".encode()
         popen = subprocess.Popen(
             [sys.executable, "-m", "monarch_nb.worker"],
@@ -421,7 +426,7 @@ class ProcGroup:
 
 
 def check_gpus(count: int) -> None:
-    available = visible_gpu_count()
+    available = len(visible_gpus())
     if count > available:
         raise MeshUsageError(
             f"per_host={{'gpus': {count}}} needs {count} GPUs but this host has {available} "

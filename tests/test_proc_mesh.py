@@ -124,3 +124,14 @@ def test_a_worker_that_cannot_start_is_reported_with_its_stderr():
         r"last lines of its stderr:.*encodings",
     ):
         this_host().spawn_procs(per_host={"procs": 2}, env={"PYTHONHOME": "/nonexistent"})
+
+
+def test_each_gpu_rank_gets_one_of_the_controllers_visible_devices(monkeypatch):
+    # No GPU is needed to check the mapping: these workers never touch CUDA.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+        probes = procs.spawn("gpu", Probe)
+        envs = probes.env.call("CUDA_VISIBLE_DEVICES").get(timeout=10).values()
+    assert envs == [{"CUDA_VISIBLE_DEVICES": "5"}, {"CUDA_VISIBLE_DEVICES": "7"}]
+    with pytest.raises(MeshUsageError, match=r"needs 3 GPUs but this host has 2 visible"):
+        this_host().spawn_procs(per_host={"gpus": 3})
