@@ -1,0 +1,169 @@
+"""Data-plane throughput beside its baselines, measured in the same run.
+
+* same-host reads (cross-memory attach) vs a numpy copy of the same bytes
+  inside one process (memcpy);
+* the TCP transport on loopback vs a raw Python socket (``sendall`` in the
+  owner, ``recv_into`` in the reader) moving the same bytes.
+
+The owner is a spawned process holding numpy arrays; the reader is this
+process. Each figure is the median of several repetitions into a destination
+whose pages are already touched.
+
+Run ``python benchmarks/bench_native.py [--quick]`` for a markdown table, or
+call ``run(rows)`` to collect the rows as dicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from monarch_nb.native import RDMABuffer
+
+MiB = 1 << 20
+SIZES = {"1 MiB": MiB, "64 MiB": 64 * MiB, "1 GiB": 1024 * MiB}
+REPEATS = {MiB: 200, 64 * MiB: 20, 1024 * MiB: 4}
+
+
+def _owner(conn: Any, sizes: list[int]) -> None:
+    arrays = {n: np.full(n, 7, dtype=np.uint8) for n in sizes}
+    buffers = {n: RDMABuffer(a) for n, a in arrays.items()}
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_raw() -> None:
+        # The baseline: a plain Python socket sending the same bytes on request.
+        while True:
+            peer, _ = listener.accept()
+            with peer:
+                peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                while header := peer.recv(8):
+                    (n,) = struct.unpack("<Q", header)
+                    peer.sendall(memoryview(arrays[n]))
+
+    threading.Thread(target=serve_raw, daemon=True).start()
+    conn.send((buffers, listener.getsockname()[1]))
+    conn.recv()  # until the reader is done
+
+
+def _compare(
+    ours: Callable[[], object], base: Callable[[], object], repeats: int
+) -> tuple[float, float]:
+    """Median seconds of ``ours`` and ``base``, interleaved so both see the same machine."""
+    ours()  # warm up: connections, page tables
+    base()
+    a, b = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        ours()
+        middle = time.perf_counter()
+        base()
+        a.append(middle - start)
+        b.append(time.perf_counter() - middle)
+    return statistics.median(a), statistics.median(b)
+
+
+def _raw_reader(port: int) -> Callable[[np.ndarray], None]:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def read(dst: np.ndarray) -> None:
+        view = memoryview(dst)
+        sock.sendall(struct.pack("<Q", dst.nbytes))
+        got = 0
+        while got < dst.nbytes:
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                raise ConnectionError("raw baseline server closed")
+            got += n
+
+    return read
+
+
+def run(rows: list[dict[str, Any]], *, quick: bool = False) -> None:
+    """Measure and append one dict per (benchmark, size) to ``rows``."""
+    sizes = {label: n for label, n in SIZES.items() if not (quick and n > 64 * MiB)}
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    owner = ctx.Process(target=_owner, args=(child, list(sizes.values())), daemon=True)
+    owner.start()
+    try:
+        buffers, raw_port = parent.recv()
+        raw_read = _raw_reader(raw_port)
+        for label, n in sizes.items():
+            rows.extend(_measure(buffers[n], label, n, raw_read))
+    finally:
+        parent.send("done")
+        owner.join(10)
+        if owner.is_alive():
+            owner.kill()
+            owner.join()
+
+
+def _measure(
+    buf: RDMABuffer, label: str, n: int, raw_read: Callable[[np.ndarray], None]
+) -> list[dict[str, Any]]:
+    repeats = REPEATS[n]
+    dst = np.zeros(n, dtype=np.uint8)
+    src = np.full(n, 7, dtype=np.uint8)
+    local, memcpy = _compare(
+        lambda: buf.read_into(dst, transport="local").get(),
+        lambda: np.copyto(dst, src),
+        repeats,
+    )
+    tcp, raw = _compare(
+        lambda: buf.read_into(dst, transport="tcp").get(),
+        lambda: raw_read(dst),
+        repeats,
+    )
+    assert int(dst[-1]) == 7
+    return [
+        _row("same-host read (process_vm_readv)", label, n, local, "numpy copy", memcpy),
+        _row("TCP transport read (loopback)", label, n, tcp, "raw socket", raw),
+    ]
+
+
+def _row(name: str, label: str, n: int, ours: float, baseline: str, base: float) -> dict[str, Any]:
+    return {
+        "benchmark": name,
+        "size": label,
+        "GB/s": n / ours / 1e9,
+        "baseline": baseline,
+        "baseline GB/s": n / base / 1e9,
+        "ratio": base / ours,
+    }
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """Render rows as a markdown table."""
+    lines = [
+        "| benchmark | size | GB/s | baseline | baseline GB/s | ratio |",
+        "|---|---|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['benchmark']} | {r['size']} | {r['GB/s']:.2f} | {r['baseline']} | "
+            f"{r['baseline GB/s']:.2f} | {r['ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip the 1 GiB rows")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    run(rows, quick=args.quick)
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""RDMABuffer: register local memory once, copy to and from it from any process.
+
+The owner wraps a contiguous CPU tensor, ndarray, bytearray or writable
+memoryview; nothing is copied. The buffer pickles to a small handle (owner
+host and pid, region id, address, size, dtype and shape, a random 128-bit
+capability token, the owner's server address) that any process can use::
+
+    buf = RDMABuffer(weights)                  # in the owner
+    ...                                        # pickle buf to a reader
+    buf.read_into(local).get()                 # in the reader: owner's Python not involved
+    buf.write_from(update, offset=64).get()
+
+Drop safety
+-----------
+Memory may be freed by its owner only once no other process can still touch
+it, and a copy must never report success for a dropped buffer. Both
+transports go through the owner's native registration table, guarded by one
+mutex:
+
+* every owner-side access is preceded by a lookup that checks the region is
+  registered and not revoked, the token matches and the range is inside it;
+  the lookup counts a *use* of the region for the duration of the access;
+* ``drop()`` (or garbage collection of the owner's RDMABuffer) marks the region
+  revoked, so new requests are refused, wakes every connection that is using
+  it, and waits until the use count is zero before the memory is released;
+* the TCP transport accesses memory only on the owner's server threads
+  (send/recv straight from/into the region); waking them is ``shutdown()`` of
+  their socket, so the stream breaks at once and the reader sees a short
+  transfer;
+* the local transport is a *lease*: the reader asks the owner's server for
+  the region (the reply carries the region's real address, so a forged handle
+  cannot aim elsewhere), copies with process_vm_readv/writev in 16 MiB chunks
+  (large copies on a few threads) and then releases the lease. Revocation
+  half-closes the lease connection; the reader polls it between chunks, stops
+  every thread, and only then releases. The owner counts
+  the use until that release arrives (or the reader's socket closes because
+  it died), so the copy is over before drop() returns;
+* a copy succeeds only if its lease or stream ended normally; a read that
+  raced a drop therefore fails with RDMABufferDroppedError rather than return
+  bytes that may belong to freed memory.
+
+If a reader stops responding while holding a lease (e.g. SIGSTOP), drop()
+gives up after ``DROP_TIMEOUT_S`` and keeps the memory alive for the rest of
+the process instead of freeing it under that reader.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import secrets
+import socket
+import threading
+import weakref
+from typing import Any
+
+from monarch_nb._future import Future
+from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError
+from monarch_nb.native._handle import Handle, host_key, layout
+from monarch_nb.native._loader import load_extension
+from monarch_nb.native._memoryref import describe
+from monarch_nb.native._transport import (
+    CopyOp,
+    request,
+    resolve_transport,
+    start_server,
+    submit,
+)
+
+DROP_TIMEOUT_S = 30.0
+
+log = logging.getLogger("monarch_nb.native")
+
+# Memory whose drop timed out: never freed, because a reader may still copy.
+_kept_alive: list[Any] = []
+_kept_alive_lock = threading.Lock()
+
+
+def _unregister(region: int, keepalive: Any) -> None:
+    left = load_extension().unregister(region, DROP_TIMEOUT_S)
+    if left:
+        log.warning(
+            "buffer #%d: %d reader(s) still copied after %.0f s; its memory is kept alive",
+            region,
+            left,
+            DROP_TIMEOUT_S,
+        )
+        with _kept_alive_lock:
+            _kept_alive.append(keepalive)
+
+
+class RDMABuffer:
+    """A registered region of CPU memory that other processes can read and write.
+
+    Args:
+        obj: a contiguous CPU ``torch.Tensor`` (any dtype or shape), a C-contiguous
+            ``numpy.ndarray``, a ``bytearray`` or a writable ``memoryview``; read-only
+            buffers (``bytes``) are registered read-only.
+
+    The owner must keep the RDMABuffer alive while others use its handle: when
+    it is dropped or garbage collected the region is unregistered.
+
+    Raises:
+        RDMAUnavailableError: the C extension could not be imported.
+        TypeError / ValueError: ``obj`` is not contiguous CPU memory.
+
+    Example::
+
+        buf = RDMABuffer(torch.zeros(1024))
+        other_process(buf)                     # pickles to a handle
+        buf.read_into(dst).get()               # anywhere the handle went
+    """
+
+    def __init__(self, obj: Any) -> None:
+        memory = load_extension()
+        ref = describe(obj, "the registered object", need_writable=False)
+        server = start_server()
+        token = secrets.token_bytes(memory.TOKEN_SIZE)
+        region = memory.register(ref.address, ref.nbytes, token, ref.writable)
+        self._handle = Handle(
+            host_key=host_key(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            region=region,
+            address=ref.address,
+            size=ref.nbytes,
+            dtype=ref.dtype,
+            shape=ref.shape,
+            writable=ref.writable,
+            server=server,
+            token=token,
+        )
+        self._dropped = False
+        # The finalizer holds the memory: it outlives this object until unregistered.
+        self._finalizer: weakref.finalize | None = weakref.finalize(
+            self, _unregister, region, ref.keepalive
+        )
+        self._finalizer.atexit = False
+
+    @classmethod
+    def _from_handle(cls, handle: Handle) -> RDMABuffer:
+        self = cls.__new__(cls)
+        self._handle = handle
+        self._dropped = False
+        self._finalizer = None
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self._handle,))
+
+    # -- description -----------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Size of the registered region in bytes."""
+        return self._handle.size
+
+    @property
+    def dtype(self) -> str | None:
+        """Element type (``"float32"``, ``"bfloat16"``...), or None for untyped bytes."""
+        return self._handle.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the registered tensor or array (``(size,)`` for bytes)."""
+        return self._handle.shape
+
+    @property
+    def owner_pid(self) -> int:
+        """Process id of the owner."""
+        return self._handle.pid
+
+    @property
+    def is_owner(self) -> bool:
+        """True in the process (and on the object) that registered the memory."""
+        return self._finalizer is not None
+
+    @property
+    def dropped(self) -> bool:
+        """True once ``drop()`` was called on this object."""
+        return self._dropped
+
+    def __repr__(self) -> str:
+        h = self._handle
+        state = " dropped" if self._dropped else ""
+        return (
+            f"<RDMABuffer{state} {h.size} bytes {layout(h.dtype, h.shape)} "
+            f"owned by pid {h.pid} on {h.hostname}>"
+        )
+
+    # -- copies ----------------------------------------------------------------
+
+    def read_into(
+        self, dst: Any, offset: int = 0, size: int | None = None, *, transport: str | None = None
+    ) -> Future[int]:
+        """Copy ``size`` bytes from ``offset`` in this buffer to the start of ``dst``.
+
+        With neither ``offset`` nor ``size``, ``dst`` must have exactly the
+        buffer's size; otherwise ``size`` defaults to ``dst``'s size. Offsets
+        and sizes are in bytes. Typed memory (tensors, arrays) must have the
+        buffer's dtype; bytearrays and memoryviews match any dtype.
+
+        Returns a future of the number of bytes copied. Errors in the arguments
+        raise at once (before any byte moves); failures of the copy (dropped
+        buffer, owner gone, bad token) arrive through the future.
+        """
+        return submit([self._plan(dst, offset, size, write=False, transport=transport)])
+
+    def write_from(
+        self, src: Any, offset: int = 0, size: int | None = None, *, transport: str | None = None
+    ) -> Future[int]:
+        """Copy ``size`` bytes from the start of ``src`` into this buffer at ``offset``.
+
+        Sizes, offsets and dtypes follow the rules of ``read_into``.
+        """
+        return submit([self._plan(src, offset, size, write=True, transport=transport)])
+
+    def _plan(
+        self, local: Any, offset: int, size: int | None, *, write: bool, transport: str | None
+    ) -> CopyOp:
+        h = self._handle
+        if self._dropped:
+            raise RDMABufferDroppedError(
+                f"{h.describe()} was dropped; ask its owner for a new handle", handle=h
+            )
+        role = "the source" if write else "the destination"
+        ref = describe(local, role, need_writable=not write)
+        offset = operator.index(offset)
+        if h.dtype is not None and ref.dtype is not None and h.dtype != ref.dtype:
+            raise TypeError(
+                f"dtype mismatch: the buffer holds {h.dtype} but {role} is {ref.dtype} "
+                f"({layout(ref.dtype, ref.shape)}); pass {role.split()[-1]} with dtype {h.dtype}, "
+                "or a bytearray/memoryview to copy raw bytes"
+            )
+        if size is None and offset == 0 and ref.nbytes != h.size:
+            raise ValueError(
+                f"size mismatch: the buffer has {h.size} bytes ({layout(h.dtype, h.shape)}) but "
+                f"{role} has {ref.nbytes} bytes ({layout(ref.dtype, ref.shape)}); pass offset= "
+                "and size= to copy part of the buffer"
+            )
+        length = ref.nbytes if size is None else operator.index(size)
+        if offset < 0 or length < 0:
+            raise ValueError(f"offset and size must be >= 0, got offset={offset}, size={length}")
+        if length > ref.nbytes:
+            raise ValueError(
+                f"size mismatch: {role} has {ref.nbytes} bytes, fewer than the {length} "
+                "bytes requested"
+            )
+        if offset + length > h.size:
+            verb = "write" if write else "read"
+            raise ValueError(
+                f"cannot {verb} {length} bytes at offset {offset}: the buffer has only "
+                f"{h.size} bytes"
+            )
+        if write and not h.writable:
+            raise RDMAAccessError(f"{h.describe()} is read-only; it cannot be written", handle=h)
+        return CopyOp(
+            handle=h,
+            write=write,
+            offset=offset,
+            length=length,
+            local=ref,
+            transport=resolve_transport(transport, h),
+        )
+
+    # -- lifetime --------------------------------------------------------------
+
+    def drop(self) -> None:
+        """Unregister the memory: later copies through any handle to it fail.
+
+        In the owner this waits until copies in flight have stopped touching
+        the memory (they fail with RDMABufferDroppedError). On a handle
+        elsewhere it asks the owner to revoke the region. Idempotent.
+        """
+        if self._dropped:
+            return
+        self._dropped = True
+        if self._finalizer is not None:
+            self._finalizer()
+            return
+        memory = load_extension()
+        try:
+            request(self._handle, memory.OP_DROP)
+        except Exception:
+            # An owner that cannot be reached holds no region any more: nothing to drop.
+            log.debug("drop of %s: owner unreachable", self._handle.describe())
+
+    def __enter__(self) -> RDMABuffer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.drop()
+
+
+def _rebuild(handle: Handle) -> RDMABuffer:
+    return RDMABuffer._from_handle(handle)
+
+
+class RDMABatch:
+    """Several reads and writes submitted together, completed by one future.
+
+    Each call validates its arguments at once; ``submit()`` starts every copy
+    concurrently and returns a future of the total bytes copied, which fails
+    with the first error once every copy has stopped.
+
+    Example::
+
+        batch = RDMABatch()
+        batch.read_into(buf_a, a).read_into(buf_b, b).write_from(buf_c, c)
+        total = batch.submit().get()
+    """
+
+    def __init__(self, *, transport: str | None = None) -> None:
+        self._transport = transport
+        self._ops: list[CopyOp] = []
+
+    def read_into(
+        self, buf: RDMABuffer, dst: Any, offset: int = 0, size: int | None = None
+    ) -> RDMABatch:
+        """Add ``buf.read_into(dst, offset, size)``; returns the batch."""
+        self._ops.append(buf._plan(dst, offset, size, write=False, transport=self._transport))
+        return self
+
+    def write_from(
+        self, buf: RDMABuffer, src: Any, offset: int = 0, size: int | None = None
+    ) -> RDMABatch:
+        """Add ``buf.write_from(src, offset, size)``; returns the batch."""
+        self._ops.append(buf._plan(src, offset, size, write=True, transport=self._transport))
+        return self
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def submit(self) -> Future[int]:
+        """Start every copy; the batch is emptied and can be reused."""
+        ops, self._ops = self._ops, []
+        return submit(ops)
+
+
+for _cls in (RDMABuffer, RDMABatch):
+    _cls.__module__ = "monarch_nb.native"

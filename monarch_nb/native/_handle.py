@@ -1,0 +1,62 @@
+"""The picklable description of a registered buffer, and this host's identity."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Handle:
+    """Everything a reader needs to reach a registered region.
+
+    ``token`` is the capability: whoever holds the handle may read, write and
+    drop the region, nobody else. It is left out of ``repr`` so handles can be
+    logged.
+    """
+
+    host_key: str
+    hostname: str
+    pid: int
+    region: int
+    address: int
+    size: int
+    dtype: str | None
+    shape: tuple[int, ...]
+    writable: bool
+    server: tuple[str, int]
+    token: bytes = field(repr=False)
+
+    def describe(self) -> str:
+        """Name the buffer and its owner for error messages."""
+        host, port = self.server
+        return (
+            f"buffer #{self.region} ({self.size} bytes, {layout(self.dtype, self.shape)}) "
+            f"owned by pid {self.pid} on {self.hostname} (server {host}:{port})"
+        )
+
+
+def layout(dtype: str | None, shape: tuple[int, ...]) -> str:
+    """``float32[4, 8]`` for typed memory, ``bytes`` for untyped memory."""
+    if dtype is None:
+        return "bytes"
+    return f"{dtype}[{', '.join(map(str, shape))}]"
+
+
+@functools.cache
+def host_key() -> str:
+    """Identify this kernel and pid namespace: equal keys mean pids are shared.
+
+    Two processes may use the cross-memory (local) transport only if they see
+    the same pids, i.e. they run on the same booted kernel in the same pid
+    namespace. The hostname alone is not enough (containers copy it).
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return f"host:{socket.gethostname()}:unknown"
+    return f"{boot}/{pidns}"

@@ -1,0 +1,989 @@
+/*
+ * monarch_nb.native._memory -- the native half of the data plane.
+ *
+ * Three pieces, all usable without the caller's (or the owner's) Python:
+ *
+ *   1. A registration table: region id -> (address, size, capability token,
+ *      writable, revoked, users).  Guarded by one mutex; every access to
+ *      registered memory on the owner side happens while the table counts a
+ *      "user" of the region, and unregister() waits for users to reach zero,
+ *      so memory is never touched after unregister() returns.
+ *
+ *   2. A TCP server: one accept thread plus one thread per connection.  A
+ *      connection carries a sequence of fixed-size requests (48 bytes):
+ *
+ *          u32 magic "MNBR" | u16 version | u16 op | u64 region
+ *          u8[16] token     | u64 offset  | u64 length          (little endian)
+ *
+ *      and every reply starts with a 16-byte header:
+ *
+ *          u32 magic "MNBA" | u32 status | u64 value
+ *
+ *      READ streams the range straight from memory with send(); WRITE
+ *      receives straight into memory with recv(); LEASE_* pins a region for a
+ *      same-host copy made by the *reader* with process_vm_readv/writev and is
+ *      ended by RELEASE; QUERY and DROP check or revoke a region.  Any
+ *      malformed request gets an error status and the connection is closed.
+ *      A request is served only if the region is registered and not revoked,
+ *      the token matches (constant-time compare) and [offset, offset+length)
+ *      lies inside the region; nothing else is ever read or written.
+ *
+ *   3. Client-side copy engines, called with the GIL released: tcp_copy
+ *      (several connections in parallel, one pthread each) and local_copy
+ *      (lease, chunked cross-memory copy that stops at the next chunk boundary
+ *      when the lease is revoked, release).
+ *
+ * Revocation.  Dropping a region marks it revoked (new requests are refused)
+ * and wakes every connection currently using it: a READ/WRITE connection is
+ * shut down both ways, which makes the server's own send()/recv() fail at
+ * once; a lease connection is shut down for writing only, which the remote
+ * reader sees as end-of-file between two chunks; it stops copying and then
+ * sends RELEASE (or dies, which closes the socket).  Only then does the
+ * server thread drop its use, so unregister() returns only once no process
+ * is copying to or from the region.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef PR_SET_PTRACER
+#define PR_SET_PTRACER 0x59616d61
+#endif
+#ifndef PR_SET_PTRACER_ANY
+#define PR_SET_PTRACER_ANY ((unsigned long)-1)
+#endif
+
+#define REQ_MAGIC 0x524e424dU /* "MNBR" little endian */
+#define REP_MAGIC 0x414e424dU /* "MNBA" little endian */
+#define PROTO_VERSION 1
+#define REQ_SIZE 48
+#define REP_SIZE 16
+#define TOKEN_SIZE 16
+#define NBUCKETS 1024
+#define MAX_CONNS 1024
+#define MAX_STREAMS 16
+#define IO_CHUNK ((size_t)64 << 20)
+
+enum {
+    OP_READ = 1,
+    OP_WRITE = 2,
+    OP_LEASE_READ = 3,
+    OP_LEASE_WRITE = 4,
+    OP_RELEASE = 5,
+    OP_QUERY = 6,
+    OP_DROP = 7,
+};
+
+enum {
+    ST_OK = 0,
+    /* refused by the owner */
+    ST_BAD_MAGIC = 1,
+    ST_BAD_VERSION = 2,
+    ST_BAD_OP = 3,
+    ST_UNKNOWN_REGION = 4,
+    ST_DROPPED = 5,
+    ST_BAD_TOKEN = 6,
+    ST_OUT_OF_RANGE = 7,
+    ST_READ_ONLY = 8,
+    ST_BUSY = 9,
+    /* seen by the client */
+    ST_IO_ERROR = 100,
+    ST_EOF = 101,
+    ST_BAD_REPLY = 102,
+    ST_REVOKED = 103,
+    ST_VM_ERROR = 104,
+};
+
+typedef struct {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t op;
+    uint64_t region;
+    unsigned char token[TOKEN_SIZE];
+    uint64_t offset;
+    uint64_t length;
+} request_t;
+
+typedef struct region {
+    uint64_t id;
+    uintptr_t addr;
+    uint64_t size;
+    unsigned char token[TOKEN_SIZE];
+    int writable;
+    int revoked;
+    int orphan; /* unregister gave up waiting: the last user frees the record */
+    int users;
+    struct region *next;
+} region_t;
+
+typedef struct conn {
+    int fd;
+    region_t *busy; /* the region this connection is using, or NULL */
+    int lease;
+    struct conn *prev, *next;
+} conn_t;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cond;
+static region_t *g_buckets[NBUCKETS];
+static uint64_t g_next_id = 1;
+static uint64_t g_region_count = 0;
+static uint64_t g_region_bytes = 0;
+static conn_t *g_conns = NULL;
+static int g_conn_count = 0;
+static int g_listen_fd = -1;
+static int g_server_started = 0;
+
+/* ---------------------------------------------------------------- encoding */
+
+static void put_u16(unsigned char *b, uint16_t v) {
+    b[0] = (unsigned char)v;
+    b[1] = (unsigned char)(v >> 8);
+}
+
+static void put_u32(unsigned char *b, uint32_t v) {
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint16_t get_u16(const unsigned char *b) { return (uint16_t)(b[0] | (b[1] << 8)); }
+
+static uint32_t get_u32(const unsigned char *b) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+
+static uint64_t get_u64(const unsigned char *b) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | b[i];
+    return v;
+}
+
+static void encode_request(unsigned char *b, const request_t *q) {
+    put_u32(b, q->magic);
+    put_u16(b + 4, q->version);
+    put_u16(b + 6, q->op);
+    put_u64(b + 8, q->region);
+    memcpy(b + 16, q->token, TOKEN_SIZE);
+    put_u64(b + 32, q->offset);
+    put_u64(b + 40, q->length);
+}
+
+static void decode_request(const unsigned char *b, request_t *q) {
+    q->magic = get_u32(b);
+    q->version = get_u16(b + 4);
+    q->op = get_u16(b + 6);
+    q->region = get_u64(b + 8);
+    memcpy(q->token, b + 16, TOKEN_SIZE);
+    q->offset = get_u64(b + 32);
+    q->length = get_u64(b + 40);
+}
+
+/* --------------------------------------------------------------------- I/O */
+
+/* Returns 0, or an errno value. */
+static int send_all(int fd, const void *buf, size_t len) {
+    const char *p = (const char *)buf;
+    while (len > 0) {
+        size_t n = len > IO_CHUNK ? IO_CHUNK : len;
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Returns 0, -1 on end-of-file before len bytes, or an errno value. */
+static int recv_all(int fd, void *buf, size_t len) {
+    char *p = (char *)buf;
+    while (len > 0) {
+        size_t n = len > IO_CHUNK ? IO_CHUNK : len;
+        ssize_t k = recv(fd, p, n, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (k == 0) return -1;
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+static int send_reply(int fd, uint32_t status, uint64_t value) {
+    unsigned char b[REP_SIZE];
+    put_u32(b, REP_MAGIC);
+    put_u32(b + 4, status);
+    put_u64(b + 8, value);
+    return send_all(fd, b, REP_SIZE);
+}
+
+/* ------------------------------------------------------------ region table */
+
+static region_t **bucket_of(uint64_t id) { return &g_buckets[id % NBUCKETS]; }
+
+static region_t *find_locked(uint64_t id) {
+    for (region_t *r = *bucket_of(id); r != NULL; r = r->next)
+        if (r->id == id) return r;
+    return NULL;
+}
+
+static void remove_locked(region_t *r) {
+    region_t **pp = bucket_of(r->id);
+    while (*pp != NULL && *pp != r) pp = &(*pp)->next;
+    if (*pp == r) *pp = r->next;
+    g_region_count--;
+    g_region_bytes -= r->size;
+    free(r);
+}
+
+static int token_equal(const unsigned char *a, const unsigned char *b) {
+    unsigned char diff = 0;
+    for (int i = 0; i < TOKEN_SIZE; i++) diff |= (unsigned char)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* Validate a request against the table; on success count a use by `c`. */
+static uint32_t acquire(conn_t *c, const request_t *q, int want_write, int lease, region_t **out) {
+    uint32_t st = ST_OK;
+    pthread_mutex_lock(&g_lock);
+    region_t *r = find_locked(q->region);
+    if (r == NULL)
+        st = (q->region != 0 && q->region < g_next_id) ? ST_DROPPED : ST_UNKNOWN_REGION;
+    else if (!token_equal(r->token, q->token))
+        st = ST_BAD_TOKEN;
+    else if (r->revoked)
+        st = ST_DROPPED;
+    else if (want_write && !r->writable)
+        st = ST_READ_ONLY;
+    else if (q->offset > r->size || q->length > r->size - q->offset)
+        st = ST_OUT_OF_RANGE;
+    if (st == ST_OK && c != NULL) {
+        r->users++;
+        c->busy = r;
+        c->lease = lease;
+    }
+    if (st == ST_OK && out != NULL) *out = r;
+    pthread_mutex_unlock(&g_lock);
+    return st;
+}
+
+static void release_locked(conn_t *c) {
+    region_t *r = c->busy;
+    if (r == NULL) return;
+    c->busy = NULL;
+    c->lease = 0;
+    r->users--;
+    if (r->users == 0) {
+        if (r->orphan) remove_locked(r);
+        pthread_cond_broadcast(&g_cond);
+    }
+}
+
+static void release(conn_t *c) {
+    pthread_mutex_lock(&g_lock);
+    release_locked(c);
+    pthread_mutex_unlock(&g_lock);
+}
+
+static void revoke_locked(region_t *r) {
+    r->revoked = 1;
+    for (conn_t *c = g_conns; c != NULL; c = c->next)
+        if (c->busy == r) shutdown(c->fd, c->lease ? SHUT_WR : SHUT_RDWR);
+}
+
+/* ------------------------------------------------------------------ server */
+
+static uint32_t serve_drop(const request_t *q) {
+    pthread_mutex_lock(&g_lock);
+    uint32_t st = ST_OK;
+    region_t *r = find_locked(q->region);
+    if (r == NULL)
+        st = (q->region != 0 && q->region < g_next_id) ? ST_DROPPED : ST_UNKNOWN_REGION;
+    else if (!token_equal(r->token, q->token))
+        st = ST_BAD_TOKEN;
+    else
+        revoke_locked(r);
+    pthread_mutex_unlock(&g_lock);
+    return st;
+}
+
+/* Serve one request; returns 1 to keep the connection, 0 to close it. */
+static int serve_one(conn_t *c, const request_t *q) {
+    region_t *r = NULL;
+    uint32_t st;
+    int err;
+    if (q->magic != REQ_MAGIC) {
+        send_reply(c->fd, ST_BAD_MAGIC, 0);
+        return 0;
+    }
+    if (q->version != PROTO_VERSION) {
+        send_reply(c->fd, ST_BAD_VERSION, PROTO_VERSION);
+        return 0;
+    }
+    switch (q->op) {
+    case OP_READ:
+        st = acquire(c, q, 0, 0, &r);
+        if (st != ST_OK) {
+            send_reply(c->fd, st, 0);
+            return 0;
+        }
+        err = send_reply(c->fd, ST_OK, q->length);
+        if (err == 0) err = send_all(c->fd, (const char *)r->addr + q->offset, q->length);
+        release(c);
+        return err == 0;
+    case OP_WRITE:
+        st = acquire(c, q, 1, 0, &r);
+        if (st != ST_OK) {
+            send_reply(c->fd, st, 0);
+            return 0;
+        }
+        err = send_reply(c->fd, ST_OK, q->length);
+        if (err == 0) err = recv_all(c->fd, (char *)r->addr + q->offset, q->length);
+        release(c);
+        if (err != 0) return 0;
+        return send_reply(c->fd, ST_OK, q->length) == 0;
+    case OP_LEASE_READ:
+    case OP_LEASE_WRITE: {
+        unsigned char b[REQ_SIZE];
+        request_t end;
+        st = acquire(c, q, q->op == OP_LEASE_WRITE, 1, &r);
+        if (st != ST_OK) {
+            send_reply(c->fd, st, 0);
+            return 0;
+        }
+        /* The reader copies now; we only wait for it to say it has stopped. */
+        err = send_reply(c->fd, ST_OK, (uint64_t)r->addr);
+        if (err == 0) err = recv_all(c->fd, b, REQ_SIZE);
+        release(c);
+        if (err != 0) return 0;
+        decode_request(b, &end);
+        if (end.magic != REQ_MAGIC || end.op != OP_RELEASE) {
+            send_reply(c->fd, ST_BAD_OP, 0);
+            return 0;
+        }
+        return send_reply(c->fd, ST_OK, 0) == 0;
+    }
+    case OP_QUERY:
+        st = acquire(NULL, q, 0, 0, NULL);
+        if (st != ST_OK) {
+            send_reply(c->fd, st, 0);
+            return 0;
+        }
+        return send_reply(c->fd, ST_OK, 0) == 0;
+    case OP_DROP:
+        st = serve_drop(q);
+        send_reply(c->fd, st, 0);
+        return st == ST_OK;
+    default:
+        send_reply(c->fd, ST_BAD_OP, 0);
+        return 0;
+    }
+}
+
+static void *conn_main(void *arg) {
+    conn_t *c = (conn_t *)arg;
+    unsigned char b[REQ_SIZE];
+    request_t q;
+    int one = 1;
+    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    while (recv_all(c->fd, b, REQ_SIZE) == 0) {
+        decode_request(b, &q);
+        if (!serve_one(c, &q)) break;
+    }
+    pthread_mutex_lock(&g_lock);
+    release_locked(c);
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        g_conns = c->next;
+    if (c->next != NULL) c->next->prev = c->prev;
+    g_conn_count--;
+    pthread_mutex_unlock(&g_lock);
+    close(c->fd);
+    free(c);
+    return NULL;
+}
+
+static void *accept_main(void *arg) {
+    (void)arg;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    for (;;) {
+        int fd = accept4(g_listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                struct timespec pause = {0, 10 * 1000 * 1000};
+                nanosleep(&pause, NULL);
+                continue;
+            }
+            break; /* the listening socket is gone */
+        }
+        conn_t *c = (conn_t *)calloc(1, sizeof *c);
+        pthread_mutex_lock(&g_lock);
+        int full = g_conn_count >= MAX_CONNS;
+        if (c != NULL && !full) {
+            c->fd = fd;
+            c->next = g_conns;
+            if (g_conns != NULL) g_conns->prev = c;
+            g_conns = c;
+            g_conn_count++;
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (c == NULL || full) {
+            send_reply(fd, ST_BUSY, MAX_CONNS);
+            close(fd);
+            free(c);
+            continue;
+        }
+        pthread_t t;
+        if (pthread_create(&t, &attr, conn_main, c) != 0) {
+            pthread_mutex_lock(&g_lock);
+            if (c->prev != NULL)
+                c->prev->next = c->next;
+            else
+                g_conns = c->next;
+            if (c->next != NULL) c->next->prev = c->prev;
+            g_conn_count--;
+            pthread_mutex_unlock(&g_lock);
+            send_reply(fd, ST_BUSY, 0);
+            close(fd);
+            free(c);
+        }
+    }
+    pthread_attr_destroy(&attr);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ client side */
+
+typedef struct {
+    int fd;
+    uint16_t op;
+    uint64_t region;
+    const unsigned char *token;
+    uint64_t offset;
+    char *addr;
+    uint64_t length;
+    uint32_t status;
+    int err;
+} xfer_t;
+
+static int exchange(int fd, const request_t *q, uint32_t *status, uint64_t *value, int *err) {
+    unsigned char b[REQ_SIZE > REP_SIZE ? REQ_SIZE : REP_SIZE];
+    encode_request(b, q);
+    int e = send_all(fd, b, REQ_SIZE);
+    if (e != 0) {
+        *status = ST_IO_ERROR;
+        *err = e;
+        return -1;
+    }
+    e = recv_all(fd, b, REP_SIZE);
+    if (e != 0) {
+        *status = e < 0 ? ST_EOF : ST_IO_ERROR;
+        *err = e < 0 ? 0 : e;
+        return -1;
+    }
+    if (get_u32(b) != REP_MAGIC) {
+        *status = ST_BAD_REPLY;
+        *err = 0;
+        return -1;
+    }
+    *status = get_u32(b + 4);
+    *value = get_u64(b + 8);
+    *err = 0;
+    return *status == ST_OK ? 0 : -1;
+}
+
+static void make_request(request_t *q, uint16_t op, uint64_t region, const unsigned char *token,
+                         uint64_t offset, uint64_t length) {
+    q->magic = REQ_MAGIC;
+    q->version = PROTO_VERSION;
+    q->op = op;
+    q->region = region;
+    memcpy(q->token, token, TOKEN_SIZE);
+    q->offset = offset;
+    q->length = length;
+}
+
+static void *tcp_stream(void *arg) {
+    xfer_t *x = (xfer_t *)arg;
+    request_t q;
+    uint64_t value = 0;
+    make_request(&q, x->op, x->region, x->token, x->offset, x->length);
+    if (exchange(x->fd, &q, &x->status, &value, &x->err) != 0) return NULL;
+    if (value != x->length) {
+        x->status = ST_BAD_REPLY;
+        return NULL;
+    }
+    int e;
+    if (x->op == OP_READ) {
+        e = recv_all(x->fd, x->addr, x->length);
+    } else {
+        e = send_all(x->fd, x->addr, x->length);
+        if (e == 0) {
+            unsigned char b[REP_SIZE];
+            e = recv_all(x->fd, b, REP_SIZE);
+            if (e == 0 && (get_u32(b) != REP_MAGIC || get_u32(b + 4) != ST_OK)) {
+                x->status = get_u32(b) != REP_MAGIC ? ST_BAD_REPLY : get_u32(b + 4);
+                return NULL;
+            }
+        }
+    }
+    if (e != 0) {
+        x->status = e < 0 ? ST_EOF : ST_IO_ERROR;
+        x->err = e < 0 ? 0 : e;
+    }
+    return NULL;
+}
+
+/* ----------------------------------------------------------- Python layer */
+
+static PyObject *py_register(PyObject *self, PyObject *args) {
+    unsigned long long addr, size;
+    const char *token;
+    Py_ssize_t token_len;
+    int writable;
+    if (!PyArg_ParseTuple(args, "KKy#p", &addr, &size, &token, &token_len, &writable)) return NULL;
+    if (token_len != TOKEN_SIZE) {
+        PyErr_Format(PyExc_ValueError, "token must be %d bytes, got %zd", TOKEN_SIZE, token_len);
+        return NULL;
+    }
+    region_t *r = (region_t *)calloc(1, sizeof *r);
+    if (r == NULL) return PyErr_NoMemory();
+    r->addr = (uintptr_t)addr;
+    r->size = size;
+    r->writable = writable;
+    memcpy(r->token, token, TOKEN_SIZE);
+    pthread_mutex_lock(&g_lock);
+    r->id = g_next_id++;
+    region_t **b = bucket_of(r->id);
+    r->next = *b;
+    *b = r;
+    g_region_count++;
+    g_region_bytes += size;
+    pthread_mutex_unlock(&g_lock);
+    return PyLong_FromUnsignedLongLong(r->id);
+}
+
+static PyObject *py_unregister(PyObject *self, PyObject *args) {
+    unsigned long long id;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Kd", &id, &timeout)) return NULL;
+    int left = 0;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout < 0) timeout = 0;
+    deadline.tv_sec += (time_t)timeout;
+    deadline.tv_nsec += (long)((timeout - (double)(time_t)timeout) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec += 1;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&g_lock);
+    region_t *r = find_locked(id);
+    if (r != NULL) {
+        revoke_locked(r);
+        while (r->users > 0) {
+            if (pthread_cond_timedwait(&g_cond, &g_lock, &deadline) == ETIMEDOUT) break;
+        }
+        left = r->users;
+        if (left == 0)
+            remove_locked(r);
+        else
+            r->orphan = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(left);
+}
+
+static PyObject *py_set_ptracer_any(PyObject *self, PyObject *noargs) {
+    int rc = prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+    return PyLong_FromLong(rc == 0 ? 0 : errno);
+}
+
+static PyObject *py_server_start(PyObject *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd)) return NULL;
+    pthread_mutex_lock(&g_lock);
+    int started = g_server_started;
+    if (!started) {
+        g_server_started = 1;
+        g_listen_fd = fd;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (started) {
+        PyErr_SetString(PyExc_RuntimeError, "the RDMA server of this process is already running");
+        return NULL;
+    }
+    pthread_attr_t attr;
+    pthread_t t;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &attr, accept_main, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        pthread_mutex_lock(&g_lock);
+        g_server_started = 0;
+        g_listen_fd = -1;
+        pthread_mutex_unlock(&g_lock);
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_stats(PyObject *self, PyObject *noargs) {
+    pthread_mutex_lock(&g_lock);
+    unsigned long long regions = g_region_count, bytes = g_region_bytes;
+    int conns = g_conn_count, started = g_server_started;
+    pthread_mutex_unlock(&g_lock);
+    return Py_BuildValue("(KKii)", regions, bytes, conns, started);
+}
+
+static PyObject *py_address_of(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    int writable;
+    if (!PyArg_ParseTuple(args, "Op", &obj, &writable)) return NULL;
+    Py_buffer view;
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, &view, flags) != 0) return NULL;
+    PyObject *out = Py_BuildValue("(Kn)", (unsigned long long)(uintptr_t)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return out;
+}
+
+static int parse_token(PyObject *obj, unsigned char *token) {
+    char *p;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(obj, &p, &n) != 0) return -1;
+    if (n != TOKEN_SIZE) {
+        PyErr_Format(PyExc_ValueError, "token must be %d bytes, got %zd", TOKEN_SIZE, n);
+        return -1;
+    }
+    memcpy(token, p, TOKEN_SIZE);
+    return 0;
+}
+
+static PyObject *py_request(PyObject *self, PyObject *args) {
+    int fd, op;
+    unsigned long long region, offset, length;
+    PyObject *tok;
+    unsigned char token[TOKEN_SIZE];
+    if (!PyArg_ParseTuple(args, "iiKSKK", &fd, &op, &region, &tok, &offset, &length)) return NULL;
+    if (parse_token(tok, token) != 0) return NULL;
+    request_t q;
+    uint32_t status = 0;
+    uint64_t value = 0;
+    int err = 0;
+    make_request(&q, (uint16_t)op, region, token, offset, length);
+    Py_BEGIN_ALLOW_THREADS
+    exchange(fd, &q, &status, &value, &err);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(IKi)", status, (unsigned long long)value, err);
+}
+
+static PyObject *py_tcp_copy(PyObject *self, PyObject *args) {
+    PyObject *fds_obj, *tok;
+    int op;
+    unsigned long long region, offset, addr, length;
+    unsigned char token[TOKEN_SIZE];
+    if (!PyArg_ParseTuple(args, "OiKSKKK", &fds_obj, &op, &region, &tok, &offset, &addr, &length))
+        return NULL;
+    if (op != OP_READ && op != OP_WRITE) {
+        PyErr_Format(PyExc_ValueError, "op must be READ or WRITE, got %d", op);
+        return NULL;
+    }
+    if (parse_token(tok, token) != 0) return NULL;
+    PyObject *seq = PySequence_Fast(fds_obj, "fds must be a sequence of file descriptors");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > MAX_STREAMS) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "need 1 to %d connections, got %zd", MAX_STREAMS, n);
+        return NULL;
+    }
+    xfer_t x[MAX_STREAMS];
+    uint64_t part = (length + (uint64_t)n - 1) / (uint64_t)n;
+    part = (part + 65535) & ~(uint64_t)65535;
+    uint64_t pos = 0;
+    int used = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (fd == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (i > 0 && pos >= length) break;
+        uint64_t len = length - pos < part ? length - pos : part;
+        x[used] = (xfer_t){(int)fd,         (uint16_t)op, region, token, offset + pos,
+                           (char *)(uintptr_t)(addr + pos), len, ST_OK, 0};
+        pos += len;
+        used++;
+    }
+    Py_DECREF(seq);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_t threads[MAX_STREAMS];
+    int started[MAX_STREAMS] = {0};
+    for (int i = 1; i < used; i++)
+        started[i] = pthread_create(&threads[i], NULL, tcp_stream, &x[i]) == 0;
+    tcp_stream(&x[0]);
+    for (int i = 1; i < used; i++) {
+        if (started[i])
+            pthread_join(threads[i], NULL);
+        else
+            tcp_stream(&x[i]);
+    }
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < used; i++)
+        if (x[i].status != ST_OK) return Py_BuildValue("(Ii)", x[i].status, x[i].err);
+    return Py_BuildValue("(Ii)", (unsigned int)ST_OK, 0);
+}
+
+typedef struct {
+    int fd; /* the lease connection, polled for revocation (-1: do not poll) */
+    int pid;
+    int is_write;
+    uint64_t local;  /* local address of this part */
+    uint64_t remote; /* remote address of this part */
+    uint64_t length;
+    uint64_t chunk;
+    volatile int *stop; /* set by any part that fails or sees revocation */
+    uint32_t status;
+    int err;
+} vm_part_t;
+
+static void *vm_copy(void *arg) {
+    vm_part_t *v = (vm_part_t *)arg;
+    uint64_t done = 0;
+    while (done < v->length) {
+        if (__atomic_load_n(v->stop, __ATOMIC_ACQUIRE)) {
+            v->status = ST_REVOKED;
+            return NULL;
+        }
+        size_t n = (size_t)(v->length - done < v->chunk ? v->length - done : v->chunk);
+        struct iovec lv = {(void *)(uintptr_t)(v->local + done), n};
+        struct iovec rv = {(void *)(uintptr_t)(v->remote + done), n};
+        ssize_t k = v->is_write ? process_vm_writev(v->pid, &lv, 1, &rv, 1, 0)
+                                : process_vm_readv(v->pid, &lv, 1, &rv, 1, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            v->status = ST_VM_ERROR;
+            v->err = k < 0 ? errno : EFAULT;
+            __atomic_store_n(v->stop, 1, __ATOMIC_RELEASE);
+            return NULL;
+        }
+        done += (uint64_t)k;
+        if (v->fd >= 0 && done < v->length) {
+            struct pollfd p = {v->fd, POLLIN, 0};
+            if (poll(&p, 1, 0) > 0) {
+                v->status = ST_REVOKED;
+                __atomic_store_n(v->stop, 1, __ATOMIC_RELEASE);
+                return NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+static PyObject *py_local_copy(PyObject *self, PyObject *args) {
+    int fd, pid, is_write, nthreads = 1;
+    unsigned long long region, offset, local, length, chunk;
+    PyObject *tok;
+    unsigned char token[TOKEN_SIZE];
+    if (!PyArg_ParseTuple(args, "iipKSKKKK|i", &fd, &pid, &is_write, &region, &tok, &offset,
+                          &local, &length, &chunk, &nthreads))
+        return NULL;
+    if (parse_token(tok, token) != 0) return NULL;
+    if (chunk == 0) chunk = 16 << 20;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > MAX_STREAMS) nthreads = MAX_STREAMS;
+    uint32_t status = ST_OK;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    request_t q;
+    uint64_t base = 0;
+    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, offset, length);
+    if (exchange(fd, &q, &status, &base, &err) == 0) {
+        /* The owner tells us where the region lives: the handle is not trusted for it.
+         * Parts run in parallel; only the first polls the lease, the others stop via
+         * the shared flag, and all have stopped before RELEASE is sent. */
+        volatile int stop = 0;
+        vm_part_t parts[MAX_STREAMS];
+        pthread_t threads[MAX_STREAMS];
+        int started[MAX_STREAMS] = {0};
+        uint64_t part = (length + (uint64_t)nthreads - 1) / (uint64_t)nthreads;
+        part = (part + 4095) & ~(uint64_t)4095;
+        int used = 0;
+        for (uint64_t pos = 0; used == 0 || (pos < length && used < nthreads); used++) {
+            uint64_t len = length - pos < part ? length - pos : part;
+            parts[used] = (vm_part_t){used == 0 ? fd : -1, pid, is_write, local + pos,
+                                      base + offset + pos, len, chunk, &stop, ST_OK, 0};
+            pos += len;
+        }
+        for (int i = 1; i < used; i++)
+            started[i] = pthread_create(&threads[i], NULL, vm_copy, &parts[i]) == 0;
+        vm_copy(&parts[0]);
+        for (int i = 1; i < used; i++) {
+            if (started[i])
+                pthread_join(threads[i], NULL);
+            else
+                vm_copy(&parts[i]);
+        }
+        for (int i = 0; i < used && status == ST_OK; i++) {
+            if (parts[i].status != ST_OK) {
+                status = parts[i].status;
+                err = parts[i].err;
+            }
+        }
+        /* A part stopped by another's failure reports REVOKED: prefer the real cause. */
+        for (int i = 0; i < used; i++) {
+            if (parts[i].status == ST_VM_ERROR) {
+                status = ST_VM_ERROR;
+                err = parts[i].err;
+            }
+        }
+        /* Always say we stopped: the owner keeps the region pinned until then. */
+        uint32_t end_status = ST_OK;
+        uint64_t ignored;
+        int end_err = 0;
+        make_request(&q, OP_RELEASE, region, token, 0, 0);
+        if (exchange(fd, &q, &end_status, &ignored, &end_err) != 0 && status == ST_OK) {
+            status = (end_status == ST_EOF || end_status == ST_IO_ERROR) ? ST_REVOKED : end_status;
+            err = end_err;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(Ii)", status, err);
+}
+
+static void atfork_child(void) {
+    /* Only the forking thread survives: the server and its connections did not. */
+    pthread_mutex_init(&g_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    memset(g_buckets, 0, sizeof g_buckets);
+    g_region_count = 0;
+    g_region_bytes = 0;
+    g_conns = NULL;
+    g_conn_count = 0;
+    if (g_listen_fd >= 0) close(g_listen_fd);
+    g_listen_fd = -1;
+    g_server_started = 0;
+}
+
+static PyMethodDef methods[] = {
+    {"register", py_register, METH_VARARGS,
+     "register(address, size, token, writable) -> region id"},
+    {"unregister", py_unregister, METH_VARARGS,
+     "unregister(region_id, timeout_s) -> users still copying (0 once it is safe to free)"},
+    {"set_ptracer_any", py_set_ptracer_any, METH_NOARGS,
+     "prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) -> 0 or errno"},
+    {"server_start", py_server_start, METH_VARARGS,
+     "server_start(listening_fd): serve registered regions on a native thread"},
+    {"stats", py_stats, METH_NOARGS, "stats() -> (regions, bytes, connections, server_started)"},
+    {"address_of", py_address_of, METH_VARARGS,
+     "address_of(obj, writable) -> (address, nbytes) of a C-contiguous buffer"},
+    {"request", py_request, METH_VARARGS,
+     "request(fd, op, region, token, offset, length) -> (status, value, errno)"},
+    {"tcp_copy", py_tcp_copy, METH_VARARGS,
+     "tcp_copy(fds, op, region, token, offset, address, length) -> (status, errno)"},
+    {"local_copy", py_local_copy, METH_VARARGS,
+     "local_copy(fd, pid, write, region, token, offset, address, length, chunk, threads=1)"
+     " -> (status, errno)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "monarch_nb.native._memory",
+    "Native data plane of monarch_nb: registration table, TCP server, copy engines.", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__memory(void) {
+    static int initialised = 0;
+    if (!initialised) {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&g_cond, &ca);
+        pthread_condattr_destroy(&ca);
+        pthread_atfork(NULL, NULL, atfork_child);
+        initialised = 1;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    struct {
+        const char *name;
+        long value;
+    } consts[] = {
+        {"OP_READ", OP_READ},
+        {"OP_WRITE", OP_WRITE},
+        {"OP_LEASE_READ", OP_LEASE_READ},
+        {"OP_LEASE_WRITE", OP_LEASE_WRITE},
+        {"OP_RELEASE", OP_RELEASE},
+        {"OP_QUERY", OP_QUERY},
+        {"OP_DROP", OP_DROP},
+        {"ST_OK", ST_OK},
+        {"ST_BAD_MAGIC", ST_BAD_MAGIC},
+        {"ST_BAD_VERSION", ST_BAD_VERSION},
+        {"ST_BAD_OP", ST_BAD_OP},
+        {"ST_UNKNOWN_REGION", ST_UNKNOWN_REGION},
+        {"ST_DROPPED", ST_DROPPED},
+        {"ST_BAD_TOKEN", ST_BAD_TOKEN},
+        {"ST_OUT_OF_RANGE", ST_OUT_OF_RANGE},
+        {"ST_READ_ONLY", ST_READ_ONLY},
+        {"ST_BUSY", ST_BUSY},
+        {"ST_IO_ERROR", ST_IO_ERROR},
+        {"ST_EOF", ST_EOF},
+        {"ST_BAD_REPLY", ST_BAD_REPLY},
+        {"ST_REVOKED", ST_REVOKED},
+        {"ST_VM_ERROR", ST_VM_ERROR},
+        {"REQUEST_MAGIC", (long)REQ_MAGIC},
+        {"REPLY_MAGIC", (long)REP_MAGIC},
+        {"PROTOCOL_VERSION", PROTO_VERSION},
+        {"REQUEST_SIZE", REQ_SIZE},
+        {"REPLY_SIZE", REP_SIZE},
+        {"TOKEN_SIZE", TOKEN_SIZE},
+        {"MAX_STREAMS", MAX_STREAMS},
+        {"MAX_CONNECTIONS", MAX_CONNS},
+    };
+    for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++) {
+        if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) != 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    return m;
+}

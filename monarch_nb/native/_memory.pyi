@@ -1,0 +1,81 @@
+"""Typed surface of the C extension ``monarch_nb.native._memory`` (see _memory.c).
+
+Private: monarch_nb.native._transport and _buffer own validation and errors.
+Copy functions release the GIL; file descriptors must be blocking sockets.
+"""
+
+OP_READ: int
+OP_WRITE: int
+OP_LEASE_READ: int
+OP_LEASE_WRITE: int
+OP_RELEASE: int
+OP_QUERY: int
+OP_DROP: int
+
+ST_OK: int
+ST_BAD_MAGIC: int
+ST_BAD_VERSION: int
+ST_BAD_OP: int
+ST_UNKNOWN_REGION: int
+ST_DROPPED: int
+ST_BAD_TOKEN: int
+ST_OUT_OF_RANGE: int
+ST_READ_ONLY: int
+ST_BUSY: int
+ST_IO_ERROR: int
+ST_EOF: int
+ST_BAD_REPLY: int
+ST_REVOKED: int
+ST_VM_ERROR: int
+
+REQUEST_MAGIC: int
+REPLY_MAGIC: int
+PROTOCOL_VERSION: int
+REQUEST_SIZE: int
+REPLY_SIZE: int
+TOKEN_SIZE: int
+MAX_STREAMS: int
+MAX_CONNECTIONS: int
+
+def register(address: int, size: int, token: bytes, writable: bool, /) -> int:
+    """Add a region to the table; returns its id (never reused in this process)."""
+
+def unregister(region: int, timeout_s: float, /) -> int:
+    """Revoke a region and wait for its users; returns users left (0: safe to free)."""
+
+def set_ptracer_any() -> int:
+    """prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY); returns 0 or the errno."""
+
+def server_start(listening_fd: int, /) -> None:
+    """Serve the table on a native accept thread; takes ownership of the fd."""
+
+def stats() -> tuple[int, int, int, int]:
+    """(regions, registered bytes, open server connections, server started)."""
+
+def address_of(obj: object, writable: bool, /) -> tuple[int, int]:
+    """(address, nbytes) of a C-contiguous buffer-protocol object."""
+
+def request(
+    fd: int, op: int, region: int, token: bytes, offset: int, length: int, /
+) -> tuple[int, int, int]:
+    """One request/reply exchange: (status, value, errno)."""
+
+def tcp_copy(
+    fds: list[int], op: int, region: int, token: bytes, offset: int, address: int, length: int, /
+) -> tuple[int, int]:
+    """READ or WRITE ``length`` bytes split over the connections: (status, errno)."""
+
+def local_copy(
+    fd: int,
+    pid: int,
+    write: bool,
+    region: int,
+    token: bytes,
+    offset: int,
+    address: int,
+    length: int,
+    chunk: int,
+    threads: int = 1,
+    /,
+) -> tuple[int, int]:
+    """Lease, cross-memory copy in chunks on ``threads`` threads, release: (status, errno)."""

@@ -1,0 +1,487 @@
+"""Moving bytes: the owner's server, the reader's connections and copy engines.
+
+Owner side: the first registration starts a native server thread (see
+``_memory.c``) listening on ``MONARCH_NB_RDMA_HOST`` (default 127.0.0.1) and
+``MONARCH_NB_RDMA_PORT`` (default: any free port); handles advertise
+``MONARCH_NB_RDMA_ADVERTISE`` or the bound address.
+
+Reader side: copies run on daemon worker threads that call into C with the
+GIL released, over pooled connections to the owner's server. Two transports:
+
+``local``  the owner grants a lease over TCP, the reader copies with
+           process_vm_readv/writev, then releases the lease;
+``tcp``    the owner's server streams the bytes over one or more connections.
+
+``MONARCH_NB_RDMA_TRANSPORT`` (or the ``transport=`` argument) picks one;
+``auto`` (the default) uses ``local`` when the owner shares this kernel and pid
+namespace and cross-memory attach is permitted, ``tcp`` otherwise.
+
+Native status codes become exceptions in exactly one place: ``_failure``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import queue
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from monarch_nb._future import Future
+from monarch_nb.native._errors import (
+    RDMAAccessError,
+    RDMABufferDroppedError,
+    RDMAError,
+    RDMAOwnerGoneError,
+    RDMATransferError,
+)
+from monarch_nb.native._handle import Handle, host_key
+from monarch_nb.native._loader import load_extension
+from monarch_nb.native._memoryref import MemoryRef
+
+ENV_TRANSPORT = "MONARCH_NB_RDMA_TRANSPORT"
+ENV_HOST = "MONARCH_NB_RDMA_HOST"
+ENV_PORT = "MONARCH_NB_RDMA_PORT"
+ENV_ADVERTISE = "MONARCH_NB_RDMA_ADVERTISE"
+ENV_STREAMS = "MONARCH_NB_RDMA_TCP_STREAMS"
+ENV_TIMEOUT = "MONARCH_NB_RDMA_TIMEOUT"
+TRANSPORTS = ("auto", "local", "tcp")
+
+#: Layout of a request on the wire (see _memory.c): magic, version, op, region,
+#: token, offset, length.
+REQUEST_FORMAT = "<IHHQ16sQQ"
+#: Layout of a reply header: magic, status, value.
+REPLY_FORMAT = "<IIQ"
+
+_LOCAL_CHUNK = 16 << 20  # revocation is noticed within one chunk
+_STREAM_BYTES = 16 << 20  # one more TCP stream per this many bytes
+_MAX_IDLE_PER_OWNER = 8
+_CONNECT_TIMEOUT_S = 10.0
+
+log = logging.getLogger("monarch_nb.native")
+
+
+# -- owner side ---------------------------------------------------------------
+
+_server_lock = threading.Lock()
+_server: tuple[int, tuple[str, int], tuple[str, int]] | None = None  # pid, bound, advertised
+_ptracer_set_for_pid = 0
+
+
+def start_server(host: str | None = None, port: int | None = None) -> tuple[str, int]:
+    """Start this process's native buffer server (once) and return its advertised address.
+
+    ``host``/``port`` default to ``MONARCH_NB_RDMA_HOST`` (127.0.0.1) and
+    ``MONARCH_NB_RDMA_PORT`` (0: any free port). Pass ``host="0.0.0.0"`` to
+    serve other hosts. Registration calls this implicitly; call it first to
+    choose the interface.
+    """
+    global _server, _ptracer_set_for_pid
+    memory = load_extension()
+    with _server_lock:
+        pid = os.getpid()
+        if _server is not None and _server[0] == pid:
+            bound, advertised = _server[1], _server[2]
+            if host is not None and host != bound[0]:
+                raise RuntimeError(
+                    f"the buffer server of this process already listens on {bound[0]}:{bound[1]}; "
+                    f"it cannot move to {host!r}: call start_server() before the first RDMABuffer"
+                )
+            return advertised
+        host = host or os.environ.get(ENV_HOST) or "127.0.0.1"
+        port = int(os.environ.get(ENV_PORT, "0")) if port is None else port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, backlog=128)
+        bound = sock.getsockname()[:2]
+        advertise = os.environ.get(ENV_ADVERTISE) or (
+            socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "") else host
+        )
+        memory.server_start(sock.detach())
+        _server = (pid, (bound[0], bound[1]), (advertise, bound[1]))
+        if _ptracer_set_for_pid != pid:
+            # Let same-host readers use process_vm_readv on us even under Yama
+            # ptrace_scope=1. Failure is fine: no Yama, or the TCP transport.
+            memory.set_ptracer_any()
+            _ptracer_set_for_pid = pid
+        return _server[2]
+
+
+@dataclass(frozen=True)
+class RDMAStatistics:
+    """A snapshot of this process's data plane (owner side)."""
+
+    registered_buffers: int
+    registered_bytes: int
+    server_connections: int
+    server_address: tuple[str, int] | None
+
+
+def statistics() -> RDMAStatistics:
+    """Return how many buffers this process serves and how many connections are open."""
+    regions, nbytes, conns, _started = load_extension().stats()
+    server = _server[2] if _server is not None and _server[0] == os.getpid() else None
+    return RDMAStatistics(regions, nbytes, conns, server)
+
+
+# -- reader side: connections -------------------------------------------------
+
+
+class _ConnectionPool:
+    """Idle connections to owners' servers, reused across copies."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._idle: dict[tuple[str, int, int], list[socket.socket]] = {}
+
+    def take(self, handle: Handle, n: int) -> list[socket.socket]:
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent owns those sockets
+                self._pid, self._idle = os.getpid(), {}
+            idle = self._idle.setdefault(_key(handle), [])
+            socks = [idle.pop() for _ in range(min(n, len(idle)))]
+        dead = [s for s in socks if not _idle_and_open(s)]
+        self.discard(dead)
+        socks = [s for s in socks if s not in dead]
+        try:
+            while len(socks) < n:
+                socks.append(connect(handle))
+        except BaseException:
+            self.discard(socks)
+            raise
+        return socks
+
+    def give(self, handle: Handle, socks: list[socket.socket]) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(_key(handle), [])
+            keep = max(0, _MAX_IDLE_PER_OWNER - len(idle))
+            idle.extend(socks[:keep])
+        self.discard(socks[keep:])
+
+    @staticmethod
+    def discard(socks: list[socket.socket]) -> None:
+        for s in socks:
+            s.close()
+
+
+def _key(handle: Handle) -> tuple[str, int, int]:
+    # The pid too: a later owner may listen on the port of one that exited.
+    return (*handle.server, handle.pid)
+
+
+def _idle_and_open(sock: socket.socket) -> bool:
+    """An idle connection has nothing to read; EOF or a reset means the owner left."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        pass
+    return False
+
+
+_pool = _ConnectionPool()
+
+
+def connect(handle: Handle) -> socket.socket:
+    """Open a blocking connection to the owner's server (with kernel I/O timeouts)."""
+    try:
+        sock = socket.create_connection(handle.server, timeout=_CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        host, port = handle.server
+        raise RDMAOwnerGoneError(
+            f"cannot reach the owner of {handle.describe()}: connecting to {host}:{port} failed "
+            f"({exc.strerror or exc}); the owning process has exited or its server is not "
+            "reachable from here",
+            handle=handle,
+        ) from exc
+    sock.settimeout(None)  # the C side needs a blocking socket
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    timeout = float(os.environ.get(ENV_TIMEOUT, "120"))
+    tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    return sock
+
+
+def request(handle: Handle, op: int, offset: int = 0, length: int = 0) -> tuple[int, int]:
+    """Send one control request (QUERY, DROP) on a fresh connection: (status, value)."""
+    memory = load_extension()
+    with connect(handle) as sock:
+        status, value, _err = memory.request(
+            sock.fileno(), op, handle.region, handle.token, offset, length
+        )
+    return status, value
+
+
+# -- reader side: workers -----------------------------------------------------
+
+
+class _Workers:
+    """Daemon threads that run copies (in C, GIL released) and complete futures."""
+
+    def __init__(self, max_threads: int = 8) -> None:
+        self._lock = threading.Lock()
+        self._tasks: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._max = max_threads
+        self._threads = 0
+        self._idle = 0
+
+    def submit(self, task: Callable[[], None]) -> None:
+        with self._lock:
+            start = self._idle == 0 and self._threads < self._max
+            if start:
+                self._threads += 1
+            else:
+                self._idle -= 1  # that idle thread is spoken for
+        self._tasks.put(task)
+        if start:
+            threading.Thread(target=self._loop, name="monarch-nb-rdma", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self._tasks.get()()
+            with self._lock:
+                self._idle += 1
+
+
+_workers = _Workers()
+
+
+# -- copies -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CopyOp:
+    """One validated copy between a registered buffer and local memory."""
+
+    handle: Handle
+    write: bool
+    offset: int
+    length: int
+    local: MemoryRef
+    transport: str  # "local" or "tcp" after resolution, or "auto" to fall back
+
+    @property
+    def verb(self) -> str:
+        return "write" if self.write else "read"
+
+
+_local_refused: set[str] = set()  # host keys where cross-memory attach is not permitted
+
+
+def resolve_transport(choice: str | None, handle: Handle) -> str:
+    """Turn ``transport=`` / MONARCH_NB_RDMA_TRANSPORT into "local", "tcp" or "auto"."""
+    value = (choice or os.environ.get(ENV_TRANSPORT) or "auto").strip().lower()
+    if value not in TRANSPORTS:
+        raise ValueError(
+            f"unknown RDMA transport {value!r} (from {'transport=' if choice else ENV_TRANSPORT}); "
+            f"choose one of {', '.join(TRANSPORTS)}"
+        )
+    same_host = handle.host_key == host_key()
+    if value == "local" and not same_host:
+        raise ValueError(
+            f"transport 'local' needs the owner on this host, but {handle.describe()} lives on "
+            "another host (or pid namespace); use transport='tcp' or 'auto'"
+        )
+    if value == "auto" and (not same_host or handle.host_key in _local_refused):
+        return "tcp"
+    return value
+
+
+def run(op: CopyOp) -> int:
+    """Perform ``op`` on the calling thread; return the number of bytes copied."""
+    if op.transport == "tcp":
+        return _tcp(op)
+    try:
+        return _local(op)
+    except _LocalRefused:
+        if op.transport == "local":
+            raise RDMAAccessError(
+                f"this process may not read {op.handle.describe()} with process_vm_readv "
+                "(EPERM: different user, or ptrace restricted); use transport='tcp'",
+                handle=op.handle,
+            ) from None
+        _local_refused.add(op.handle.host_key)
+        return _tcp(op)
+
+
+class _LocalRefused(Exception):
+    pass
+
+
+def _local(op: CopyOp) -> int:
+    memory = load_extension()
+    socks = _pool.take(op.handle, 1)
+    try:
+        status, err = memory.local_copy(
+            socks[0].fileno(),
+            op.handle.pid,
+            op.write,
+            op.handle.region,
+            op.handle.token,
+            op.offset,
+            op.local.address,
+            op.length,
+            _LOCAL_CHUNK,
+            _local_threads(op.length),
+        )
+    except BaseException:
+        _pool.discard(socks)
+        raise
+    if status == memory.ST_OK:
+        _pool.give(op.handle, socks)
+        return op.length
+    _pool.discard(socks)
+    if status == memory.ST_VM_ERROR and err in (errno.EPERM, errno.ENOSYS):
+        raise _LocalRefused
+    raise _failure(op, status, err)
+
+
+def _local_threads(length: int) -> int:
+    # One cross-memory copy stream does not saturate memory bandwidth; a few do.
+    return max(1, min(4, os.cpu_count() or 1, length // _STREAM_BYTES))
+
+
+def _streams(length: int) -> int:
+    configured = os.environ.get(ENV_STREAMS)
+    if configured:
+        return max(1, min(int(configured), load_extension().MAX_STREAMS))
+    return max(1, min(4, length // _STREAM_BYTES))
+
+
+def _tcp(op: CopyOp) -> int:
+    memory = load_extension()
+    socks = _pool.take(op.handle, _streams(op.length))
+    try:
+        status, err = memory.tcp_copy(
+            [s.fileno() for s in socks],
+            memory.OP_WRITE if op.write else memory.OP_READ,
+            op.handle.region,
+            op.handle.token,
+            op.offset,
+            op.local.address,
+            op.length,
+        )
+    except BaseException:
+        _pool.discard(socks)
+        raise
+    if status == memory.ST_OK:
+        _pool.give(op.handle, socks)
+        return op.length
+    _pool.discard(socks)
+    raise _failure(op, status, err)
+
+
+def _failure(op: CopyOp, status: int, err: int) -> RDMAError:
+    """Translate a native status into the exception the caller sees."""
+    m = load_extension()
+    h = op.handle
+    what = f"{op.verb} of {op.length} bytes at offset {op.offset} of {h.describe()}"
+    if status == m.ST_DROPPED:
+        return RDMABufferDroppedError(
+            f"{what} was refused: the buffer has been dropped; ask its owner for a new handle",
+            handle=h,
+        )
+    if status == m.ST_BAD_TOKEN:
+        return RDMAAccessError(
+            f"{what} was refused: the capability token does not match the registered buffer "
+            "(the handle is forged or corrupted)",
+            handle=h,
+        )
+    if status == m.ST_UNKNOWN_REGION:
+        return RDMAAccessError(
+            f"{what} was refused: the process at {h.server[0]}:{h.server[1]} never registered "
+            f"buffer #{h.region} (the handle belongs to another process)",
+            handle=h,
+        )
+    if status == m.ST_READ_ONLY:
+        return RDMAAccessError(f"{what} was refused: the buffer is read-only", handle=h)
+    if status == m.ST_OUT_OF_RANGE:
+        return RDMAAccessError(
+            f"{what} was refused: the range lies outside the registered region "
+            "(the handle's size does not match its owner's)",
+            handle=h,
+        )
+    if status == m.ST_BUSY:
+        return RDMATransferError(
+            f"{what} was refused: the owner serves too many connections", handle=h
+        )
+    if status == m.ST_VM_ERROR and err == errno.ESRCH:
+        return RDMAOwnerGoneError(
+            f"{what} failed: the owning process exited during the copy", handle=h
+        )
+    if status in (m.ST_EOF, m.ST_IO_ERROR, m.ST_REVOKED, m.ST_VM_ERROR):
+        return _diagnose(op, what, status, err)
+    return RDMATransferError(
+        f"{what} failed: protocol error (status {status}); are both sides running the same "
+        "monarch_nb version?",
+        handle=h,
+    )
+
+
+def _diagnose(op: CopyOp, what: str, status: int, err: int) -> RDMAError:
+    """A copy broke mid-way: ask the owner (on a fresh connection) why."""
+    m = load_extension()
+    h = op.handle
+    try:
+        now, _ = request(h, m.OP_QUERY)
+    except RDMAOwnerGoneError:
+        return RDMAOwnerGoneError(
+            f"{what} failed: the owning process has exited (or became unreachable)",
+            handle=h,
+        )
+    if now in (m.ST_DROPPED, m.ST_UNKNOWN_REGION):
+        return RDMABufferDroppedError(
+            f"{what} failed: the buffer was dropped while the {op.verb} was in flight",
+            handle=h,
+        )
+    if err == errno.EAGAIN:
+        return RDMATransferError(
+            f"{what} timed out: no progress for {os.environ.get(ENV_TIMEOUT, '120')} s "
+            f"(set {ENV_TIMEOUT} to wait longer)",
+            handle=h,
+        )
+    reason = os.strerror(err) if err else "the connection closed early"
+    return RDMATransferError(f"{what} failed: {reason}", handle=h)
+
+
+def submit(ops: list[CopyOp]) -> Future[int]:
+    """Run ``ops`` concurrently on the worker threads; one future for all of them.
+
+    The future completes only when every copy has stopped, with the total
+    number of bytes or with the first error.
+    """
+    fut: Future[int] = Future()
+    if not ops:
+        fut.set_result(0)
+        return fut
+    state: dict[str, Any] = {"left": len(ops), "bytes": 0, "error": None}
+    lock = threading.Lock()
+
+    def task(op: CopyOp) -> None:
+        copied, error = 0, None
+        try:
+            copied = run(op)
+        except BaseException as exc:
+            error = exc
+        with lock:
+            state["bytes"] += copied
+            if error is not None and state["error"] is None:
+                state["error"] = error
+            state["left"] -= 1
+            last = state["left"] == 0
+        if last:
+            if state["error"] is not None:
+                fut.set_exception(state["error"])
+            else:
+                fut.set_result(state["bytes"])
+
+    for op in ops:
+        _workers.submit(lambda op=op: task(op))
+    return fut
