@@ -159,15 +159,17 @@ class Controller:
         ranks: Iterable[int],
         message: Encoded,
         call: PendingCall | None = None,
+        *,
+        even_if_failed: bool = False,
     ) -> None:
         """Send one encoded message to ``ranks`` of ``group``; track ``call`` if given.
 
         If the group has failed or stopped, nothing is sent and ``call`` fails
-        with the reason instead.
+        with the reason instead (``even_if_failed``: send anyway, for shutdown).
         """
         ranks = tuple(ranks)
         with self._lock:
-            failure = group.failure_for(ranks)
+            failure = None if even_if_failed else group.failure_for(ranks)
             if failure is None:
                 if call is not None:
                     call.group = group

@@ -360,7 +360,7 @@ class ProcGroup:
         message = self.signer.encode(("shutdown",))
         live = tuple(w.rank for w in workers if w.returncode is None)
 
-        self.controller.send(self, live, message)
+        self.controller.send(self, live, message, even_if_failed=True)
         self.controller.end_group(
             self,
             Stopped(),

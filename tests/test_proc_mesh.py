@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 
 import psutil
 import pytest
@@ -135,3 +136,17 @@ def test_each_gpu_rank_gets_one_of_the_controllers_visible_devices(monkeypatch):
     assert envs == [{"CUDA_VISIBLE_DEVICES": "5"}, {"CUDA_VISIBLE_DEVICES": "7"}]
     with pytest.raises(MeshUsageError, match=r"needs 3 GPUs but this host has 2 visible"):
         this_host().spawn_procs(per_host={"gpus": 3})
+
+
+def test_stopping_a_failed_mesh_is_prompt(procs2):
+    survivor = procs2.pids[1]
+    procs2.kill([0])
+    deadline = time.monotonic() + 10
+    while procs2.state != "failed" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    procs2.stop()  # the surviving rank is asked to exit, not waited out and killed
+    assert time.monotonic() - started < 2.0
+    assert psutil.Process(survivor).status() == psutil.STATUS_ZOMBIE or not psutil.pid_exists(
+        survivor
+    )
