@@ -649,3 +649,11 @@ def test_public_names() -> None:
     assert set(native.__all__) == set(public)
     assert issubclass(RDMAUnavailableError, RDMAError)
     assert RDMABuffer.__module__ == "monarch_nb.native"
+
+
+def test_an_explicit_offset_of_zero_is_a_partial_copy() -> None:
+    with RDMABuffer(bytearray(16)) as buf:
+        buf.write_from(bytearray(b"\x07" * 8), offset=0).get(timeout=10)
+        out = bytearray(16)
+        buf.read_into(out).get(timeout=10)
+    assert out == bytearray(b"\x07" * 8 + b"\x00" * 8)

@@ -192,12 +192,18 @@ class RDMABuffer:
     # -- copies ----------------------------------------------------------------
 
     def read_into(
-        self, dst: Any, offset: int = 0, size: int | None = None, *, transport: str | None = None
+        self,
+        dst: Any,
+        offset: int | None = None,
+        size: int | None = None,
+        *,
+        transport: str | None = None,
     ) -> Future[int]:
         """Copy ``size`` bytes from ``offset`` in this buffer to the start of ``dst``.
 
-        With neither ``offset`` nor ``size``, ``dst`` must have exactly the
-        buffer's size; otherwise ``size`` defaults to ``dst``'s size. Offsets
+        With neither ``offset`` nor ``size``, the whole buffer is copied and
+        ``dst`` must have exactly its size; with either (``offset=0`` too),
+        ``size`` defaults to ``dst``'s size. Offsets
         and sizes are in bytes. Typed memory (tensors, arrays) must have the
         buffer's dtype; bytearrays and memoryviews match any dtype.
 
@@ -208,7 +214,12 @@ class RDMABuffer:
         return submit([self._plan(dst, offset, size, write=False, transport=transport)])
 
     def write_from(
-        self, src: Any, offset: int = 0, size: int | None = None, *, transport: str | None = None
+        self,
+        src: Any,
+        offset: int | None = None,
+        size: int | None = None,
+        *,
+        transport: str | None = None,
     ) -> Future[int]:
         """Copy ``size`` bytes from the start of ``src`` into this buffer at ``offset``.
 
@@ -217,7 +228,13 @@ class RDMABuffer:
         return submit([self._plan(src, offset, size, write=True, transport=transport)])
 
     def _plan(
-        self, local: Any, offset: int, size: int | None, *, write: bool, transport: str | None
+        self,
+        local: Any,
+        offset: int | None,
+        size: int | None,
+        *,
+        write: bool,
+        transport: str | None,
     ) -> CopyOp:
         h = self._handle
         if self._dropped:
@@ -226,14 +243,15 @@ class RDMABuffer:
             )
         role = "the source" if write else "the destination"
         ref = describe(local, role, need_writable=not write)
-        offset = operator.index(offset)
+        whole = offset is None and size is None
+        offset = 0 if offset is None else operator.index(offset)
         if h.dtype is not None and ref.dtype is not None and h.dtype != ref.dtype:
             raise TypeError(
                 f"dtype mismatch: the buffer holds {h.dtype} but {role} is {ref.dtype} "
                 f"({layout(ref.dtype, ref.shape)}); pass {role.split()[-1]} with dtype {h.dtype}, "
                 "or a bytearray/memoryview to copy raw bytes"
             )
-        if size is None and offset == 0 and ref.nbytes != h.size:
+        if whole and ref.nbytes != h.size:
             raise ValueError(
                 f"size mismatch: the buffer has {h.size} bytes ({layout(h.dtype, h.shape)}) but "
                 f"{role} has {ref.nbytes} bytes ({layout(ref.dtype, ref.shape)}); pass offset= "
@@ -316,14 +334,14 @@ class RDMABatch:
         self._ops: list[CopyOp] = []
 
     def read_into(
-        self, buf: RDMABuffer, dst: Any, offset: int = 0, size: int | None = None
+        self, buf: RDMABuffer, dst: Any, offset: int | None = None, size: int | None = None
     ) -> RDMABatch:
         """Add ``buf.read_into(dst, offset, size)``; returns the batch."""
         self._ops.append(buf._plan(dst, offset, size, write=False, transport=self._transport))
         return self
 
     def write_from(
-        self, buf: RDMABuffer, src: Any, offset: int = 0, size: int | None = None
+        self, buf: RDMABuffer, src: Any, offset: int | None = None, size: int | None = None
     ) -> RDMABatch:
         """Add ``buf.write_from(src, offset, size)``; returns the batch."""
         self._ops.append(buf._plan(src, offset, size, write=True, transport=self._transport))
