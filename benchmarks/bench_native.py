@@ -3,7 +3,9 @@
 * same-host reads (cross-memory attach) vs a numpy copy of the same bytes
   inside one process (memcpy);
 * the TCP transport on loopback vs a raw Python socket (``sendall`` in the
-  owner, ``recv_into`` in the reader) moving the same bytes.
+  owner, ``recv_into`` in the reader) moving the same bytes;
+* the same array sent the ordinary way, as an endpoint argument to an actor
+  (signed pickle-5 frames over the control wire), vs the same-host read.
 
 The owner is a spawned process holding numpy arrays; the reader is this
 process. Each figure is the median of several repetitions into a destination
@@ -20,14 +22,20 @@ import multiprocessing as mp
 import socket
 import statistics
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
+from monarch_nb import Actor, endpoint, this_host
 from monarch_nb.native import RDMABuffer
+
+# Workers cannot import benchmarks/: send the actor below by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MiB = 1 << 20
 SIZES = {"1 MiB": MiB, "64 MiB": 64 * MiB, "1 GiB": 1024 * MiB}
@@ -100,6 +108,7 @@ def run(rows: list[dict[str, Any]], *, quick: bool = False) -> None:
         raw_read = _raw_reader(raw_port)
         for label, n in sizes.items():
             rows.extend(_measure(buffers[n], label, n, raw_read))
+        _endpoint_argument_rows(rows, buffers, {k: v for k, v in sizes.items() if v <= 64 * MiB})
     finally:
         parent.send("done")
         owner.join(10)
@@ -129,6 +138,39 @@ def _measure(
         _row("same-host read (process_vm_readv)", label, n, local, "numpy copy", memcpy),
         _row("TCP transport read (loopback)", label, n, tcp, "raw socket", raw),
     ]
+
+
+class _Sink(Actor):
+    @endpoint
+    def take(self, array: Any) -> int:
+        return array.nbytes
+
+
+def _endpoint_argument_rows(
+    rows: list[dict[str, Any]], buffers: dict[int, RDMABuffer], sizes: dict[str, int]
+) -> None:
+    """The ordinary path, for contrast: the array as an endpoint argument."""
+    with this_host().spawn_procs(per_host={"procs": 1}, name="bench-sink") as procs:
+        sink = procs.spawn("sink", _Sink)
+        for label, n in sizes.items():
+            src = np.full(n, 7, dtype=np.uint8)
+            dst = np.zeros(n, dtype=np.uint8)
+            repeats = max(3, REPEATS[n] // 4)
+            argument, rdma = _compare(
+                lambda s=src: sink.take.call_one(s).get(),
+                lambda d=dst, b=buffers[n]: b.read_into(d, transport="local").get(),
+                repeats,
+            )
+            rows.append(
+                _row(
+                    "endpoint argument (signed frames)",
+                    label,
+                    n,
+                    argument,
+                    "same-host RDMA read",
+                    rdma,
+                )
+            )
 
 
 def _row(name: str, label: str, n: int, ours: float, baseline: str, base: float) -> dict[str, Any]:

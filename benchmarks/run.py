@@ -1,0 +1,46 @@
+"""Every benchmark, one command: ``python benchmarks/run.py [--quick]``.
+
+Prints one markdown table per area; each figure stands beside a floor
+measured in the same run (raw pyzmq, memcpy, raw sockets, a local cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 1 GiB rows")
+    parser.add_argument(
+        "--only", choices=["runtime", "native", "notebook"], action="append", help="run just these"
+    )
+    args = parser.parse_args(argv)
+    wanted = args.only or ["runtime", "native", "notebook"]
+
+    if "runtime" in wanted:
+        runtime = importlib.import_module("bench_runtime")
+        print("## Core runtime\n")
+        print(runtime.table(runtime.run(quick=args.quick)), "\n", flush=True)
+    if "native" in wanted:
+        native = importlib.import_module("bench_native")
+        rows: list[dict[str, Any]] = []
+        native.run(rows, quick=args.quick)
+        print("## Native data plane\n")
+        print(native.format_table(rows), "\n", flush=True)
+    if "notebook" in wanted and os.path.exists(
+        os.path.join(os.path.dirname(__file__), "bench_notebook.py")
+    ):
+        notebook = importlib.import_module("bench_notebook")
+        print("## Notebook (%%mesh through a real kernel)\n")
+        notebook.main([] if not args.quick else ["--quick"])
+
+
+if __name__ == "__main__":
+    main()
