@@ -33,6 +33,10 @@ class CallFuture(Future[Any]):
         super().__init__()
         self._call = call
 
+    def waiting_ranks(self) -> list[int]:
+        """Ranks that have not replied yet (empty once the call completed)."""
+        return [] if self.done() else self._call.waiting_ranks()
+
     def _timeout_error(self, timeout: float | None) -> BaseException:
         waiting = self._call.waiting_ranks()
         replied = len(self._call.ranks) - len(waiting)
@@ -73,6 +77,8 @@ class PendingCall:
         )
         self._arrived = 0
         self.group: Any = None  # the ProcGroup it was sent to, set when sent
+        self.answered: set[int] = set()
+        self.on_answer: Callable[[PendingCall, int], None] | None = None
         self.on_finish: Callable[[PendingCall], None] | None = None
 
     @property
@@ -80,9 +86,13 @@ class PendingCall:
         return f"{self.actor}.{self.endpoint}" if self.endpoint else self.actor
 
     def waiting_ranks(self) -> list[int]:
-        answered = set(self.values) | {f.rank for f in self.failures}
-        answered |= {f.rank for f in self.serialization_failures}
-        return [r for r in self.ranks if r not in answered]
+        """Ranks that have not replied yet."""
+        return [r for r in self.ranks if r not in self.answered]
+
+    def _answer(self, rank: int) -> None:
+        self.answered.add(rank)
+        if self.on_answer is not None:
+            self.on_answer(self, rank)
 
     @property
     def finished(self) -> bool:
@@ -92,11 +102,13 @@ class PendingCall:
 
     def add_value(self, rank: int, value: Any) -> None:
         self.values[rank] = value
+        self._answer(rank)
         self._next_stream_item(lambda f: f.set_result((self.shape.point_of_rank(rank), value)))
         self._maybe_finish()
 
     def add_failure(self, failure: RemoteFailure, *, serialization: bool = False) -> None:
         (self.serialization_failures if serialization else self.failures).append(failure)
+        self._answer(failure.rank)
         self._next_stream_item(lambda f: f.set_exception(self._error([failure], serialization)))
         self._maybe_finish()
 

@@ -173,6 +173,7 @@ class Controller:
             if failure is None:
                 if call is not None:
                     call.group = group
+                    call.on_answer = self._rank_answered
                     call.on_finish = self._forget
                     self._calls[call.call_id] = call
                     for rank in ranks:
@@ -215,14 +216,21 @@ class Controller:
             c.label for c in self._calls.values() if c.group is group and rank in c.waiting_ranks()
         ]
 
+    def _rank_answered(self, call: PendingCall, rank: int) -> None:
+        with self._lock:
+            self._unload(call.group.id, rank)
+
     def _forget(self, call: PendingCall) -> None:
         with self._lock:
             self._calls.pop(call.call_id, None)
-            for rank in call.ranks:
-                key = (call.group.id, rank)
-                self.outstanding[key] -= 1
-                if self.outstanding[key] <= 0:
-                    del self.outstanding[key]
+            for rank in call.waiting_ranks():  # those that answered were unloaded already
+                self._unload(call.group.id, rank)
+
+    def _unload(self, group_id: int, rank: int) -> None:
+        key = (group_id, rank)
+        self.outstanding[key] -= 1
+        if self.outstanding[key] <= 0:
+            del self.outstanding[key]
 
     def _on_readable(self) -> None:
         router = self.router

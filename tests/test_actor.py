@@ -224,3 +224,15 @@ def test_source_of_notebook_cells_reaches_remote_tracebacks(procs4):
     with pytest.raises(RemoteError) as info:
         actors.boom.call_one().get(timeout=10)
     assert "raise ValueError('raised in a cell')  # shown remotely" in info.value.render()
+
+
+def test_a_rank_stops_being_busy_as_soon_as_it_replies(procs4):
+    c = procs4.spawn("busy_ranks", Counter, 0)
+    fut = c.slice(procs=[0, 1]).slow_double.call(1, delay=0.0)
+    slow = c.slice(procs=2).slow_double.call_one(1, delay=1.0)
+    assert fut.get(timeout=10).values() == [2, 2]
+    assert fut.waiting_ranks() == []
+    assert procs4.busy_ranks() == [2]
+    assert slow.waiting_ranks() == [2]
+    slow.get(timeout=10)
+    assert procs4.busy_ranks() == []

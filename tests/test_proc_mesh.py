@@ -6,7 +6,7 @@ import time
 
 import psutil
 import pytest
-from conftest import wait_for_exit
+from process_checks import wait_for_exit
 
 from monarch_nb import Actor, MeshFailure, MeshUsageError, endpoint, this_host
 

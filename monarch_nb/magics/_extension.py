@@ -1,0 +1,259 @@
+"""The IPython extension: ``%mesh`` and ``%%mesh``, thin adapters over ``_registry``.
+
+Loaded by ``%load_ext monarch_nb``. Unloading stops every mesh; so does the
+kernel's exit (an atexit hook here, and the core kills what is left).
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import display
+
+from .._errors import CallTimeout, MeshUsageError, RemoteError
+from .._value_mesh import ValueMesh
+from . import _options, _render
+from ._autorun import AutoRun
+from ._frontend import IPythonFrontend
+from ._registry import REGISTRY, CellHandle, NotebookMesh
+
+
+def _usage(exc: MeshUsageError) -> UsageError:
+    return UsageError(str(exc))
+
+
+@magics_class
+class MeshMagics(Magics):
+    """``%mesh`` (start, stop, restart, status, push, pull, on, off) and ``%%mesh``."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.registry = REGISTRY
+        self.autorun: AutoRun | None = None
+
+    # -- %mesh ------------------------------------------------------------------------
+
+    @line_magic("mesh")
+    def mesh_line(self, line: str) -> Any:
+        command, _, rest = line.strip().partition(" ")
+        if not command:
+            if self.registry.all():
+                return self._status(_options.parse(_options.status_options, "--all"))
+            print(_options.line_help())
+            return None
+        if command in ("help", "-h", "--help"):
+            print(_options.line_help())
+            return None
+        func = _options.SUBCOMMANDS.get(command)
+        if func is None:
+            raise UsageError(
+                f"unknown %mesh command {command!r}; use one of "
+                f"{', '.join(_options.SUBCOMMANDS)} (see %mesh?)"
+            )
+        try:
+            if command == "push":
+                return self._push(rest)
+            args = _options.parse(func, rest)
+            return getattr(self, f"_{command}")(args)
+        except MeshUsageError as exc:
+            raise _usage(exc) from None
+
+    def _start(self, args: Any) -> None:
+        for option in ("procs", "gpus"):
+            value = getattr(args, option)
+            if value is not None and value < 1:
+                raise UsageError(f"--{option} must be at least 1, got {value}")
+        mesh = self.registry.start(
+            procs=args.procs,
+            gpus=args.gpus,
+            dist=args.dist,
+            name=args.name,
+            env=_options.parse_env(args.env),
+            ordered=args.ordered,
+        )
+        display(_render.StatusView([mesh.status()]))
+
+    def _stop(self, args: Any) -> None:
+        meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
+        for mesh in meshes:
+            mesh.stop()
+            print(f"mesh {mesh.name!r} stopped")
+        if self.autorun is not None and self.registry.default is None:
+            self._off(None)
+
+    def _restart(self, args: Any) -> None:
+        mesh = self.registry.get(args.mesh)
+        mesh.restart()
+        display(_render.StatusView([mesh.status()]))
+
+    def _status(self, args: Any) -> None:
+        meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
+        display(_render.StatusView([m.status() for m in meshes]))
+
+    def _push(self, rest: str) -> None:
+        options, pairs = _options.split_assignments(rest)
+        args = _options.parse(_options.push_options, options)
+        if not pairs:
+            raise UsageError("%mesh push needs NAME=EXPR, e.g. %mesh push lr=0.1")
+        values = {}
+        for name, expression in pairs:
+            values[name] = self.shell.ev(expression)  # a local error shows as a local one
+        mesh = self.registry.get(args.mesh)
+        mesh.push(values, ranks=args.ranks, where=args.where)
+
+    def _pull(self, args: Any) -> ValueMesh[Any]:
+        mesh = self.registry.get(args.mesh)
+        return mesh.pull(args.name, ranks=args.ranks, where=args.where)
+
+    def _on(self, args: Any) -> None:
+        mesh = self.registry.get(args.mesh)
+        mesh_options = f"--mesh {mesh.name}"
+        if args.ranks:
+            mesh_options += f" --ranks {args.ranks}"
+        for clause in args.where or ():
+            mesh_options += f" --where {clause}"
+        self._off(None)
+        self.autorun = AutoRun(mesh_options)
+        self.shell.input_transformers_post.append(self.autorun)
+        print(f"%mesh on: plain cells now run on mesh {mesh.name!r}; %mesh off to stop")
+
+    def _off(self, args: Any) -> None:
+        if self.autorun is not None:
+            try:
+                self.shell.input_transformers_post.remove(self.autorun)
+            except ValueError:
+                pass
+            self.autorun = None
+            if args is not None:
+                print("%mesh off: plain cells run in this kernel again")
+
+    # -- %%mesh -----------------------------------------------------------------------
+
+    @cell_magic("mesh")
+    def mesh_cell(self, line: str, cell: str) -> CellHandle | None:
+        args = _options.parse(_options.cell_options, line)
+        if args.timeout is not None and args.timeout <= 0:
+            raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+        if args.ordered and args.live:
+            raise UsageError("give --ordered or --live, not both")
+        if not args.out.isidentifier():
+            raise UsageError(f"--out {args.out!r} is not a Python name")
+        try:
+            mesh = self.registry.get(args.mesh)
+        except MeshUsageError as exc:
+            raise _usage(exc) from None
+        ordered = True if args.ordered else (False if args.live else None)
+        if args.auto:
+            print(f"── on mesh {mesh.name!r} (%mesh off to run here) ──")
+        try:
+            result = mesh.run(
+                cell,
+                ranks=args.ranks,
+                where=args.where,
+                timeout=args.timeout,
+                block=not args.no_block,
+                ordered=ordered,
+                on_done=self._done_callback(mesh, args.out) if args.no_block else None,
+            )
+        except MeshUsageError as exc:
+            raise _usage(exc) from None
+        except (KeyboardInterrupt, CallTimeout) as exc:
+            raise _without_local_frames(exc) from None
+        except SyntaxError as exc:
+            raise _LocalSyntaxError(self.shell, exc) from None
+        if isinstance(result, CellHandle):
+            return result
+        self.shell.user_ns[args.out] = result
+        if not _render.all_none(result):
+            display(_FoldedValues(result))
+        return None
+
+    def _done_callback(self, mesh: NotebookMesh, out: str) -> Any:
+        """On completion of a non-blocking cell: store, then show value or error in its cell."""
+        shell = self.shell
+
+        def done(future: Any, cell: Any) -> None:
+            error = future.exception(timeout=0)
+            frontend = cell.frontend
+            if error is None:
+                value = future.get(timeout=0)
+                shell.user_ns[out] = value
+                if not _render.all_none(value):
+                    frontend.display(cell.parent, {"text/plain": _render.fold_values(value)}, {})
+                return
+            render = getattr(error, "_render_traceback_", None)
+            lines = render() if render else [f"{type(error).__name__}: {error}"]
+            frontend.write(cell.parent, "stderr", "\n".join(lines) + "\n")
+
+        return done
+
+
+class _FoldedValues:
+    """Displays a ValueMesh folded: ``[0-3] tensor([6., 6.])``."""
+
+    def __init__(self, values: ValueMesh[Any]) -> None:
+        self.values = values
+
+    def __repr__(self) -> str:
+        return _render.fold_values(self.values)
+
+
+def _without_local_frames(exc: BaseException) -> BaseException:
+    """Show ``exc`` as its message, then where each rank was, not our own frames."""
+    lines = [f"{type(exc).__name__}: {exc}"]
+    if isinstance(exc.__cause__, RemoteError):
+        lines += ["where the ranks were:", *exc.__cause__.render().splitlines()[1:]]
+    exc._render_traceback_ = lambda: lines  # type: ignore[attr-defined]  # IPython's hook
+    return exc
+
+
+class _LocalSyntaxError(Exception):
+    """A %%mesh cell that does not compile, shown exactly like a local SyntaxError.
+
+    Raising the SyntaxError itself would show our magic's frames; IPython
+    renders this one through ``_render_traceback_`` with none, and front ends
+    (nbval, nbconvert) see ``ename == "SyntaxError"``.
+    """
+
+    def __init__(self, shell: Any, error: SyntaxError) -> None:
+        super().__init__(str(error))
+        self.shell, self.error = shell, error
+
+    def _render_traceback_(self) -> list[str]:
+        return self.shell.SyntaxTB.structured_traceback(SyntaxError, self.error, [])
+
+
+_LocalSyntaxError.__name__ = _LocalSyntaxError.__qualname__ = "SyntaxError"
+
+
+MeshMagics.mesh_line.__doc__ = _options.line_help()
+MeshMagics.mesh_cell.__doc__ = _options.cell_help()
+
+_loaded: dict[int, MeshMagics] = {}
+
+
+def load_ipython_extension(shell: Any) -> None:
+    if id(shell) in _loaded:
+        return
+    magics = MeshMagics(shell)
+    shell.register_magics(magics)
+    REGISTRY.router.frontend = IPythonFrontend(shell)
+    _loaded[id(shell)] = magics
+    atexit.register(REGISTRY.stop_all)
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    magics = _loaded.pop(id(shell), None)
+    if magics is None:
+        return
+    magics._off(None)
+    REGISTRY.stop_all()
+    REGISTRY.router.uninstall()
+    atexit.unregister(REGISTRY.stop_all)
+    for kind in ("line", "cell"):
+        shell.magics_manager.magics[kind].pop("mesh", None)
+    print("monarch_nb: every mesh stopped", file=sys.stdout)

@@ -1,0 +1,68 @@
+"""Writing into a notebook cell from monarch_nb's I/O thread.
+
+ipykernel keys buffered output by the *parent header* of the request that
+produced it. A thread that is not running a cell falls back to the header of
+whatever cell runs now, so output of a non-blocking cell would land in a
+later cell. We capture the header when the cell starts and set it as the
+writing thread's parent around each write (``set_thread_parent``, which
+ipykernel's streams and display publisher provide). In a terminal IPython
+there is no such thing, and text simply goes to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class IPythonFrontend:
+    """Text and displays into the cell that was running when ``capture()`` was called."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        # Jupyter can replace a display in place; a terminal IPython cannot.
+        self.live_updates = hasattr(shell.display_pub, "set_thread_parent")
+
+    def capture(self) -> Any:
+        stdout = sys.stdout
+        if hasattr(stdout, "set_thread_parent"):
+            return dict(stdout.parent_header)
+        return None
+
+    def write(self, parent: Any, stream: str, text: str) -> None:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        if parent and hasattr(out, "set_thread_parent"):
+            token = out.set_thread_parent(parent)
+            try:
+                out.write(text)
+            finally:
+                out.reset_thread_parent(token)
+            return  # ipykernel sends it within its flush interval, from its own thread
+        out.write(text)
+        out.flush()
+
+    def display(self, parent: Any, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        self._publish(parent, data=data, metadata=metadata)
+
+    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None:
+        """One progress bar per rank, replaced in place (``update_display_data``)."""
+        self._publish(
+            parent,
+            data={"text/plain": text},
+            metadata={},
+            transient={"display_id": display_id},
+            update=not first,
+        )
+
+    def _publish(self, parent: Any, **message: Any) -> None:
+        publisher = self.shell.display_pub
+        if parent and hasattr(publisher, "set_thread_parent"):
+            token = publisher.set_thread_parent(parent)
+            out_token = sys.stdout.set_thread_parent(parent)
+            try:
+                publisher.publish(**message)
+            finally:
+                sys.stdout.reset_thread_parent(out_token)
+                publisher.reset_thread_parent(token)
+            return
+        publisher.publish(**message)

@@ -1,0 +1,239 @@
+"""The options of ``%mesh`` and ``%%mesh``, declared once with ``magic_arguments``.
+
+Each subcommand is a parser; ``%mesh?`` and ``%%mesh?`` show help generated
+from these declarations (:func:`line_help`, :func:`cell_help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument, argument_group, magic_arguments
+
+from ._registry import DIST_BACKENDS
+
+
+def _mesh_option(func: Any) -> Any:
+    return argument("--mesh", metavar="NAME", help="the mesh to use (default: the last started)")(
+        func
+    )
+
+
+def _selection_options(func: Any) -> Any:
+    func = argument(
+        "--where",
+        metavar="DIM=INDEX",
+        action="append",
+        help="select by dimension: procs=0, procs=0:2 or procs=1,3 (repeatable)",
+    )(func)
+    return argument(
+        "--ranks", metavar="RANKS", help="run on these ranks only: 0,2-3 (default: all)"
+    )(func)
+
+
+@magic_arguments(name="mesh start")
+@argument("--ordered", action="store_true", help="order every cell's output by rank")
+@argument(
+    "--env", metavar="K=V", nargs="+", default=[], help="extra environment variables of the ranks"
+)
+@argument("--name", metavar="NAME", help="name of the mesh (default: mesh, mesh2, ...)")
+@argument(
+    "--dist",
+    choices=DIST_BACKENDS,
+    help="initialise torch.distributed on every rank with this backend; `dist` and "
+    "`torch` are then predefined in cells",
+)
+@argument_group("size (default: --procs 2)")
+@argument("--gpus", type=int, metavar="N", help="N ranks, one GPU each")
+@argument("--procs", type=int, metavar="N", help="N CPU ranks")
+def start_options() -> None:
+    """Start a mesh of worker processes on this host and show its status.
+
+    The last started mesh is the default of every other command.
+    """
+
+
+@magic_arguments(name="mesh stop")
+@argument("--all", action="store_true", help="stop every mesh")
+@_mesh_option
+def stop_options() -> None:
+    """Stop a mesh's processes (the default mesh unless --mesh or --all)."""
+
+
+@magic_arguments(name="mesh restart")
+@_mesh_option
+def restart_options() -> None:
+    """Replace every process with a fresh one (namespaces start empty again)."""
+
+
+@magic_arguments(name="mesh status")
+@argument("--all", action="store_true", help="every mesh")
+@_mesh_option
+def status_options() -> None:
+    """A table of ranks: host, pid, state and current work."""
+
+
+@magic_arguments(name="mesh push")
+@argument("assignments", metavar="NAME=EXPR", nargs="*", help="EXPR is evaluated here")
+@_selection_options
+@_mesh_option
+def push_options() -> None:
+    """Set names on the ranks from expressions evaluated in this kernel."""
+
+
+@magic_arguments(name="mesh pull")
+@argument("name", metavar="NAME", help="a name defined on the ranks")
+@_selection_options
+@_mesh_option
+def pull_options() -> None:
+    """Bring NAME back from every rank as a ValueMesh (returned, so `x = %mesh pull x`)."""
+
+
+@magic_arguments(name="mesh on")
+@_selection_options
+@_mesh_option
+def on_options() -> None:
+    """Run every following plain cell on the mesh, as if it began with %%mesh."""
+
+
+@magic_arguments(name="mesh off")
+def off_options() -> None:
+    """Run plain cells in this kernel again."""
+
+
+SUBCOMMANDS = {
+    "start": start_options,
+    "stop": stop_options,
+    "restart": restart_options,
+    "status": status_options,
+    "push": push_options,
+    "pull": pull_options,
+    "on": on_options,
+    "off": off_options,
+}
+
+
+@magic_arguments(name="%mesh")
+@argument("--auto", action="store_true", help=argparse.SUPPRESS)
+@argument(
+    "--live",
+    action="store_true",
+    help="stream output as it arrives, even in deterministic mode",
+)
+@argument(
+    "--ordered",
+    action="store_true",
+    help="hold output back and show it rank by rank when the cell ends "
+    "(deterministic; also MONARCH_NB_DETERMINISTIC=1)",
+)
+@argument(
+    "--no-block",
+    action="store_true",
+    help="return a handle at once; output still goes to this cell",
+)
+@argument(
+    "--out",
+    metavar="NAME",
+    default="_mesh",
+    help="store the ValueMesh of the last expression as NAME (default: _mesh)",
+)
+@argument(
+    "--timeout",
+    type=float,
+    metavar="S",
+    help="interrupt the ranks after S seconds (killing those stuck in C code)",
+)
+@_selection_options
+@_mesh_option
+def cell_options() -> None:
+    """Run this cell on the ranks of a mesh.
+
+    Each rank keeps its own namespace with `rank`, `world_size`, `local_rank`,
+    `point` and `display` predefined. Output streams in while the cell runs,
+    prefixed by rank; the last expression's value comes back from every rank,
+    folded when equal, and is stored as a ValueMesh. An error on any rank
+    fails the cell with one traceback per distinct error. Interrupting the
+    kernel interrupts the busy ranks.
+    """
+
+
+def line_help() -> str:
+    """The docstring of ``%mesh``: an overview, then every subcommand's help."""
+    intro = (
+        "Start, inspect and drive meshes of worker processes.\n\n"
+        "  %mesh start --procs 4 --dist gloo   start 4 CPU ranks\n"
+        "  %mesh status                        what each rank is doing\n"
+        "  %mesh push lr=0.1 / %mesh pull x    move values to / from the ranks\n"
+        "  %mesh on / %mesh off                run plain cells on the mesh\n"
+        "  %mesh stop / %mesh restart\n"
+        "  %%mesh                              run a cell on the ranks (see %%mesh?)\n"
+        "  %mesh                               status, or this help if no mesh runs\n"
+    )
+    return intro + "\n" + "\n\n".join(f.__doc__ or "" for f in SUBCOMMANDS.values())
+
+
+def cell_help() -> str:
+    return cell_options.__doc__ or ""
+
+
+def parse(func: Any, argstring: str) -> Any:
+    """Parse ``argstring`` with ``func``'s parser (UsageError on misuse)."""
+    return func.parser.parse_argstring(argstring)
+
+
+_ASSIGNMENT = re.compile(r"\s*([A-Za-z_]\w*)\s*=(?!=)")
+_VALUED_OPTIONS = ("--mesh", "--ranks", "--where")
+
+
+def split_assignments(argstring: str) -> tuple[str, list[tuple[str, str]]]:
+    """``"--mesh m x=f(1, 2) y=3"`` -> ``("--mesh m", [("x", "f(1, 2)"), ("y", "3")])``.
+
+    Leading options are taken word by word; expressions may contain spaces,
+    so each is cut at the next ``NAME=``, not split like shell words.
+    """
+    rest = argstring.strip()
+    options: list[str] = []
+    while rest.startswith("-"):
+        word, _, rest = rest.partition(" ")
+        options.append(word)
+        if word in _VALUED_OPTIONS:
+            value, _, rest = rest.lstrip().partition(" ")
+            options.append(value)
+        rest = rest.lstrip()
+    matches = []
+    position = 0
+    while position < len(rest):
+        match = _ASSIGNMENT.match(rest, position)
+        if match is None:
+            raise UsageError(f"%mesh push: expected NAME=EXPR at {rest[position:]!r}")
+        # Cut at the first later " NAME=" before which the expression is complete.
+        cuts = [m.start() for m in _ASSIGNMENT.finditer(rest, match.end()) if m.start() > 0]
+        cuts = [c for c in cuts if rest[c].isspace()] + [len(rest)]
+        end = next(c for c in cuts if _is_expression(rest[match.end() : c]) or c == len(rest))
+        expression = rest[match.end() : end].strip()
+        if not expression:
+            raise UsageError(f"%mesh push: {match.group(1)}= has no expression after '='")
+        matches.append((match.group(1), expression))
+        position = end
+    return " ".join(options), matches
+
+
+def _is_expression(text: str) -> bool:
+    try:
+        compile(text.strip(), "<push>", "eval")
+    except SyntaxError:
+        return False
+    return True
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise UsageError(f"--env {item!r}: write KEY=VALUE")
+        env[key] = value
+    return env

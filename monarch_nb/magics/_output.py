@@ -1,0 +1,216 @@
+"""Where rank output goes: each cell's output area, live or ordered by rank.
+
+Worker stdout/stderr lines and rich displays arrive on monarch_nb's I/O
+thread. A :class:`CellOutput` is opened for a cell before it is sent and
+holds that cell's destination (the ``parent`` token its frontend captured
+when the cell started), so a non-blocking cell keeps writing into its own
+output area after the kernel moved on. Ranks run their work in order, so the
+oldest open cell on a rank owns that rank's output; output that belongs to
+no cell goes wherever the kernel is writing now.
+
+Two modes per cell: *live* (each line written as it arrives, prefixed by
+rank) and *ordered* (buffered, then written rank by rank when the cell ends:
+deterministic, for nbval and CI).
+
+Progress bars (updates ending in ``\r``) are shown live as one display per
+rank updated in place, where the frontend can (Jupyter); elsewhere, and in
+ordered mode, only the finished line is shown, as a terminal would leave it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .._controller import Controller, WorkerOutput, set_output_handler
+from . import _render
+
+
+class Frontend(Protocol):
+    """How text and displays reach the user (a notebook cell, a terminal)."""
+
+    live_updates: bool  # can replace a display in place (progress bars)
+
+    def capture(self) -> Any:
+        """A token for "the cell running now", to write into it later from any thread."""
+
+    def write(self, parent: Any, stream: str, text: str) -> None: ...
+
+    def display(self, parent: Any, data: dict[str, Any], metadata: dict[str, Any]) -> None: ...
+
+    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None: ...
+
+
+class PlainFrontend:
+    """No notebook: text on our own stdout/stderr (scripts, plain ``python``)."""
+
+    live_updates = False
+
+    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None:
+        pass
+
+    def capture(self) -> Any:
+        return None
+
+    def write(self, parent: Any, stream: str, text: str) -> None:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        out.write(text)
+        out.flush()
+
+    def display(self, parent: Any, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        self.write(parent, "stdout", str(data.get("text/plain", "")) + "\n")
+
+
+def after_received_output(fn: Callable[[], None]) -> None:
+    """Run ``fn`` on the I/O thread once output already received is dispatched.
+
+    A rank writes its output to the pipe before it sends its reply, and the
+    I/O thread polls both in one batch; a callback queued now runs after that
+    batch, so ``fn`` sees every line the rank printed before it replied.
+    """
+    Controller.get().loop.call_soon(fn)
+
+
+class CellOutput:
+    """The output of one cell (or push/pull) on some ranks of one mesh."""
+
+    def __init__(
+        self,
+        router: OutputRouter,
+        mesh: str,
+        ranks: tuple[int, ...],
+        *,
+        label: str,
+        ordered: bool,
+    ) -> None:
+        self.router = router
+        self.frontend = router.frontend
+        self.parent = self.frontend.capture()
+        self.mesh, self.ranks, self.label, self.ordered = mesh, ranks, label, ordered
+        self.started = time.monotonic()
+        self.closed = threading.Event()
+        self._items: dict[int, list[tuple[str, Any]]] = {r: [] for r in ranks}
+        self._progress: dict[int, str] = {}  # rank -> display id of its live progress bar
+        self.wrote = False
+
+    # -- I/O thread ------------------------------------------------------------------
+
+    def line(self, rank: int, stream: str, text: str, end: str = "\n") -> None:
+        if self.ordered:
+            if end == "\n":
+                self._items[rank].append((stream, text))
+            return
+        if end == "\r" or rank in self._progress:
+            self._update_progress(rank, text, final=end != "\r")
+            return
+        self.wrote = True
+        self.frontend.write(self.parent, stream, _render.rank_prefix(rank, text))
+
+    def _update_progress(self, rank: int, text: str, *, final: bool) -> None:
+        if not self.frontend.live_updates:
+            if final:
+                self.frontend.write(self.parent, "stderr", _render.rank_prefix(rank, text))
+            return
+        first = rank not in self._progress
+        if first:
+            self._progress[rank] = f"monarch-nb-{id(self)}-{rank}"
+        self.wrote = True
+        label = _render.rank_prefix(rank, text).rstrip("\n")
+        self.frontend.update(self.parent, self._progress[rank], label, first=first)
+        if final:
+            del self._progress[rank]  # the next bar on this rank gets a display of its own
+
+    def display(self, rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        if self.ordered:
+            self._items[rank].append(("display", (data, metadata)))
+        else:
+            self.wrote = True
+            self.frontend.display(self.parent, *_render.label_bundle(rank, data, metadata))
+
+    def close(self) -> None:
+        """Write what ordered mode held back, rank by rank, and stop receiving."""
+        try:
+            self.router.detach(self)
+            for rank in self.ranks:
+                for kind, item in self._items[rank]:
+                    self.wrote = True
+                    if kind == "display":
+                        self.frontend.display(self.parent, *_render.label_bundle(rank, *item))
+                    else:
+                        self.frontend.write(self.parent, kind, _render.rank_prefix(rank, item))
+            self._items.clear()
+        finally:
+            self.closed.set()
+
+
+class OutputRouter:
+    """The process-wide output handler: sends each worker line to its cell."""
+
+    def __init__(self, frontend: Frontend | None = None) -> None:
+        self.frontend: Frontend = frontend or PlainFrontend()
+        self._lock = threading.Lock()
+        self._cells: dict[tuple[str, int], deque[CellOutput]] = {}
+        self._previous: Callable[[WorkerOutput], None] | None = None
+        self._installed = False
+
+    def install(self) -> None:
+        """Become the controller's output handler (idempotent)."""
+        if not self._installed:
+            self._previous = set_output_handler(self.on_output)
+            self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed:
+            set_output_handler(self._previous)
+            self._installed = False
+
+    def open(self, mesh: str, ranks: tuple[int, ...], *, label: str, ordered: bool) -> CellOutput:
+        cell = CellOutput(self, mesh, ranks, label=label, ordered=ordered)
+        with self._lock:
+            for rank in ranks:
+                self._cells.setdefault((mesh, rank), deque()).append(cell)
+        return cell
+
+    def detach(self, cell: CellOutput) -> None:
+        with self._lock:
+            for rank in cell.ranks:
+                queue = self._cells.get((cell.mesh, rank))
+                if queue is not None:
+                    try:
+                        queue.remove(cell)
+                    except ValueError:
+                        pass
+                    if not queue:
+                        del self._cells[(cell.mesh, rank)]
+
+    def owner(self, mesh: str, rank: int) -> CellOutput | None:
+        with self._lock:
+            queue = self._cells.get((mesh, rank))
+            return queue[0] if queue else None
+
+    # -- I/O thread ---------------------------------------------------------------------
+
+    def on_output(self, output: WorkerOutput) -> None:
+        cell = self.owner(output.mesh, output.rank)
+        end = getattr(output, "end", "\n")
+        if cell is not None:
+            cell.line(output.rank, output.stream, output.line, end)
+        elif end == "\r":
+            return  # a progress update outside any cell: only its final line is shown
+        else:
+            text = _render.rank_prefix(output.rank, output.line)
+            self.frontend.write(None, output.stream, text)
+
+    def on_display(self, mesh: str, rank: int, payload: Any) -> None:
+        if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
+            return
+        data, metadata = payload["data"], payload.get("metadata") or {}
+        cell = self.owner(mesh, rank)
+        if cell is not None:
+            cell.display(rank, data, metadata)
+        else:
+            self.frontend.display(None, *_render.label_bundle(rank, data, metadata))

@@ -1,0 +1,348 @@
+"""The meshes a notebook started, by name: the Python objects behind ``%mesh``.
+
+Everything a magic does is a method here, usable from plain Python::
+
+    from monarch_nb.magics import start_mesh, current_mesh
+
+    mesh = start_mesh(procs=4, dist="gloo")
+    mesh.run("x = rank * 2\\nx")            # ValueMesh {0: 0, 1: 2, ...}
+    mesh.push(lr=0.1); mesh.pull("lr")
+    trainers = mesh.spawn("trainer", Trainer)   # actors on the same processes
+    current_mesh() is mesh                  # the last started is the default
+
+No IPython here: the magics (``_extension``) only parse options and display.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from .._actor import Actor, ActorMesh
+from .._cells import compile_cell, pull, push, run_cell
+from .._errors import MeshUsageError, format_ranks
+from .._future import Future
+from .._proc_mesh import ProcMesh, this_host
+from .._value_mesh import ValueMesh
+from . import _render
+from ._interrupt import wait_for
+from ._output import CellOutput, OutputRouter, after_received_output
+from ._selection import select
+
+A = TypeVar("A", bound=Actor)
+_cell_numbers = itertools.count(1)
+DIST_BACKENDS = ("gloo", "nccl")
+DIST_INIT_TIMEOUT_S = 120.0
+_OUTPUT_SETTLE_S = 10.0  # the I/O thread writes out a finished cell's output in well under this
+
+
+def deterministic_default() -> bool:
+    """``MONARCH_NB_DETERMINISTIC=1``: every cell's output is ordered by rank."""
+    return os.environ.get("MONARCH_NB_DETERMINISTIC", "").lower() in ("1", "true", "yes", "on")
+
+
+class CellHandle:
+    """A ``%%mesh --no-block`` cell in flight: ``.get()``, ``await``, ``.done()``.
+
+    Its output keeps going to the cell that started it. ``.get()`` returns the
+    ValueMesh of the last expression (or raises the cell's error).
+    """
+
+    def __init__(self, future: Future[Any], label: str, ranks: tuple[int, ...]) -> None:
+        self.future, self.label, self.ranks = future, label, ranks
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def get(self, timeout: float | None = None) -> ValueMesh[Any]:
+        return self.future.get(timeout=timeout)
+
+    def __await__(self):
+        return self.future.__await__()
+
+    def __repr__(self) -> str:
+        if not self.future.done():
+            state = "running"
+        elif self.future.exception(timeout=0) is not None:
+            state = f"failed: {type(self.future.exception(timeout=0)).__name__}"
+        else:
+            state = "done"
+        return f"<{self.label} on ranks {format_ranks(self.ranks)}: {state}>"
+
+
+class NotebookMesh:
+    """A process mesh started from a notebook, with a rank namespace per process.
+
+    ``.procs`` is the :class:`~monarch_nb.ProcMesh` itself: spawn actors on it
+    (or with :meth:`spawn`) to mix actors and ``%%mesh`` cells on one set of
+    processes.
+    """
+
+    def __init__(
+        self,
+        registry: MeshRegistry,
+        procs: ProcMesh,
+        *,
+        dist: str | None,
+        ordered: bool,
+    ) -> None:
+        self.registry = registry
+        self.procs = procs
+        self.dist = dist
+        self.ordered = ordered
+        procs.on_event(self._on_event)
+
+    @property
+    def name(self) -> str:
+        return self.procs.name
+
+    @property
+    def state(self) -> str:
+        return self.procs.state
+
+    def __len__(self) -> int:
+        return len(self.procs)
+
+    def __repr__(self) -> str:
+        return f"<NotebookMesh {self.name!r} {len(self)} ranks {self.state}>"
+
+    # -- cells ------------------------------------------------------------------------
+
+    def run(
+        self,
+        source: str,
+        *,
+        ranks: str | list[int] | None = None,
+        where: Any = None,
+        timeout: float | None = None,
+        block: bool = True,
+        ordered: bool | None = None,
+        on_done: Any = None,
+    ) -> ValueMesh[Any] | CellHandle:
+        """Run ``source`` on the selected ranks (default: all); its last expression's values.
+
+        Raises SyntaxError locally before anything is sent. With ``block=False``
+        returns a :class:`CellHandle` at once. Output streams to the current
+        cell while it runs (ordered by rank if ``ordered``). An interrupt or
+        ``timeout`` stops the busy ranks; see :func:`wait_for`.
+        """
+        view = select(self.procs, ranks, where)
+        number = next(_cell_numbers)
+        filename = f"<mesh-cell-{number}>"
+        compile_cell(source, filename)  # SyntaxError here, with the cell's own line numbers
+        label = f"%%mesh cell [{number}]"
+        cell = self._open(view, label, ordered)
+        future = run_cell(view, source, name=filename)
+        finished = self._finish_after_output(future, cell, on_done)
+        if not block:
+            return CellHandle(future, label, view.shape.ranks)
+        try:
+            return wait_for(future, view, label=label, timeout=timeout)
+        finally:
+            if future.done():
+                finished.wait(_OUTPUT_SETTLE_S)
+
+    def push(
+        self, values: Mapping[str, Any] | None = None, /, *, ranks=None, where=None, **kw: Any
+    ) -> None:
+        """Set names in the selected ranks' namespaces: ``mesh.push(lr=0.1)``."""
+        merged = {**(values or {}), **kw}
+        view = select(self.procs, ranks, where)
+        self._blocking(view, "push", push(view, merged))
+
+    def pull(self, name: str, *, ranks=None, where=None) -> ValueMesh[Any]:
+        """``name`` from every selected rank's namespace, as a ValueMesh."""
+        view = select(self.procs, ranks, where)
+        return self._blocking(view, f"pull {name!r}", pull(view, name))
+
+    def _blocking(self, view: ProcMesh, label: str, future: Future[Any]) -> Any:
+        return wait_for(future, view, label=label)
+
+    def _open(self, view: ProcMesh, label: str, ordered: bool | None) -> CellOutput:
+        if ordered is None:
+            ordered = self.ordered or deterministic_default()
+        return self.registry.router.open(self.name, view.shape.ranks, label=label, ordered=ordered)
+
+    def _finish_after_output(
+        self, future: Future[Any], cell: CellOutput, on_done: Any
+    ) -> threading.Event:
+        def close() -> None:
+            cell.close()
+            if on_done is not None:
+                on_done(future, cell)
+
+        future.add_done_callback(lambda _: after_received_output(close))
+        return cell.closed
+
+    # -- actors, life cycle -------------------------------------------------------------
+
+    def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
+        """Start an actor on every process of this mesh (see ProcMesh.spawn)."""
+        return self.procs.spawn(name, actor_class, *args, **kwargs)
+
+    def stop(self) -> None:
+        """Stop the processes and forget this mesh."""
+        try:
+            self.procs.stop()
+        finally:
+            self.registry._forget(self)
+
+    def restart(self) -> None:
+        """Fresh processes (empty namespaces); torch.distributed is set up again."""
+        self.procs.restart()
+        self._setup_dist()
+
+    def interrupt(self) -> list[int]:
+        """KeyboardInterrupt in every busy rank; returns those ranks."""
+        busy = self.procs.busy_ranks()
+        self.procs.interrupt(busy)
+        return busy
+
+    def status(self) -> _render.MeshStatus:
+        """A snapshot: per rank its host, pid, state and what it is running."""
+        stats = self.procs.statistics()
+        busy = set(self.procs.busy_ranks())
+        host = socket.gethostname()
+        rows = []
+        for info in stats.procs:
+            cell = self.registry.router.owner(self.name, info.rank)
+            if cell is not None:
+                work = f"{cell.label} ({time.monotonic() - cell.started:.1f} s)"
+            elif info.rank in busy:
+                work = "actor call"
+            else:
+                work = "idle" if info.state == "running" else "-"
+            rows.append(_render.RankStatus(info.rank, host, info.pid, info.state, work))
+        return _render.MeshStatus(
+            self.name,
+            stats.state,
+            stats.failure,
+            self.dist,
+            self.registry.default is self,
+            tuple(rows),
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _setup_dist(self) -> None:
+        if self.dist is None:
+            return
+        # Device first for NCCL: each rank sees one GPU (CUDA_VISIBLE_DEVICES), cuda:0.
+        source = (
+            "import torch, torch.distributed as dist\n"
+            f"if {self.dist!r} == 'nccl':\n"
+            "    torch.cuda.set_device(0)\n"
+            "if not dist.is_initialized():\n"
+            f"    dist.init_process_group({self.dist!r})\n"
+        )
+        view = self.procs
+        cell = self._open(view, f"torch.distributed setup ({self.dist})", None)
+        future = run_cell(view, source, name=f"<mesh-{self.name}-dist-setup>")
+        finished = self._finish_after_output(future, cell, None)
+        try:
+            wait_for(future, view, label="torch.distributed setup", timeout=DIST_INIT_TIMEOUT_S)
+        finally:
+            if future.done():
+                finished.wait(_OUTPUT_SETTLE_S)
+
+    def _on_event(self, kind: str, detail: Any) -> None:
+        if kind == "display":
+            rank, payload = detail
+            self.registry.router.on_display(self.name, rank, payload)
+
+
+class MeshRegistry:
+    """The meshes started through the notebook layer, by name; the last is the default."""
+
+    def __init__(self) -> None:
+        self.router = OutputRouter()
+        self._meshes: dict[str, NotebookMesh] = {}
+        self.default: NotebookMesh | None = None
+
+    def start(
+        self,
+        *,
+        procs: int | None = None,
+        gpus: int | None = None,
+        dist: str | None = None,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        ordered: bool = False,
+    ) -> NotebookMesh:
+        """Start a mesh of ``procs`` CPU ranks or ``gpus`` GPU ranks on this host."""
+        if procs is not None and gpus is not None:
+            raise MeshUsageError("give procs or gpus, not both")
+        if dist is not None and dist not in DIST_BACKENDS:
+            raise MeshUsageError(f"dist must be one of {DIST_BACKENDS!r}, got {dist!r}")
+        name = name or self._free_name()
+        existing = self._meshes.get(name)
+        if existing is not None and existing.state != "stopped":
+            raise MeshUsageError(
+                f"a mesh named {name!r} is already {existing.state}; stop it first "
+                "or choose another name"
+            )
+        per_host = {"gpus": gpus} if gpus is not None else {"procs": procs or 2}
+        self.router.install()
+        mesh = NotebookMesh(
+            self,
+            this_host().spawn_procs(per_host=per_host, env=dict(env or {}), name=name),
+            dist=dist,
+            ordered=ordered,
+        )
+        self._meshes[name] = mesh
+        self.default = mesh
+        try:
+            mesh._setup_dist()
+        except BaseException:
+            mesh.stop()
+            raise
+        return mesh
+
+    def _free_name(self) -> str:
+        if "mesh" not in self._meshes:
+            return "mesh"
+        return next(f"mesh{i}" for i in itertools.count(2) if f"mesh{i}" not in self._meshes)
+
+    def get(self, name: str | None = None) -> NotebookMesh:
+        """The mesh called ``name``, or the default (last started) one."""
+        if name is None:
+            if self.default is None:
+                raise MeshUsageError("no mesh is running; start one with %mesh start --procs 4")
+            return self.default
+        try:
+            return self._meshes[name]
+        except KeyError:
+            known = ", ".join(repr(n) for n in self._meshes) or "none"
+            raise MeshUsageError(f"no mesh named {name!r}; running meshes: {known}") from None
+
+    def all(self) -> list[NotebookMesh]:
+        return list(self._meshes.values())
+
+    def stop_all(self) -> None:
+        """Stop every mesh (extension unload, kernel shutdown)."""
+        for mesh in list(self._meshes.values()):
+            mesh.stop()
+
+    def _forget(self, mesh: NotebookMesh) -> None:
+        if self._meshes.get(mesh.name) is mesh:
+            del self._meshes[mesh.name]
+        if self.default is mesh:
+            self.default = next(reversed(self._meshes.values()), None)
+
+
+REGISTRY = MeshRegistry()
+
+
+def current_mesh(name: str | None = None) -> NotebookMesh:
+    """The mesh ``%%mesh`` runs on by default (the last started), or the one called ``name``."""
+    return REGISTRY.get(name)
+
+
+def start_mesh(**options: Any) -> NotebookMesh:
+    """What ``%mesh start`` does: ``start_mesh(procs=4, dist="gloo", name="m")``."""
+    return REGISTRY.start(**options)

@@ -1,0 +1,165 @@
+"""Text (and a little HTML) for what the notebook shows: folded values, status, labels.
+
+Pure functions over plain data, so they are tested without a kernel and the
+terminal, Jupyter and nbval all see the same text.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import format_ranks
+from .._value_mesh import ValueMesh
+
+_MAX_REPR_CHARS = 2000  # one rank's value; longer reprs are cut with a marker
+
+
+def _value_text(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a broken __repr__ must not hide the other ranks
+        text = f"<repr failed: {type(exc).__name__}: {exc}>"
+    if len(text) > _MAX_REPR_CHARS:
+        text = text[:_MAX_REPR_CHARS] + f"... ({len(text) - _MAX_REPR_CHARS} more characters)"
+    return text
+
+
+def fold_values(values: ValueMesh[Any]) -> str:
+    """``[0-3] tensor([6., 6.])`` when equal; otherwise one line per group of ranks.
+
+    Groups keep rank order of their first rank; a multi-line repr is indented
+    under its label so the rank stays visible.
+    """
+    groups: dict[str, list[int]] = {}
+    for rank, value in zip(values.shape.ranks, values.values(), strict=False):
+        groups.setdefault(_value_text(value), []).append(rank)
+    lines = []
+    for text, ranks in groups.items():
+        label = f"[{format_ranks(ranks)}] "
+        first, *rest = text.splitlines() or [""]
+        lines.append(label + first)
+        lines.extend(" " * len(label) + line for line in rest)
+    return "\n".join(lines)
+
+
+def all_none(values: ValueMesh[Any]) -> bool:
+    return all(v is None for v in values.values())
+
+
+def rank_prefix(rank: int, text: str) -> str:
+    """``[1] epoch 3``; a progress line keeps only what a terminal would show last."""
+    if "\r" in text:
+        segments = [s for s in text.split("\r") if s.strip()]
+        text = segments[-1] if segments else ""
+    return f"[{rank}] {text}\n"
+
+
+def label_bundle(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> tuple[dict, dict]:
+    """Tag a rank's display bundle with its rank, visibly and in metadata."""
+    data = dict(data)
+    if "text/plain" in data:
+        data["text/plain"] = f"[{rank}] {data['text/plain']}"
+    else:
+        data["text/plain"] = f"[{rank}] <display>"
+    if "text/html" in data:
+        data["text/html"] = (
+            f'<div class="monarch-nb-rank"><small>[rank {rank}]</small></div>{data["text/html"]}'
+        )
+    metadata = dict(metadata)
+    metadata["monarch_nb"] = {"rank": rank}
+    return data, metadata
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One row of ``%mesh status``."""
+
+    rank: int
+    host: str
+    pid: int
+    state: str
+    work: str
+
+
+@dataclass(frozen=True)
+class MeshStatus:
+    """What ``%mesh status`` shows for one mesh: plain data, rendered as text or HTML."""
+
+    name: str
+    state: str
+    failure: str | None
+    dist: str | None
+    default: bool
+    ranks: tuple[RankStatus, ...]
+
+    def headline(self) -> str:
+        parts = [f"mesh {self.name!r}", self.state, f"{len(self.ranks)} ranks"]
+        if self.dist:
+            parts.append(f"torch.distributed: {self.dist}")
+        if self.default:
+            parts.append("default")
+        return " · ".join(parts)
+
+    def __repr__(self) -> str:
+        return render_status([self])
+
+    def _repr_html_(self) -> str:
+        return render_status_html([self])
+
+
+_COLUMNS = ("rank", "host", "pid", "state", "current work")
+
+
+def _rows(status: MeshStatus) -> list[tuple[str, ...]]:
+    return [(str(r.rank), r.host, str(r.pid), r.state, r.work) for r in status.ranks]
+
+
+def render_status(statuses: Sequence[MeshStatus]) -> str:
+    """A fixed-width text table per mesh."""
+    if not statuses:
+        return "no mesh is running; start one with %mesh start --procs 4"
+    blocks = []
+    for status in statuses:
+        rows = [_COLUMNS, *_rows(status)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+        lines = [status.headline()]
+        if status.failure:
+            lines.append(f"failure: {status.failure}")
+        for row in rows:
+            cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+            lines.append("  ".join(cells).rstrip())
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def render_status_html(statuses: Sequence[MeshStatus]) -> str:
+    if not statuses:
+        return "<p>no mesh is running; start one with <code>%mesh start --procs 4</code></p>"
+    out = []
+    for status in statuses:
+        out.append(f"<p><b>{html.escape(status.headline())}</b></p>")
+        if status.failure:
+            out.append(f"<pre>{html.escape(status.failure)}</pre>")
+        head = "".join(f"<th>{c}</th>" for c in _COLUMNS)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+            for row in _rows(status)
+        )
+        out.append(f"<table><tr>{head}</tr>{body}</table>")
+    return "".join(out)
+
+
+class StatusView:
+    """What ``%mesh status`` displays: the text table, and an HTML one in Jupyter."""
+
+    def __init__(self, statuses: Sequence[MeshStatus]) -> None:
+        self.statuses = tuple(statuses)
+
+    def __repr__(self) -> str:
+        return render_status(self.statuses)
+
+    def _repr_html_(self) -> str:
+        return render_status_html(self.statuses)
