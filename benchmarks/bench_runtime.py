@@ -28,12 +28,19 @@ from monarch_nb import Actor, endpoint, this_host
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 _ECHO_SERVER = """
-import sys, zmq
+import os, sys, zmq
+parent = os.getppid()
 ctx = zmq.Context()
 s = ctx.socket(zmq.DEALER)
+s.setsockopt(zmq.SNDHWM, 0)
+s.setsockopt(zmq.RCVHWM, 0)
 s.connect(sys.argv[1])
 s.send(b"ready")
 while True:
+    if not s.poll(1000):
+        if os.getppid() != parent:  # the benchmark died: do not outlive it
+            break
+        continue
     frames = s.recv_multipart(copy=False)
     if frames[0].bytes == b"stop":
         break
@@ -83,6 +90,10 @@ class RawEcho:
     def __init__(self) -> None:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
+        # Unbounded queues, like monarch_nb's own sockets: a ROUTER past its
+        # high-water mark drops messages, which would hang the pipelined row.
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, 0)
         port = self.router.bind_to_random_port("tcp://127.0.0.1")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _ECHO_SERVER, f"tcp://127.0.0.1:{port}"]

@@ -110,7 +110,13 @@ class ProcMesh:
         procs = []
         for rank in self._shape.ranks:
             w = group.workers[rank]
-            state = "exited" if w.returncode is not None else self.state if w.ready else "starting"
+            state = (
+                "exited"
+                if w.returncode is not None
+                else self.state
+                if rank in group.ready_ranks
+                else "starting"
+            )
             procs.append(ProcInfo(rank, w.pid, state, w.returncode))
         failure = self.failure
         return MeshStatistics(

@@ -107,7 +107,6 @@ class WorkerProcess:
         self.popen = popen
         self.pid = popen.pid
         self.pidfd = os.pidfd_open(popen.pid)
-        self.ready = False
         self.returncode: int | None = None
         self.partial = {"stdout": b"", "stderr": b""}
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
@@ -138,6 +137,7 @@ class ProcGroup:
         self.signer: Signer = Signer(self._key, self.controller.stats)
         self.owner = _context.current_actor_or_none()  # who supervises us, if an actor
         self.actor_failures: dict[int, MeshFailure] = {}
+        self.ready_ranks: set[int] = set()  # ranks of this generation that said hello
         self._all_ready = threading.Event()
         self._listeners: list[Callable[[str, Any], None]] = []
 
@@ -151,9 +151,14 @@ class ProcGroup:
         key = self._key = new_key()
         self.signer = Signer(key, self.controller.stats)
         self._all_ready.clear()
-        host = self.controller.bind_host
-        base_env = self._base_env(host)
-        workers = [self._launch(rank, key, base_env) for rank in range(len(self.shape))]
+        self.ready_ranks = set()
+        ranks = range(len(self.shape))
+        identities = [f"{self.id}.{self.generation}.{rank}".encode() for rank in ranks]
+        # Known before any worker exists: a fast worker's hello must not find
+        # its identity unknown (and be dropped) while we still start the others.
+        self.controller.run(lambda: self._register_peers(identities))
+        base_env = self._base_env(self.controller.bind_host)
+        workers = [self._launch(r, identities[r], key, base_env) for r in ranks]
         self.controller.run(lambda: self._watch(workers))
         if not self._all_ready.wait(START_TIMEOUT_S):
             self.kill()
@@ -179,11 +184,12 @@ class ProcGroup:
         env.update(self.extra_env)
         return env
 
-    def _launch(self, rank: int, key: bytes, base_env: dict[str, str]) -> WorkerProcess:
+    def _launch(
+        self, rank: int, identity: bytes, key: bytes, base_env: dict[str, str]
+    ) -> WorkerProcess:
         env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = visible_gpus()[rank]
-        identity = f"{self.id}.{self.generation}.{rank}".encode()
         popen = subprocess.Popen(
             [sys.executable, "-m", "monarch_nb.worker"],
             stdin=subprocess.PIPE,
@@ -206,11 +212,14 @@ class ProcGroup:
         popen.stdin.close()
         return WorkerProcess(rank, identity, popen)
 
+    def _register_peers(self, identities: list[bytes]) -> None:
+        for rank, identity in enumerate(identities):
+            self.controller.add_peer(identity, self, rank)
+
     def _watch(self, workers: list[WorkerProcess]) -> None:
         self.workers = workers
         loop = self.controller.loop
         for w in workers:
-            self.controller.add_peer(w.identity, self, w.rank)
             loop.add_fd(w.pidfd, lambda w=w: self._on_exit(w))
             for name, pipe in (("stdout", w.popen.stdout), ("stderr", w.popen.stderr)):
                 assert pipe is not None
@@ -236,8 +245,8 @@ class ProcGroup:
     def on_worker_message(self, rank: int, meta: tuple, frames: list[Any]) -> None:
         kind = meta[0]
         if kind == "hello":
-            self.workers[rank].ready = True
-            if all(w.ready for w in self.workers) and isinstance(self.state, Starting):
+            self.ready_ranks.add(rank)
+            if len(self.ready_ranks) == len(self.shape) and isinstance(self.state, Starting):
                 self.state = Running()
                 self._all_ready.set()
         elif kind == "broadcast_failure":
@@ -321,7 +330,7 @@ class ProcGroup:
             return
         running = self.controller.calls_waiting_on(self, worker.rank)
         what = f" while running {', '.join(running)}" if running else ""
-        if worker.ready:
+        if worker.rank in self.ready_ranks:
             consequence = "the mesh is failed: call restart() to start fresh processes"
         else:
             consequence = "so the mesh failed to start"
