@@ -31,18 +31,22 @@ class CallFuture(Future[Any]):
 
     def __init__(self, call: PendingCall) -> None:
         super().__init__()
-        self._call = call
+        self._call: PendingCall | None = call
 
     def waiting_ranks(self) -> list[int]:
         """Ranks that have not replied yet (empty once the call completed)."""
-        return [] if self.done() else self._call.waiting_ranks()
+        call = self._call
+        return [] if call is None or self.done() else call.waiting_ranks()
 
     def _timeout_error(self, timeout: float | None) -> BaseException:
-        waiting = self._call.waiting_ranks()
-        replied = len(self._call.ranks) - len(waiting)
+        call = self._call
+        if call is None:  # it completed just as the wait timed out
+            return super()._timeout_error(timeout)
+        waiting = call.waiting_ranks()
+        replied = len(call.ranks) - len(waiting)
         return CallTimeout(
-            f"{self._call.label} got no reply from rank(s) {format_ranks(waiting)} within "
-            f"{timeout} s ({replied} of {len(self._call.ranks)} replied); the call is still "
+            f"{call.label} got no reply from rank(s) {format_ranks(waiting)} within "
+            f"{timeout} s ({replied} of {len(call.ranks)} replied); the call is still "
             "running there: wait longer, interrupt it, or stop the mesh",
             ranks=waiting,
         )
@@ -117,8 +121,8 @@ class PendingCall:
         call could not be sent)."""
         for item in self.stream_futures:
             item.set_exception(error)
-        if self.future.set_exception(error) and self.on_finish:
-            self.on_finish(self)
+        if self.future.set_exception(error):
+            self._finished()
 
     def _next_stream_item(self, complete: Callable[[Future[Any]], Any]) -> None:
         if self.stream_futures:
@@ -147,9 +151,15 @@ class PendingCall:
             self.future.set_result(self.values[self.ranks[0]])
         else:
             self.future.set_result(ValueMesh(self.shape, [self.values[r] for r in self.ranks]))
-        if self.on_finish:
+        self._finished()
+
+    def _finished(self) -> None:
+        if self.on_finish is not None:
             self.on_finish(self)
-            self.on_finish = None
+        self.on_finish = self.on_answer = None
+        # The future and this call point at each other; untie them so both are
+        # freed by reference counting, not left to the cyclic GC on every call.
+        self.future._call = None
 
 
 class ReplyStream:

@@ -119,17 +119,16 @@ class Worker:
         poller = zmq.Poller()
         poller.register(self.socket, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
+        wake_fd = self._wake_fd
         while True:
-            poller.poll()
+            for item, _ in poller.poll():
+                if item == wake_fd:
+                    os.eventfd_read(wake_fd)
             while self._posted:
                 self._posted.popleft()()
             while (frames := receive(self.socket)) is not None:
                 if not self.handle(frames):
                     return
-            try:
-                os.eventfd_read(self._wake_fd)
-            except BlockingIOError:
-                pass
 
     def handle(self, frames: list[Any]) -> bool:
         """Handle one message; False means shut down."""
@@ -257,7 +256,7 @@ class Worker:
 
     def _call_maybe_async(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             result = self.run_async(result)
         return result
 
