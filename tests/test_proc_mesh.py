@@ -148,3 +148,31 @@ def test_stopping_a_failed_mesh_is_prompt(procs2):
     procs2.stop()  # the surviving rank is asked to exit, not waited out and killed
     assert time.monotonic() - started < 2.0
     assert not wait_for_exit({survivor}, 0.5)
+
+
+def test_no_hello_is_lost_while_slow_launches_are_under_way(monkeypatch):
+    # Forking a controller that holds a lot of memory is slow; the first worker
+    # then says hello while later ones are still being launched. Its hello must
+    # find its identity known (it once was dropped, and the start hung).
+    import subprocess
+
+    from monarch_nb import _process_group
+    from monarch_nb._controller import Controller
+
+    real_popen = subprocess.Popen
+    launched: list[int] = []
+
+    class SlowLaunches(real_popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            if launched:
+                time.sleep(0.5)  # the previous worker is up and says hello meanwhile
+            super().__init__(*args, **kwargs)
+            launched.append(self.pid)
+
+    monkeypatch.setattr(subprocess, "Popen", SlowLaunches)
+    monkeypatch.setattr(_process_group, "START_TIMEOUT_S", 15.0)
+    dropped = Controller.get().stats.dropped_unknown_peer
+    with this_host().spawn_procs(per_host={"procs": 3}) as procs:
+        assert procs.state == "running"
+    assert len(launched) == 3
+    assert Controller.get().stats.dropped_unknown_peer == dropped
