@@ -532,6 +532,24 @@ static void make_request(request_t *q, uint16_t op, uint64_t region, const unsig
     q->length = length;
 }
 
+/* Run fn over items[0..n): items 1.. on threads of their own, item 0 on the
+   calling thread; an item whose thread cannot be created runs here as well.
+   Called with the GIL released. */
+static void run_parallel(void *(*fn)(void *), void *items, size_t item_size, int n) {
+    pthread_t threads[MAX_STREAMS];
+    int started[MAX_STREAMS] = {0};
+    char *base = items;
+    for (int i = 1; i < n; i++)
+        started[i] = pthread_create(&threads[i], NULL, fn, base + i * item_size) == 0;
+    fn(base);
+    for (int i = 1; i < n; i++) {
+        if (started[i])
+            pthread_join(threads[i], NULL);
+        else
+            fn(base + i * item_size);
+    }
+}
+
 static void *tcp_stream(void *arg) {
     xfer_t *x = (xfer_t *)arg;
     request_t q;
@@ -751,17 +769,7 @@ static PyObject *py_tcp_copy(PyObject *self, PyObject *args) {
     }
     Py_DECREF(seq);
     Py_BEGIN_ALLOW_THREADS
-    pthread_t threads[MAX_STREAMS];
-    int started[MAX_STREAMS] = {0};
-    for (int i = 1; i < used; i++)
-        started[i] = pthread_create(&threads[i], NULL, tcp_stream, &x[i]) == 0;
-    tcp_stream(&x[0]);
-    for (int i = 1; i < used; i++) {
-        if (started[i])
-            pthread_join(threads[i], NULL);
-        else
-            tcp_stream(&x[i]);
-    }
+    run_parallel(tcp_stream, x, sizeof x[0], used);
     Py_END_ALLOW_THREADS
     for (int i = 0; i < used; i++)
         if (x[i].status != ST_OK) return Py_BuildValue("(Ii)", x[i].status, x[i].err);
@@ -838,8 +846,6 @@ static PyObject *py_local_copy(PyObject *self, PyObject *args) {
          * the shared flag, and all have stopped before RELEASE is sent. */
         volatile int stop = 0;
         vm_part_t parts[MAX_STREAMS];
-        pthread_t threads[MAX_STREAMS];
-        int started[MAX_STREAMS] = {0};
         uint64_t part = (length + (uint64_t)nthreads - 1) / (uint64_t)nthreads;
         part = (part + 4095) & ~(uint64_t)4095;
         int used = 0;
@@ -849,15 +855,7 @@ static PyObject *py_local_copy(PyObject *self, PyObject *args) {
                                       base + offset + pos, len, chunk, &stop, ST_OK, 0};
             pos += len;
         }
-        for (int i = 1; i < used; i++)
-            started[i] = pthread_create(&threads[i], NULL, vm_copy, &parts[i]) == 0;
-        vm_copy(&parts[0]);
-        for (int i = 1; i < used; i++) {
-            if (started[i])
-                pthread_join(threads[i], NULL);
-            else
-                vm_copy(&parts[i]);
-        }
+        run_parallel(vm_copy, parts, sizeof parts[0], used);
         for (int i = 0; i < used && status == ST_OK; i++) {
             if (parts[i].status != ST_OK) {
                 status = parts[i].status;
