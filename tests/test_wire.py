@@ -194,3 +194,24 @@ def test_sockets_bind_to_loopback_and_the_key_is_never_on_a_command_line(procs4)
         assert key_hex not in " ".join(proc.cmdline())
         assert all(key_hex not in v for v in proc.environ().values())
     assert key_hex not in " ".join(psutil.Process(os.getpid()).cmdline())
+
+
+def test_the_bind_address_can_be_chosen(tmp_path):
+    # Another loopback address: proves the option works without leaving loopback.
+    import subprocess
+    import sys
+
+    script = tmp_path / "bind.py"
+    script.write_text(
+        "from monarch_nb import this_host\n"
+        "from monarch_nb._controller import Controller\n"
+        "with this_host().spawn_procs(per_host={'procs': 2}) as procs:\n"
+        "    print(Controller.get().address, procs.state)\n"
+    )
+    env = dict(os.environ, MONARCH_NB_BIND="127.0.0.2")
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("tcp://127.0.0.2:")
+    assert out.stdout.strip().endswith("running")
