@@ -190,3 +190,31 @@ def test_kernel_shutdown_and_restart_leave_no_workers(how):
     finally:
         k.shutdown()
     assert not set(worker_pids()) & set(pids)
+
+
+def test_plain_terminal_ipython_shows_text(tmp_path):
+    # The same magics in terminal IPython (no kernel, no widgets): text only.
+    import subprocess
+    import sys
+
+    script = tmp_path / "session.ipy"
+    script.write_text(
+        "%load_ext monarch_nb\n"
+        "%mesh start --procs 2\n"
+        "get_ipython().run_cell(\"%%mesh\\nprint('hi from', rank)\\nrank * 10\")\n"
+        'get_ipython().run_cell("%%mesh\\n1 / (rank - 1)")\n'
+        "%mesh stop\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "IPython", "--colors=NoColor", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    text = out.stdout + out.stderr
+    assert "[0] hi from 0" in text
+    assert "[1] hi from 1" in text
+    assert "[0] 0\n[1] 10" in text
+    assert "%%mesh cell <mesh-cell-2> failed on rank(s) 1" in text
+    assert "    1 / (rank - 1)" in text  # the cell's own source line, from the rank
+    assert "mesh 'mesh' stopped" in text
