@@ -51,19 +51,31 @@ def _wrap_large_bytes(obj: Any, depth: int = 3) -> Any:
 
     Shallow on purpose: arguments, return values and their direct containers
     are where bulk bytes travel; deeper ones go in-band (still correct).
-    This runs on every call, so the common case (no bytes) allocates nothing.
+    This runs on every call, so it copies a container only if something in
+    it was wrapped, and returns ``obj`` itself otherwise.
     """
     kind = type(obj)
     if kind is bytes or kind is bytearray:
         return _OutOfBand(obj) if len(obj) >= OUT_OF_BAND_THRESHOLD else obj
     if depth == 0 or kind not in _CONTAINERS or not obj:
         return obj
-    items = obj.values() if kind is dict else obj
-    if not any(type(x) in _SCANNED for x in items):
-        return obj
     if kind is dict:
-        return {k: _wrap_large_bytes(v, depth - 1) for k, v in obj.items()}
-    return kind(_wrap_large_bytes(x, depth - 1) for x in obj)
+        changed: dict[Any, Any] | None = None
+        for key, value in obj.items():
+            if type(value) in _SCANNED:
+                wrapped = _wrap_large_bytes(value, depth - 1)
+                if wrapped is not value:
+                    changed = changed if changed is not None else dict(obj)
+                    changed[key] = wrapped
+        return obj if changed is None else changed
+    items: list[Any] | None = None
+    for i, value in enumerate(obj):
+        if type(value) in _SCANNED:
+            wrapped = _wrap_large_bytes(value, depth - 1)
+            if wrapped is not value:
+                items = items if items is not None else list(obj)
+                items[i] = wrapped
+    return obj if items is None else kind(items)
 
 
 _SCANNED = {bytes, bytearray, tuple, list, dict}
