@@ -148,13 +148,6 @@ def _resolve(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-def completed(value: T) -> Future[T]:
-    """A future that already holds ``value``."""
-    fut: Future[T] = Future()
-    fut.set_result(value)
-    return fut
-
-
 def failed(exc: BaseException) -> Future[Any]:
     """A future that already holds the error ``exc``."""
     fut: Future[Any] = Future()

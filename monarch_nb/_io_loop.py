@@ -8,17 +8,14 @@ polls file descriptors, in one ``zmq.Poller``:
 - a pidfd per worker process, readable the instant the process exits, so a
   crash is seen at once with its exit code or signal,
 - the stdout/stderr pipe of every worker, forwarded line by line as it arrives,
-- the wake-up eventfd; timers set the poll timeout.
+- the wake-up eventfd.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -38,8 +35,6 @@ class IOLoop:
         self._poller = zmq.Poller()
         self._poller.register(self._wake_fd, zmq.POLLIN)
         self._fds: dict[int, Callback] = {}
-        self._timers: list[tuple[float, int, Callback]] = []
-        self._timer_ids = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -57,13 +52,6 @@ class IOLoop:
             os.eventfd_write(self._wake_fd, 1)
         except OSError:
             pass  # loop already closed; nothing will run the callback
-
-    def call_later(self, delay: float, callback: Callback) -> None:
-        """Run ``callback()`` on the I/O thread after ``delay`` seconds."""
-        deadline = time.monotonic() + delay
-        self.call_soon(
-            lambda: heapq.heappush(self._timers, (deadline, next(self._timer_ids), callback))
-        )
 
     def stop(self) -> None:
         """Stop the loop and close its sockets (waits for the thread)."""
@@ -94,11 +82,7 @@ class IOLoop:
             os.close(self._wake_fd)
 
     def _poll_once(self) -> None:
-        timeout_ms: float | None = None
-        if self._pending:
-            timeout_ms = 0
-        elif self._timers:
-            timeout_ms = max(0.0, (self._timers[0][0] - time.monotonic()) * 1000)
+        timeout_ms = 0 if self._pending else None
         for item, _ in self._poller.poll(timeout_ms):
             if item == self._wake_fd:
                 try:
@@ -112,9 +96,6 @@ class IOLoop:
                     _safely(callback)
         while self._pending:
             _safely(self._pending.popleft())
-        now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
-            _safely(heapq.heappop(self._timers)[2])
 
 
 def _safely(callback: Callback) -> None:

@@ -291,12 +291,6 @@ class Worker:
 
 
 _FAILED = object()
-_current_worker: Worker | None = None
-
-
-def current_worker() -> Worker | None:
-    """The worker of this process, or None on the controller."""
-    return _current_worker
 
 
 def _watch_controller(controller_pid: int) -> None:
@@ -315,8 +309,7 @@ def main() -> None:
     threading.Thread(
         target=_watch_controller, args=(boot["controller_pid"],), name="watch", daemon=True
     ).start()
-    global _current_worker
-    worker = _current_worker = Worker(boot)
+    worker = Worker(boot)
     try:
         worker.run()
     finally:
