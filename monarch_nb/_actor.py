@@ -40,7 +40,6 @@ R = TypeVar("R")
 A = TypeVar("A", bound="Actor")
 
 _ENDPOINT_MARK = "_monarch_nb_endpoint"
-_actor_ids = itertools.count(1)
 
 
 class Actor:

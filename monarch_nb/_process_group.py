@@ -133,8 +133,8 @@ class ProcGroup:
         self.generation = 0
         self.state: State = Starting()
         self.workers: list[WorkerProcess] = []
-        self._key = new_key()
-        self.signer: Signer = Signer(self._key, self.controller.stats)
+        self._key = b""  # a fresh key and signer for every start()
+        self.signer: Signer
         self.owner = _context.current_actor_or_none()  # who supervises us, if an actor
         self.actor_failures: dict[int, MeshFailure] = {}
         self.ready_ranks: set[int] = set()  # ranks of this generation that said hello

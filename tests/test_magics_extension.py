@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
     with Kernel() as k:
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         k.ok("%mesh start --procs 4 --name m")
         yield k
 
@@ -21,7 +21,7 @@ def kernel() -> Iterator[Kernel]:
 def test_load_ext_is_quick_and_imports_nothing_heavy():
     with Kernel() as k:
         k.ok("import sys, time\nt = time.perf_counter()")
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         reply = k.ok("print(time.perf_counter() - t < 1.0, 'torch' in sys.modules)")
         assert reply.stream() == "True False\n"
         assert k.worker_pids() == []
@@ -156,7 +156,7 @@ def test_several_named_meshes(kernel):
 
 def test_dist_gloo_all_reduce():
     with Kernel() as k:
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         k.ok("%mesh start --procs 2 --dist gloo")
         reply = k.ok("%%mesh\nx = torch.full((2,), float(rank))\ndist.all_reduce(x)\nx")
         assert reply.text() == "[0-1] tensor([1., 1.])\n"
@@ -164,11 +164,11 @@ def test_dist_gloo_all_reduce():
 
 def test_unload_stops_every_mesh():
     with Kernel() as k:
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         k.ok("%mesh start --procs 2 --name a")
         k.ok("%mesh start --procs 1 --name b")
         assert len(k.worker_pids()) == 3
-        k.ok("%unload_ext monarch_nb.magics")
+        k.ok("%unload_ext monarch_nb")
         assert k.worker_pids() == []
         assert k.execute("%mesh status").status == "error"
 
@@ -177,7 +177,7 @@ def test_unload_stops_every_mesh():
 def test_kernel_shutdown_and_restart_leave_no_workers(how):
     k = Kernel()
     try:
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         k.ok("%mesh start --procs 2")
         pids = k.worker_pids()
         assert len(pids) == 2

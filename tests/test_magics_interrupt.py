@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
     with Kernel(env={"MONARCH_NB_INTERRUPT_GRACE": "1"}) as k:
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         k.ok("%mesh start --procs 2 --name m")
         yield k
 
@@ -43,7 +43,7 @@ def test_interrupt_stops_python_code_and_the_mesh_stays_usable(kernel):
 
 def test_a_rank_stuck_outside_python_is_killed_and_reported():
     with Kernel(env={"MONARCH_NB_INTERRUPT_GRACE": "1"}) as kernel:
-        kernel.ok("%load_ext monarch_nb.magics")
+        kernel.ok("%load_ext monarch_nb")
         kernel.ok("%mesh start --procs 2 --name m")
         _stuck_rank_is_killed(kernel)
 

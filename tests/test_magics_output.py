@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[Kernel]:
     with Kernel() as k:
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         k.ok("%mesh start --procs 2 --name m")
         yield k
 
@@ -51,7 +51,7 @@ def test_ordered_mode_is_deterministic(kernel):
 
 def test_deterministic_env_var_orders_every_cell():
     with Kernel(env={"MONARCH_NB_DETERMINISTIC": "1"}) as k:
-        k.ok("%load_ext monarch_nb.magics")
+        k.ok("%load_ext monarch_nb")
         k.ok("%mesh start --procs 3")
         reply = k.ok("%%mesh\nimport time\ntime.sleep(0.05 * (2 - rank))\nprint(rank)")
         assert reply.stream() == "[0] 0\n[1] 1\n[2] 2\n"

@@ -315,11 +315,33 @@ class _LocalRefused(Exception):
     pass
 
 
+def _with_connections(
+    op: CopyOp, count: int, copy: Callable[[list[socket.socket]], tuple[int, int]]
+) -> tuple[int, int]:
+    """Run a native copy on ``count`` pooled connections to the owner.
+
+    The connections go back to the pool only after a clean copy; after a
+    failure (or an exception) their state is unknown, so they are closed.
+    """
+    socks = _pool.take(op.handle, count)
+    try:
+        status, err = copy(socks)
+    except BaseException:
+        _pool.discard(socks)
+        raise
+    if status == load_extension().ST_OK:
+        _pool.give(op.handle, socks)
+    else:
+        _pool.discard(socks)
+    return status, err
+
+
 def _local(op: CopyOp) -> int:
     memory = load_extension()
-    socks = _pool.take(op.handle, 1)
-    try:
-        status, err = memory.local_copy(
+    status, err = _with_connections(
+        op,
+        1,
+        lambda socks: memory.local_copy(
             socks[0].fileno(),
             op.handle.pid,
             op.write,
@@ -330,14 +352,10 @@ def _local(op: CopyOp) -> int:
             op.length,
             _LOCAL_CHUNK,
             _local_threads(op.length),
-        )
-    except BaseException:
-        _pool.discard(socks)
-        raise
+        ),
+    )
     if status == memory.ST_OK:
-        _pool.give(op.handle, socks)
         return op.length
-    _pool.discard(socks)
     if status == memory.ST_VM_ERROR and err in (errno.EPERM, errno.ENOSYS):
         raise _LocalRefused
     raise _failure(op, status, err)
@@ -357,9 +375,10 @@ def _streams(length: int) -> int:
 
 def _tcp(op: CopyOp) -> int:
     memory = load_extension()
-    socks = _pool.take(op.handle, _streams(op.length))
-    try:
-        status, err = memory.tcp_copy(
+    status, err = _with_connections(
+        op,
+        _streams(op.length),
+        lambda socks: memory.tcp_copy(
             [s.fileno() for s in socks],
             memory.OP_WRITE if op.write else memory.OP_READ,
             op.handle.region,
@@ -367,14 +386,10 @@ def _tcp(op: CopyOp) -> int:
             op.offset,
             op.local.address,
             op.length,
-        )
-    except BaseException:
-        _pool.discard(socks)
-        raise
+        ),
+    )
     if status == memory.ST_OK:
-        _pool.give(op.handle, socks)
         return op.length
-    _pool.discard(socks)
     raise _failure(op, status, err)
 
 
