@@ -2,17 +2,20 @@
 
 Layering (each layer imports only those below it)::
 
-    magics/, widgets/, debug     notebook side: IPython and ipywidgets live here only
-    _actor, _proc_mesh           actors, endpoints, process meshes (the public API)
-    _controller, _process_group  the controller client, worker processes, supervision
-    _calls, _future              calls in flight and the one Future type
-    _wire, _serialize, _io_loop  signed messages, pickling, the I/O thread
-    _shape, _value_mesh,         plain data: shapes, points, per-rank values, errors
-    _errors, _context
+    magics/, widgets/, debug/    notebook side: IPython and ipywidgets live here only
+    _controller/                 the controller: its I/O thread, process meshes,
+                                 actor meshes and endpoints, calls in flight,
+                                 interrupts, the event stream and status snapshots
+    _worker/                     a worker process: the main loop that runs actors
+                                 and cells, the wire thread, rank namespaces
+    _common/                     both sides: signed wire and typed messages,
+                                 pickling, shapes, per-rank values, errors,
+                                 the one Future type
     native/                      the one-sided tensor data plane (C extension)
 
-The runtime never imports IPython, ipywidgets or torch: it works from a plain
-Python script, and a worker imports torch only when user code does.
+``_controller`` and ``_worker`` never import each other. The runtime never
+imports IPython, ipywidgets or torch: it works from a plain Python script, and
+a worker imports torch only when user code does.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._actor import Actor, ActorMesh, Endpoint, endpoint
-    from ._calls import ReplyStream
-    from ._context import Context, context, current_rank
-    from ._controller import WorkerOutput, set_output_handler
-    from ._errors import (
+    from . import events
+    from ._common._actors import Actor, endpoint
+    from ._common._context import Context, context, current_rank
+    from ._common._errors import (
+        CallCancelled,
         CallTimeout,
         CellError,
         EndpointError,
@@ -37,57 +40,59 @@ if TYPE_CHECKING:
         SerializationError,
         SpawnError,
     )
-    from ._future import Future
-    from ._proc_mesh import HostMesh, MeshStatistics, ProcInfo, ProcMesh, this_host
-    from ._shape import Point, Shape
-    from ._value_mesh import ValueMesh
+    from ._common._future import Future
+    from ._common._shape import Point, Shape
+    from ._common._value_mesh import ValueMesh
+    from ._controller._actor_mesh import ActorMesh, Endpoint
+    from ._controller._calls import ReplyStream
+    from ._controller._events import RankState
+    from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
+    from ._controller._status import MeshState, MeshStatus, RankStatus
 
 # Public name -> the private module that defines it. Imported on first use
 # (PEP 562), so a worker process, which imports this package first, loads
 # only the modules it runs, and `import monarch_nb` stays cheap.
 _DEFINED_IN = {
-    "Actor": "_actor",
-    "ActorMesh": "_actor",
-    "CallTimeout": "_errors",
-    "CellError": "_errors",
-    "Context": "_context",
-    "Endpoint": "_actor",
-    "EndpointError": "_errors",
-    "Future": "_future",
-    "HostMesh": "_proc_mesh",
-    "MeshFailure": "_errors",
-    "MeshStatistics": "_proc_mesh",
-    "MeshUsageError": "_errors",
-    "MonarchNbError": "_errors",
-    "Point": "_shape",
-    "ProcInfo": "_proc_mesh",
-    "ProcMesh": "_proc_mesh",
-    "RemoteError": "_errors",
-    "RemoteFailure": "_errors",
-    "ReplyStream": "_calls",
-    "SerializationError": "_errors",
-    "Shape": "_shape",
-    "SpawnError": "_errors",
-    "ValueMesh": "_value_mesh",
-    "WorkerOutput": "_controller",
-    "context": "_context",
-    "current_rank": "_context",
-    "endpoint": "_actor",
-    "set_output_handler": "_controller",
-    "this_host": "_proc_mesh",
+    "Actor": "_common._actors",
+    "ActorMesh": "_controller._actor_mesh",
+    "CallCancelled": "_common._errors",
+    "CallTimeout": "_common._errors",
+    "CellError": "_common._errors",
+    "Context": "_common._context",
+    "Endpoint": "_controller._actor_mesh",
+    "EndpointError": "_common._errors",
+    "Future": "_common._future",
+    "HostMesh": "_controller._proc_mesh",
+    "MeshFailure": "_common._errors",
+    "MeshState": "_controller._status",
+    "MeshStatus": "_controller._status",
+    "MeshUsageError": "_common._errors",
+    "MonarchNbError": "_common._errors",
+    "Point": "_common._shape",
+    "ProcMesh": "_controller._proc_mesh",
+    "RankState": "_controller._events",
+    "RankStatus": "_controller._status",
+    "RemoteError": "_common._errors",
+    "RemoteFailure": "_common._errors",
+    "ReplyStream": "_controller._calls",
+    "SerializationError": "_common._errors",
+    "Shape": "_common._shape",
+    "SpawnError": "_common._errors",
+    "ValueMesh": "_common._value_mesh",
+    "context": "_common._context",
+    "current_rank": "_common._context",
+    "endpoint": "_common._actors",
+    "this_host": "_controller._proc_mesh",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name == "events":
+        return importlib.import_module(f"{__name__}.events")
     module = _DEFINED_IN.get(name)
     if module is None:
         raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    if getattr(value, "__module__", "").startswith("monarch_nb._"):
-        try:  # tracebacks and reprs read monarch_nb.X, not monarch_nb._module.X
-            value.__module__ = __name__
-        except (AttributeError, TypeError):
-            pass
     globals()[name] = value
     return value
 
@@ -123,6 +128,7 @@ def current_mesh(name: str | None = None) -> Any:
 __all__ = [
     "Actor",
     "ActorMesh",
+    "CallCancelled",
     "CallTimeout",
     "CellError",
     "Context",
@@ -131,12 +137,14 @@ __all__ = [
     "Future",
     "HostMesh",
     "MeshFailure",
-    "MeshStatistics",
+    "MeshState",
+    "MeshStatus",
     "MeshUsageError",
     "MonarchNbError",
     "Point",
-    "ProcInfo",
     "ProcMesh",
+    "RankState",
+    "RankStatus",
     "RemoteError",
     "RemoteFailure",
     "ReplyStream",
@@ -144,11 +152,10 @@ __all__ = [
     "Shape",
     "SpawnError",
     "ValueMesh",
-    "WorkerOutput",
     "context",
     "current_mesh",
     "current_rank",
     "endpoint",
-    "set_output_handler",
+    "events",
     "this_host",
 ]

@@ -7,15 +7,14 @@ kernel's exit (an atexit hook here, and the core kills what is left).
 from __future__ import annotations
 
 import atexit
-import sys
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .._errors import CallTimeout, MeshUsageError, RemoteError
-from .._value_mesh import ValueMesh
+from .._common._errors import CallTimeout, MeshUsageError, RemoteError
+from .._common._value_mesh import ValueMesh
 from . import _options, _render
 from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
@@ -43,10 +42,10 @@ class MeshMagics(Magics):
         if not command:
             if self.registry.all():
                 return self._status(_options.parse(_options.status_options, "--all"))
-            print(_options.line_help())
+            display(_render.Notice(_options.line_help()))
             return None
         if command in ("help", "-h", "--help"):
-            print(_options.line_help())
+            display(_render.Notice(_options.line_help()))
             return None
         func = _options.SUBCOMMANDS.get(command)
         if func is None:
@@ -81,7 +80,7 @@ class MeshMagics(Magics):
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
         for mesh in meshes:
             mesh.stop()
-            print(f"mesh {mesh.name!r} stopped")
+            display(_render.Notice(f"mesh {mesh.name!r} stopped"))
         if self.autorun is not None and self.registry.default is None:
             self._off(None)
 
@@ -119,7 +118,11 @@ class MeshMagics(Magics):
         self._off(None)
         self.autorun = AutoRun(mesh_options)
         self.shell.input_transformers_post.append(self.autorun)
-        print(f"%mesh on: plain cells now run on mesh {mesh.name!r}; %mesh off to stop")
+        display(
+            _render.Notice(
+                f"%mesh on: plain cells now run on mesh {mesh.name!r}; %mesh off to stop"
+            )
+        )
 
     def _off(self, args: Any) -> None:
         if self.autorun is not None:
@@ -129,7 +132,7 @@ class MeshMagics(Magics):
                 pass
             self.autorun = None
             if args is not None:
-                print("%mesh off: plain cells run in this kernel again")
+                display(_render.Notice("%mesh off: plain cells run in this kernel again"))
 
     # -- %%mesh -----------------------------------------------------------------------
 
@@ -148,7 +151,7 @@ class MeshMagics(Magics):
             raise _usage(exc) from None
         ordered = True if args.ordered else (False if args.live else None)
         if args.auto:
-            print(f"── on mesh {mesh.name!r} (%mesh off to run here) ──")
+            display(_render.Notice(f"── on mesh {mesh.name!r} (%mesh off to run here) ──"))
         try:
             result = mesh.run(
                 cell,
@@ -252,8 +255,7 @@ def unload_ipython_extension(shell: Any) -> None:
         return
     magics._off(None)
     REGISTRY.stop_all()
-    REGISTRY.router.uninstall()
     atexit.unregister(REGISTRY.stop_all)
     for kind in ("line", "cell"):
         shell.magics_manager.magics[kind].pop("mesh", None)
-    print("monarch_nb: every mesh stopped", file=sys.stdout)
+    display(_render.Notice("monarch_nb: every mesh stopped"))

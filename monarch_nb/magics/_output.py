@@ -1,9 +1,10 @@
 """Where rank output goes: each cell's output area, live or ordered by rank.
 
-Worker stdout/stderr lines and rich displays arrive on monarch_nb's I/O
-thread. A :class:`CellOutput` is opened for a cell before it is sent and
-holds that cell's destination (the ``parent`` token its frontend captured
-when the cell started), so a non-blocking cell keeps writing into its own
+Worker stdout/stderr lines and rich displays arrive as events of each
+mesh's stream, on monarch_nb's I/O thread. A :class:`CellOutput` is opened
+for a cell before it is sent and holds that cell's destination (the
+``parent`` token its frontend captured when the cell started), so a
+non-blocking cell keeps writing into its own
 output area after the kernel moved on. Ranks run their work in order, so the
 oldest open cell on a rank owns that rank's output; output that belongs to
 no cell goes wherever the kernel is writing now.
@@ -23,10 +24,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._controller import Controller, WorkerOutput, set_output_handler
+from .._controller._events import DisplayData, Event, Output
 from . import _render
 
 
@@ -63,16 +63,6 @@ class PlainFrontend:
 
     def display(self, parent: Any, data: dict[str, Any], metadata: dict[str, Any]) -> None:
         self.write(parent, "stdout", str(data.get("text/plain", "")) + "\n")
-
-
-def after_received_output(fn: Callable[[], None]) -> None:
-    """Run ``fn`` on the I/O thread once output already received is dispatched.
-
-    A rank writes its output to the pipe before it sends its reply, and the
-    I/O thread polls both in one batch; a callback queued now runs after that
-    batch, so ``fn`` sees every line the rank printed before it replied.
-    """
-    Controller.get().loop.call_soon(fn)
 
 
 class CellOutput:
@@ -148,25 +138,12 @@ class CellOutput:
 
 
 class OutputRouter:
-    """The process-wide output handler: sends each worker line to its cell."""
+    """Observes the notebook meshes' events: sends each rank's output to its cell."""
 
     def __init__(self, frontend: Frontend | None = None) -> None:
         self.frontend: Frontend = frontend or PlainFrontend()
         self._lock = threading.Lock()
         self._cells: dict[tuple[str, int], deque[CellOutput]] = {}
-        self._previous: Callable[[WorkerOutput], None] | None = None
-        self._installed = False
-
-    def install(self) -> None:
-        """Become the controller's output handler (idempotent)."""
-        if not self._installed:
-            self._previous = set_output_handler(self.on_output)
-            self._installed = True
-
-    def uninstall(self) -> None:
-        if self._installed:
-            set_output_handler(self._previous)
-            self._installed = False
 
     def open(self, mesh: str, ranks: tuple[int, ...], *, label: str, ordered: bool) -> CellOutput:
         cell = CellOutput(self, mesh, ranks, label=label, ordered=ordered)
@@ -194,23 +171,26 @@ class OutputRouter:
 
     # -- I/O thread ---------------------------------------------------------------------
 
-    def on_output(self, output: WorkerOutput) -> None:
+    def on_event(self, event: Event) -> None:
+        if isinstance(event, Output):
+            self.on_output(event)
+        elif isinstance(event, DisplayData):
+            self.on_display(event)
+
+    def on_output(self, output: Output) -> None:
         cell = self.owner(output.mesh, output.rank)
-        end = getattr(output, "end", "\n")
         if cell is not None:
-            cell.line(output.rank, output.stream, output.line, end)
-        elif end == "\r":
+            cell.line(output.rank, output.stream, output.line, output.end)
+        elif output.end == "\r":
             return  # a progress update outside any cell: only its final line is shown
         else:
             text = _render.rank_prefix(output.rank, output.line)
             self.frontend.write(None, output.stream, text)
 
-    def on_display(self, mesh: str, rank: int, payload: Any) -> None:
-        if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
-            return
-        data, metadata = payload["data"], payload.get("metadata") or {}
-        cell = self.owner(mesh, rank)
+    def on_display(self, event: DisplayData) -> None:
+        cell = self.owner(event.mesh, event.rank)
         if cell is not None:
-            cell.display(rank, data, metadata)
+            cell.display(event.rank, event.data, event.metadata)
         else:
-            self.frontend.display(None, *_render.label_bundle(rank, data, metadata))
+            bundle = _render.label_bundle(event.rank, event.data, event.metadata)
+            self.frontend.display(None, *bundle)

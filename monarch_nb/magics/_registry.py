@@ -1,6 +1,10 @@
 """The meshes a notebook started, by name: the Python objects behind ``%mesh``.
 
-Everything a magic does is a method here, usable from plain Python::
+A :class:`NotebookMesh` is a :class:`~monarch_nb.ProcMesh` (whose ``run``,
+``exec``, ``push``, ``pull``, ``status`` are the plain-Python API behind
+``%%mesh``) plus what a notebook adds: rank selection by ``--ranks`` /
+``--where``, output routed to the cell that ran the code, torch.distributed
+set up on start, and a name in the registry::
 
     from monarch_nb.magics import start_mesh, current_mesh
 
@@ -17,25 +21,25 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from .._actor import Actor, ActorMesh
-from .._cells import compile_cell, pull, push, run_cell
-from .._errors import MeshUsageError, format_ranks
-from .._future import Future
-from .._proc_mesh import ProcMesh, this_host
-from .._value_mesh import ValueMesh
+from .._common._actors import Actor
+from .._common._cell_source import compile_cell, next_cell_name
+from .._common._errors import MeshUsageError, format_ranks
+from .._common._future import Future
+from .._common._value_mesh import ValueMesh
+from .._controller._actor_mesh import ActorMesh
+from .._controller._calls import CallFuture
+from .._controller._events import DisplayData, Output
+from .._controller._interrupt import wait_for
+from .._controller._proc_mesh import ProcMesh, this_host
 from . import _render
-from ._interrupt import wait_for
-from ._output import CellOutput, OutputRouter, after_received_output
+from ._output import CellOutput, OutputRouter
 from ._selection import select
 
 A = TypeVar("A", bound=Actor)
-_cell_numbers = itertools.count(1)
 DIST_BACKENDS = ("gloo", "nccl")
 DIST_INIT_TIMEOUT_S = 120.0
 _OUTPUT_SETTLE_S = 10.0  # the I/O thread writes out a finished cell's output in well under this
@@ -53,7 +57,7 @@ class CellHandle:
     ValueMesh of the last expression (or raises the cell's error).
     """
 
-    def __init__(self, future: Future[Any], label: str, ranks: tuple[int, ...]) -> None:
+    def __init__(self, future: CallFuture, label: str, ranks: tuple[int, ...]) -> None:
         self.future, self.label, self.ranks = future, label, ranks
 
     def done(self) -> bool:
@@ -95,7 +99,9 @@ class NotebookMesh:
         self.procs = procs
         self.dist = dist
         self.ordered = ordered
-        procs.on_event(self._on_event)
+        self._subscription = procs.events.subscribe(
+            registry.router.on_event, kinds=(Output, DisplayData)
+        )
 
     @property
     def name(self) -> str:
@@ -132,17 +138,16 @@ class NotebookMesh:
         ``timeout`` stops the busy ranks; see :func:`wait_for`.
         """
         view = select(self.procs, ranks, where)
-        number = next(_cell_numbers)
-        filename = f"<mesh-cell-{number}>"
+        _, filename = next_cell_name()
         compile_cell(source, filename)  # SyntaxError here, with the cell's own line numbers
-        label = f"%%mesh cell [{number}]"
+        label = _render.cell_label(filename)
         cell = self._open(view, label, ordered)
-        future = run_cell(view, source, name=filename)
+        future = view.exec(source, name=filename)
         finished = self._finish_after_output(future, cell, on_done)
         if not block:
             return CellHandle(future, label, view.shape.ranks)
         try:
-            return wait_for(future, view, label=label, timeout=timeout)
+            return wait_for(future, timeout=timeout)
         finally:
             if future.done():
                 finished.wait(_OUTPUT_SETTLE_S)
@@ -151,17 +156,11 @@ class NotebookMesh:
         self, values: Mapping[str, Any] | None = None, /, *, ranks=None, where=None, **kw: Any
     ) -> None:
         """Set names in the selected ranks' namespaces: ``mesh.push(lr=0.1)``."""
-        merged = {**(values or {}), **kw}
-        view = select(self.procs, ranks, where)
-        self._blocking(view, "push", push(view, merged))
+        select(self.procs, ranks, where).push({**(values or {}), **kw})
 
     def pull(self, name: str, *, ranks=None, where=None) -> ValueMesh[Any]:
         """``name`` from every selected rank's namespace, as a ValueMesh."""
-        view = select(self.procs, ranks, where)
-        return self._blocking(view, f"pull {name!r}", pull(view, name))
-
-    def _blocking(self, view: ProcMesh, label: str, future: Future[Any]) -> Any:
-        return wait_for(future, view, label=label)
+        return select(self.procs, ranks, where).pull(name)
 
     def _open(self, view: ProcMesh, label: str, ordered: bool | None) -> CellOutput:
         if ordered is None:
@@ -176,7 +175,8 @@ class NotebookMesh:
             if on_done is not None:
                 on_done(future, cell)
 
-        future.add_done_callback(lambda _: after_received_output(close))
+        # After the output the ranks wrote before replying: see EventStream.after_received.
+        future.add_done_callback(lambda _: self.procs.events.after_received(close))
         return cell.closed
 
     # -- actors, life cycle -------------------------------------------------------------
@@ -190,6 +190,7 @@ class NotebookMesh:
         try:
             self.procs.stop()
         finally:
+            self._subscription.close()
             self.registry._forget(self)
 
     def restart(self) -> None:
@@ -203,28 +204,11 @@ class NotebookMesh:
         self.procs.interrupt(busy)
         return busy
 
-    def status(self) -> _render.MeshStatus:
-        """A snapshot: per rank its host, pid, state and what it is running."""
-        stats = self.procs.statistics()
-        busy = set(self.procs.busy_ranks())
-        host = socket.gethostname()
-        rows = []
-        for info in stats.procs:
-            cell = self.registry.router.owner(self.name, info.rank)
-            if cell is not None:
-                work = f"{cell.label} ({time.monotonic() - cell.started:.1f} s)"
-            elif info.rank in busy:
-                work = "actor call"
-            else:
-                work = "idle" if info.state == "running" else "-"
-            rows.append(_render.RankStatus(info.rank, host, info.pid, info.state, work))
-        return _render.MeshStatus(
-            self.name,
-            stats.state,
-            stats.failure,
-            self.dist,
-            self.registry.default is self,
-            tuple(rows),
+    def status(self) -> _render.NotebookMeshStatus:
+        """A snapshot (``ProcMesh.status()``) with what the notebook adds: the
+        torch.distributed backend and whether this is the default mesh."""
+        return _render.NotebookMeshStatus(
+            self.procs.status(), self.dist, self.registry.default is self
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -242,18 +226,13 @@ class NotebookMesh:
         )
         view = self.procs
         cell = self._open(view, f"torch.distributed setup ({self.dist})", None)
-        future = run_cell(view, source, name=f"<mesh-{self.name}-dist-setup>")
+        future = view.exec(source, name=f"<mesh-{self.name}-dist-setup>")
         finished = self._finish_after_output(future, cell, None)
         try:
-            wait_for(future, view, label="torch.distributed setup", timeout=DIST_INIT_TIMEOUT_S)
+            wait_for(future, timeout=DIST_INIT_TIMEOUT_S)
         finally:
             if future.done():
                 finished.wait(_OUTPUT_SETTLE_S)
-
-    def _on_event(self, kind: str, detail: Any) -> None:
-        if kind == "display":
-            rank, payload = detail
-            self.registry.router.on_display(self.name, rank, payload)
 
 
 class MeshRegistry:
@@ -287,10 +266,11 @@ class MeshRegistry:
                 "or choose another name"
             )
         per_host = {"gpus": gpus} if gpus is not None else {"procs": procs or 2}
-        self.router.install()
         mesh = NotebookMesh(
             self,
-            this_host().spawn_procs(per_host=per_host, env=dict(env or {}), name=name),
+            this_host().spawn_procs(
+                per_host=per_host, env=dict(env or {}), name=name, echo_output=False
+            ),
             dist=dist,
             ordered=ordered,
         )

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import format_ranks
-from .._value_mesh import ValueMesh
+from .._common._errors import format_ranks
+from .._common._fold import MAX_GROUPS_SHOWN, fold, more
+from .._common._value_mesh import ValueMesh
+from .._controller._status import MeshStatus, RankStatus
 
 _MAX_REPR_CHARS = 2000  # one rank's value; longer reprs are cut with a marker
 
@@ -33,15 +35,17 @@ def fold_values(values: ValueMesh[Any]) -> str:
     Groups keep rank order of their first rank; a multi-line repr is indented
     under its label so the rank stays visible.
     """
-    groups: dict[str, list[int]] = {}
-    for rank, value in zip(values.shape.ranks, values.values(), strict=False):
-        groups.setdefault(_value_text(value), []).append(rank)
+    texts = (_value_text(value) for value in values.values())
+    groups = fold(zip(values.shape.ranks, texts, strict=True))
     lines = []
-    for text, ranks in groups.items():
+    for ranks, text in groups[:MAX_GROUPS_SHOWN]:
         label = f"[{format_ranks(ranks)}] "
         first, *rest = text.splitlines() or [""]
         lines.append(label + first)
         lines.extend(" " * len(label) + line for line in rest)
+    tail = more(len(groups), what="more distinct values")
+    if tail:
+        lines.append(tail)
     return "\n".join(lines)
 
 
@@ -73,30 +77,40 @@ def label_bundle(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> t
     return data, metadata
 
 
+def cell_label(filename: str) -> str:
+    """``<mesh-cell-3>`` -> ``%%mesh cell [3]``: how a notebook names a cell's work."""
+    if filename.startswith("<mesh-cell-") and filename.endswith(">"):
+        return f"%%mesh cell [{filename[len('<mesh-cell-') : -1]}]"
+    return filename
+
+
+def work_text(rank: RankStatus) -> str:
+    """What a rank does, for a table cell: ``%%mesh cell [3] (1.2 s)``, ``idle``."""
+    if rank.work:
+        work = rank.work.removeprefix("cell ")
+        return f"{cell_label(work)} ({rank.work_seconds:.1f} s)"
+    return {"busy": "call"}.get(rank.state.value, rank.state.value)
+
+
+def megabytes(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+
 @dataclass(frozen=True)
-class RankStatus:
-    """One row of ``%mesh status``."""
+class NotebookMeshStatus:
+    """What ``%mesh status`` shows for one mesh: the core snapshot plus notebook facts."""
 
-    rank: int
-    host: str
-    pid: int
-    state: str
-    work: str
-
-
-@dataclass(frozen=True)
-class MeshStatus:
-    """What ``%mesh status`` shows for one mesh: plain data, rendered as text or HTML."""
-
-    name: str
-    state: str
-    failure: str | None
+    status: MeshStatus
     dist: str | None
     default: bool
-    ranks: tuple[RankStatus, ...]
+
+    @property
+    def name(self) -> str:
+        return self.status.name
 
     def headline(self) -> str:
-        parts = [f"mesh {self.name!r}", self.state, f"{len(self.ranks)} ranks"]
+        s = self.status
+        parts = [f"mesh {s.name!r}", str(s.state), f"{len(s.ranks)} ranks"]
         if self.dist:
             parts.append(f"torch.distributed: {self.dist}")
         if self.default:
@@ -110,14 +124,35 @@ class MeshStatus:
         return render_status_html([self])
 
 
-_COLUMNS = ("rank", "host", "pid", "state", "current work")
+class Notice:
+    """A one-line status message a magic shows (displayed, not printed)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
 
 
-def _rows(status: MeshStatus) -> list[tuple[str, ...]]:
-    return [(str(r.rank), r.host, str(r.pid), r.state, r.work) for r in status.ranks]
+_COLUMNS = ("rank", "host", "pid", "state", "current work", "cpu", "rss")
 
 
-def render_status(statuses: Sequence[MeshStatus]) -> str:
+def _rows(status: NotebookMeshStatus) -> list[tuple[str, ...]]:
+    return [
+        (
+            str(r.rank),
+            r.host,
+            str(r.pid),
+            str(r.state),
+            work_text(r),
+            "-" if r.cpu_percent is None else f"{r.cpu_percent:.0f}%",
+            megabytes(r.rss_bytes),
+        )
+        for r in status.status.ranks
+    ]
+
+
+def render_status(statuses: Sequence[NotebookMeshStatus]) -> str:
     """A fixed-width text table per mesh."""
     if not statuses:
         return "no mesh is running; start one with %mesh start --procs 4"
@@ -126,8 +161,8 @@ def render_status(statuses: Sequence[MeshStatus]) -> str:
         rows = [_COLUMNS, *_rows(status)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
         lines = [status.headline()]
-        if status.failure:
-            lines.append(f"failure: {status.failure}")
+        if status.status.failure:
+            lines.append(f"failure: {status.status.failure}")
         for row in rows:
             cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
             lines.append("  ".join(cells).rstrip())
@@ -135,14 +170,14 @@ def render_status(statuses: Sequence[MeshStatus]) -> str:
     return "\n\n".join(blocks)
 
 
-def render_status_html(statuses: Sequence[MeshStatus]) -> str:
+def render_status_html(statuses: Sequence[NotebookMeshStatus]) -> str:
     if not statuses:
         return "<p>no mesh is running; start one with <code>%mesh start --procs 4</code></p>"
     out = []
     for status in statuses:
         out.append(f"<p><b>{html.escape(status.headline())}</b></p>")
-        if status.failure:
-            out.append(f"<pre>{html.escape(status.failure)}</pre>")
+        if status.status.failure:
+            out.append(f"<pre>{html.escape(status.status.failure)}</pre>")
         head = "".join(f"<th>{c}</th>" for c in _COLUMNS)
         body = "".join(
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
@@ -155,7 +190,7 @@ def render_status_html(statuses: Sequence[MeshStatus]) -> str:
 class StatusView:
     """What ``%mesh status`` displays: the text table, and an HTML one in Jupyter."""
 
-    def __init__(self, statuses: Sequence[MeshStatus]) -> None:
+    def __init__(self, statuses: Sequence[NotebookMeshStatus]) -> None:
         self.statuses = tuple(statuses)
 
     def __repr__(self) -> str:

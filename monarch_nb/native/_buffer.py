@@ -55,7 +55,7 @@ import threading
 import weakref
 from typing import Any
 
-from monarch_nb._future import Future
+from monarch_nb._common._future import Future
 from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError
 from monarch_nb.native._handle import Handle, host_key, layout
 from monarch_nb.native._loader import load_extension

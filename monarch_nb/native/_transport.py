@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from monarch_nb._future import Future
+from monarch_nb._common._future import Future
 from monarch_nb.native._errors import (
     RDMAAccessError,
     RDMABufferDroppedError,

@@ -3,42 +3,26 @@
 from __future__ import annotations
 
 import itertools
-import os
-import signal
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from ._actor import Actor, ActorMesh, unpicklable_argument
-from ._calls import PendingCall
-from ._errors import MeshFailure, MeshUsageError
-from ._process_group import Failed, ProcGroup, Running, Starting, Stopped, check_gpus
-from ._shape import Point, Selector, Shape
-from ._wire import WireStats
+from .._common._actors import Actor
+from .._common._errors import MeshFailure, MeshUsageError, SpawnError
+from .._common._messages import Spawn
+from .._common._public import publish
+from .._common._shape import Point, Selector, Shape
+from .._common._value_mesh import ValueMesh
+from . import _cells
+from ._actor_mesh import ActorMesh, unpicklable_argument
+from ._calls import CallFuture, send_call
+from ._client import Controller
+from ._events import EventStream, Output, print_output
+from ._interrupt import wait_for
+from ._process_group import Failed, ProcGroup, check_gpus
+from ._status import MeshState, MeshStatus
 
 A = TypeVar("A", bound=Actor)
 _actor_ids = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    """One process of a mesh, as ``statistics()`` reports it."""
-
-    rank: int
-    pid: int
-    state: str  # "starting", "running", "exited", "failed", "stopped"
-    returncode: int | None
-
-
-@dataclass(frozen=True)
-class MeshStatistics:
-    """A snapshot of a process mesh and of this controller's wire counters."""
-
-    name: str
-    state: str
-    failure: str | None
-    procs: tuple[ProcInfo, ...]
-    wire: WireStats
 
 
 class ProcMesh:
@@ -78,21 +62,12 @@ class ProcMesh:
     def rank_of_point(self, point: Mapping[str, int]) -> int:
         return self._shape.rank_of_point(point)
 
-    # -- state --------------------------------------------------------------------
+    # -- state and observation -------------------------------------------------------
 
     @property
-    def state(self) -> str:
-        """``"starting"``, ``"running"``, ``"failed"`` or ``"stopped"``."""
-        match self._group.state:
-            case Starting():
-                return "starting"
-            case Running():
-                return "running"
-            case Failed():
-                return "failed"
-            case Stopped():
-                return "stopped"
-        raise AssertionError(self._group.state)
+    def state(self) -> MeshState:
+        """``starting``, ``running``, ``failed`` or ``stopped`` (a str enum)."""
+        return self._group._mesh_state()[0]
 
     @property
     def failure(self) -> MeshFailure | None:
@@ -104,66 +79,74 @@ class ProcMesh:
     def pids(self) -> list[int]:
         return [self._group.workers[r].pid for r in self._shape.ranks]
 
-    def statistics(self) -> MeshStatistics:
-        """A snapshot: each process's pid and state, and the wire counters."""
-        group = self._group
-        procs = []
-        for rank in self._shape.ranks:
-            w = group.workers[rank]
-            state = (
-                "exited"
-                if w.returncode is not None
-                else self.state
-                if rank in group.ready_ranks
-                else "starting"
-            )
-            procs.append(ProcInfo(rank, w.pid, state, w.returncode))
-        failure = self.failure
-        return MeshStatistics(
-            group.name,
-            self.state,
-            str(failure) if failure else None,
-            tuple(procs),
-            group.controller.stats.snapshot(),
-        )
+    @property
+    def events(self) -> EventStream:
+        """The mesh's event stream (shared by every view): ``procs.events.subscribe(fn)``."""
+        return self._group.events
+
+    def status(self) -> MeshStatus:
+        """A snapshot of this view's ranks: state, current work, resources, heartbeats."""
+        return self._group.status(self._shape.ranks)
+
+    def stacks(self, timeout: float = 5.0) -> dict[int, str]:
+        """Each live rank's main-thread Python stack, answered by its wire thread even
+        while it is busy: where is rank 3 stuck?"""
+        replies = self._group.query(self._shape.ranks).get(timeout=timeout)
+        return {rank: replies[rank].stack for rank in sorted(replies)}
+
+    def output_tail(self, rank: int) -> list[Output]:
+        """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""
+        self._shape.index_of_rank(rank)  # raises for a rank outside this view
+        return self._group.output_tail(rank)
 
     def busy_ranks(self) -> list[int]:
         """Ranks of this view with calls or cells in flight."""
         load = self._group.controller.outstanding
         return [r for r in self._shape.ranks if load.get((self._group.id, r), 0) > 0]
 
-    def interrupt(self, ranks: Iterable[int] | None = None) -> None:
+    def interrupt(self, ranks: Iterable[int] | None = None) -> list[int]:
         """Raise KeyboardInterrupt in the user code running on ``ranks`` (default:
-        the busy ones). Python code stops at once; code stuck in C does not, see
-        :meth:`kill`.
+        the busy ones); returns the ranks interrupted. Python code stops at once;
+        code stuck in C does not, see :meth:`kill`.
         """
         targets = self.busy_ranks() if ranks is None else list(ranks)
-        for rank in targets:
-            worker = self._group.workers[rank]
-            if worker.returncode is None:
-                try:
-                    os.kill(worker.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
+        self._group.interrupt(targets)
+        return targets
 
     def kill(self, ranks: Iterable[int]) -> None:
         """Kill ``ranks`` with SIGKILL (a rank stuck in C ignores interrupts).
 
         The mesh is then failed, naming those ranks, until :meth:`restart`.
         """
-        for rank in ranks:
-            worker = self._group.workers[rank]
-            if worker.returncode is None:
-                try:
-                    os.kill(worker.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        self._group.kill_ranks(ranks)
 
-    def on_event(self, listener: Callable[[str, Any], None]) -> None:
-        """Call ``listener(event, detail)`` on the I/O thread for supervision events:
-        ``"worker_exited"``, ``"mesh_failed"``, ``"actor_failed"``. Keep it short.
+    # -- code cells: the plain-Python API behind %%mesh ---------------------------------
+
+    def exec(self, source: str, *, name: str | None = None) -> CallFuture:
+        """Start ``source`` on every rank of this view; a future of the last expression's
+        values (a ValueMesh). Raises SyntaxError locally, before anything is sent.
+
+        Each rank keeps one namespace across cells, with ``rank``, ``world_size``,
+        ``local_rank``, ``point`` and ``display`` predefined.
         """
-        self._group.add_listener(listener)
+        return _cells.run_cell(self, source, name=name)
+
+    def run(self, source: str, *, timeout: float | None = None) -> ValueMesh[Any]:
+        """Run ``source`` on every rank and wait: the ValueMesh of its last expression.
+
+        On ``timeout`` (or Ctrl-C) the ranks still running are interrupted, and
+        killed if they do not stop within the grace period. Raises CellError with
+        every rank's traceback if it raised.
+        """
+        return wait_for(self.exec(source), timeout=timeout)
+
+    def push(self, values: Mapping[str, Any] | None = None, /, **names: Any) -> None:
+        """Set names in every rank's namespace: ``procs.push(lr=0.1)``."""
+        wait_for(_cells.push(self, {**(values or {}), **names}))
+
+    def pull(self, name: str) -> ValueMesh[Any]:
+        """``name`` from every rank's namespace, as a ValueMesh."""
+        return wait_for(_cells.pull(self, name))
 
     # -- actors ---------------------------------------------------------------------
 
@@ -179,26 +162,20 @@ class ProcMesh:
                 f"spawn({name!r}, ...) needs a subclass of monarch_nb.Actor, got {actor_class!r}"
             )
         group = self._group
-        failure = group.failure_for(self._shape.ranks)
-        if failure is not None:
-            raise failure
-        actor_id = next(_actor_ids)
-        call = PendingCall(
-            group.controller.next_call_id(),
-            self._shape,
-            actor=f"{actor_class.__name__} {name!r}",
-            endpoint="",
-            spawn=True,
-        )
         shape = self._shape
-        meta = ("spawn", call.call_id, actor_id, name, shape.labels, shape.sizes, shape.ranks)
-        try:
-            message = group.signer.encode(meta, (actor_class, args, kwargs))
-        except Exception as exc:
-            raise unpicklable_argument(
+        actor_id = next(_actor_ids)
+        call = send_call(
+            group,
+            shape,
+            lambda call_id: Spawn(call_id, actor_id, name, shape.labels, shape.sizes, shape.ranks),
+            (actor_class, args, kwargs),
+            actor=f"{actor_class.__name__} {name!r}",
+            error_class=SpawnError,
+            check=lambda: group.failure_for(shape.ranks),
+            encode_error=lambda exc: unpicklable_argument(
                 f"{actor_class.__name__}.__init__", args, kwargs, exc
-            ) from exc
-        group.controller.send(group, shape.ranks, message, call)
+            ),
+        )
         call.future.get()
         return ActorMesh(
             self, shape, actor_id=actor_id, name=name, cls=actor_class, generation=group.generation
@@ -229,12 +206,16 @@ class ProcMesh:
 class HostMesh:
     """The hosts processes can be started on. ``this_host()`` is the local one."""
 
+    def __init__(self, controller: Controller | None = None) -> None:
+        self._controller = controller
+
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
         *,
         env: Mapping[str, str] | None = None,
         name: str = "procs",
+        echo_output: bool = True,
     ) -> ProcMesh:
         """Start worker processes: ``per_host={"procs": 4}`` or ``{"gpus": 4}``.
 
@@ -242,7 +223,9 @@ class HostMesh:
         and fails at once if the host has fewer. Every worker gets ``RANK``,
         ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
         ``MASTER_PORT`` (a free port), so ``torch.distributed.init_process_group``
-        needs no arguments. ``env`` adds variables.
+        needs no arguments. ``env`` adds variables. With ``echo_output`` (the
+        default) what ranks print is printed here, prefixed by rank; without it,
+        subscribe to ``procs.events`` for :class:`~monarch_nb.events.Output`.
         """
         per_host = dict(per_host or {"procs": 1})
         for dim, size in per_host.items():
@@ -257,11 +240,17 @@ class HostMesh:
             bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
             if bad:
                 raise MeshUsageError(f"env values must be strings; {bad[0]!r} is not")
-        group = ProcGroup(per_host, env=env, gpus=gpus, name=name)
+        controller = self._controller or Controller.get()
+        group = ProcGroup(per_host, controller=controller, env=env, gpus=gpus, name=name)
+        if echo_output:
+            group.events.subscribe(print_output, kinds=(Output,))
         group.start()
         return ProcMesh(group, group.shape)
 
 
-def this_host() -> HostMesh:
-    """The host this controller runs on."""
-    return HostMesh()
+def this_host(controller: Controller | None = None) -> HostMesh:
+    """The host this controller runs on (``controller``: the process default)."""
+    return HostMesh(controller)
+
+
+publish(globals())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._errors import MeshFailure, MeshUsageError
+from ._public import publish
 from ._shape import Point
 
 
@@ -75,3 +76,6 @@ def report_child_failure(owner: Any, error: MeshFailure) -> None:
     """A mesh that ``owner`` (an actor, or None) started has failed."""
     if owner is not None and _supervision_hook is not None:
         _supervision_hook(owner, error)
+
+
+publish(globals())

@@ -25,21 +25,40 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import _context
-from ._controller import Controller, WorkerOutput
-from ._errors import MeshFailure, MeshUsageError, RemoteError
-from ._shape import Shape
-from ._wire import Signer, decode_payload, new_key
+from .._common import _context
+from .._common._errors import MeshFailure, MeshUsageError, RemoteError
+from .._common._future import Future
+from .._common._messages import (
+    BroadcastFailure,
+    Display,
+    Heartbeat,
+    Hello,
+    Interrupt,
+    Message,
+    ProtocolError,
+    ResourceSample,
+    Shutdown,
+    StatusQuery,
+    StatusReply,
+    Supervision,
+)
+from .._common._shape import Shape
+from .._common._wire import Encoded, Signer, decode_payload, new_key
+from . import _events as ev
+from ._client import Controller
+from ._status import MeshState, MeshStatus, RankStatus
 
 _log = logging.getLogger("monarch_nb")
 _group_ids = itertools.count(1)
 START_TIMEOUT_S = float(os.environ.get("MONARCH_NB_START_TIMEOUT", "60"))
+HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
 STOP_GRACE_S = 5.0
 _STDERR_TAIL_LINES = 20
+OUTPUT_TAIL_LINES = 200  # per rank, for status views of what a rank printed last
 
 
 @dataclass(frozen=True)
@@ -106,10 +125,17 @@ class WorkerProcess:
         self.identity = identity
         self.popen = popen
         self.pid = popen.pid
+        self.host = socket.gethostname()
         self.pidfd = os.pidfd_open(popen.pid)
         self.returncode: int | None = None
         self.partial = {"stdout": b"", "stderr": b""}
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
+        self.output_tail: deque[ev.Output] = deque(maxlen=OUTPUT_TAIL_LINES)
+        # The last two heartbeats (monotonic time, sample): CPU % is their slope.
+        self.heartbeat: tuple[float, ResourceSample] | None = None
+        self.previous_heartbeat: tuple[float, ResourceSample] | None = None
+        self.work = ""  # as of the last heartbeat
+        self.work_seconds = 0.0
 
 
 class ProcGroup:
@@ -119,6 +145,7 @@ class ProcGroup:
         self,
         sizes: Mapping[str, int],
         *,
+        controller: Controller,
         env: Mapping[str, str] | None = None,
         gpus: bool = False,
         name: str = "procs",
@@ -128,8 +155,12 @@ class ProcGroup:
         self.shape = Shape.from_sizes(sizes)
         self.extra_env = dict(env or {})
         self.gpus = gpus
-        self.controller = Controller.get()
+        self.controller = controller
         self.controller.groups.add(self)
+        self.events = ev.EventStream(name, controller.loop)
+        self.rank_failures: dict[int, str] = {}  # rank -> its last failure, until its next call
+        self._queries: dict[int, tuple[Future[Any], dict[int, StatusReply], int]] = {}
+        self._query_ids = itertools.count(1)
         self.generation = 0
         self.state: State = Starting()
         self.workers: list[WorkerProcess] = []
@@ -139,7 +170,6 @@ class ProcGroup:
         self.actor_failures: dict[int, MeshFailure] = {}
         self.ready_ranks: set[int] = set()  # ranks of this generation that said hello
         self._all_ready = threading.Event()
-        self._listeners: list[Callable[[str, Any], None]] = []
 
     # -- starting -------------------------------------------------------------
 
@@ -148,6 +178,7 @@ class ProcGroup:
         self.generation += 1
         self.state = Starting()
         self.actor_failures.clear()
+        self.rank_failures.clear()
         key = self._key = new_key()
         self.signer = Signer(key, self.controller.stats)
         self._all_ready.clear()
@@ -160,6 +191,9 @@ class ProcGroup:
         base_env = self._base_env(self.controller.bind_host)
         workers = [self._launch(r, identities[r], key, base_env) for r in ranks]
         self.controller.run(lambda: self._watch(workers))
+        if self.events:
+            for rank in ranks:
+                self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.STARTING))
         if not self._all_ready.wait(START_TIMEOUT_S):
             self.kill()
             raise MeshFailure(
@@ -206,6 +240,7 @@ class ProcGroup:
             "shape": [list(self.shape.labels), list(self.shape.sizes)],
             "controller_pid": os.getpid(),
             "mesh": self.name,
+            "heartbeat_s": HEARTBEAT_S,
         }
         assert popen.stdin is not None
         popen.stdin.write(json.dumps(bootstrap).encode() + b"\n")
@@ -242,40 +277,82 @@ class ProcGroup:
                 )
         return None
 
-    def on_worker_message(self, rank: int, meta: tuple, frames: list[Any]) -> None:
-        kind = meta[0]
-        if kind == "hello":
-            self.ready_ranks.add(rank)
-            if len(self.ready_ranks) == len(self.shape) and isinstance(self.state, Starting):
-                self.state = Running()
-                self._all_ready.set()
-        elif kind == "broadcast_failure":
-            _, actor_id, label, failure = meta
-            actor, _, endpoint = label.partition(".")
-            error = RemoteError([failure], actor=actor, endpoint=endpoint)
-            self.actor_failures[actor_id] = MeshFailure(
-                f"broadcast of {label} failed on rank {rank}, so this actor mesh is failed; "
-                f"spawn it again: {error}",
-                ranks=(rank,),
-                cause=error,
-            )
-            _log.error("monarch_nb: %s", self.actor_failures[actor_id])
-            self._notify("actor_failed", self.actor_failures[actor_id])
-        elif kind == "event":
-            try:
-                detail = decode_payload(frames)
-            except Exception as exc:
-                detail = exc
-            self._notify(meta[1], (rank, detail))
-        elif kind == "supervision":
-            _, message = meta
-            self.fail(
-                MeshFailure(
-                    f"rank {rank} of {self.name!r} reported an unhandled failure: {message}",
+    def encode(self, message: Message, payload: Any = None) -> Encoded:
+        """Sign ``message`` with this generation's key (once, for any number of ranks)."""
+        return self.signer.encode(message, payload)
+
+    def note_failure(self, rank: int, cause: str) -> None:
+        self.rank_failures[rank] = cause
+        if self.events:
+            self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.FAILED, cause))
+
+    def on_worker_message(self, rank: int, message: Message, frames: list[Any]) -> None:
+        """A worker's message other than a call's reply (I/O thread)."""
+        match message:
+            case Hello(_, host):
+                self.workers[rank].host = host
+                self.ready_ranks.add(rank)
+                if self.events:
+                    self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.IDLE))
+                if len(self.ready_ranks) == len(self.shape) and isinstance(self.state, Starting):
+                    self.state = Running()
+                    self._all_ready.set()
+            case Heartbeat(sample, work, work_seconds):
+                worker = self.workers[rank]
+                worker.previous_heartbeat = worker.heartbeat
+                worker.heartbeat = (time.monotonic(), sample)
+                worker.work, worker.work_seconds = work, work_seconds
+                if self.events:
+                    self.events.emit(ev.Heartbeat(self.name, rank, sample, work, work_seconds))
+            case BroadcastFailure(actor_id, label, failure):
+                actor, _, endpoint = label.partition(".")
+                error = RemoteError([failure], actor=actor, endpoint=endpoint)
+                self.actor_failures[actor_id] = MeshFailure(
+                    f"broadcast of {label} failed on rank {rank}, so this actor mesh is failed; "
+                    f"spawn it again: {error}",
                     ranks=(rank,),
-                    cause=message,
+                    cause=error,
                 )
-            )
+                _log.error("monarch_nb: %s", self.actor_failures[actor_id])
+                self.note_failure(rank, f"{failure.type_name}: {failure.message}")
+                if self.events:
+                    self.events.emit(
+                        ev.RankFailed(
+                            self.name,
+                            rank,
+                            f"{failure.type_name}: {failure.message}",
+                            traceback=failure.traceback,
+                            label=label,
+                        )
+                    )
+            case Display():
+                try:
+                    payload = decode_payload(frames)
+                except Exception as exc:
+                    payload = {"data": {"text/plain": f"<display failed: {exc!r}>"}}
+                if self.events and isinstance(payload, dict):
+                    data, metadata = payload.get("data"), payload.get("metadata") or {}
+                    if isinstance(data, dict) and isinstance(metadata, dict):
+                        self.events.emit(ev.DisplayData(self.name, rank, data, metadata))
+            case StatusReply():
+                self._on_status_reply(rank, message)
+            case Supervision(text):
+                self.fail(
+                    MeshFailure(
+                        f"rank {rank} of {self.name!r} reported an unhandled failure: {text}",
+                        ranks=(rank,),
+                        cause=text,
+                    )
+                )
+            case ProtocolError(detail):
+                _log.error("monarch_nb: rank %d of %r: %s", rank, self.name, detail)
+            case _:
+                _log.error(
+                    "monarch_nb: rank %d of %r sent %s, which a controller does not handle",
+                    rank,
+                    self.name,
+                    type(message).__name__,
+                )
 
     def _on_output(self, worker: WorkerProcess, stream: str, pipe: Any) -> None:
         try:
@@ -302,13 +379,12 @@ class ProcGroup:
 
     def _emit(self, worker: WorkerProcess, stream: str, raw: bytes, end: str = "\n") -> None:
         line = raw.decode(errors="replace").rstrip("\r")
-        if stream == "stderr" and end == "\n":
-            worker.stderr_tail.append(line)
-        output = WorkerOutput(worker.rank, stream, line, self.name, end)
-        try:
-            self.controller.output_handler(output)
-        except Exception:
-            _log.exception("monarch_nb: the output handler failed")
+        output = ev.Output(self.name, worker.rank, stream, line, end)
+        if end == "\n":
+            worker.output_tail.append(output)
+            if stream == "stderr":
+                worker.stderr_tail.append(line)
+        self.events.emit(output)
 
     def _drain(self, worker: WorkerProcess) -> None:
         for name, pipe in (("stdout", worker.popen.stdout), ("stderr", worker.popen.stderr)):
@@ -325,8 +401,11 @@ class ProcGroup:
         worker.pidfd = -1
         worker.returncode = worker.popen.wait()
         self._drain(worker)
-        self._notify("worker_exited", worker)
-        if isinstance(self.state, Stopped | Failed) or worker.identity not in self._identities():
+        if worker.identity not in self._identities():
+            return  # a process of an earlier generation
+        if self.events:
+            self._emit_exit(worker)
+        if isinstance(self.state, Stopped | Failed):
             return
         running = self.controller.calls_waiting_on(self, worker.rank)
         what = f" while running {', '.join(running)}" if running else ""
@@ -345,6 +424,17 @@ class ProcGroup:
             )
         )
 
+    def _emit_exit(self, worker: WorkerProcess) -> None:
+        assert worker.returncode is not None
+        stopping = isinstance(self.state, Stopped)
+        state = ev.RankState.STOPPED if stopping else ev.RankState.DEAD
+        cause = describe_exit(worker.returncode)
+        if not stopping:
+            self.events.emit(
+                ev.RankFailed(self.name, worker.rank, cause, returncode=worker.returncode)
+            )
+        self.events.emit(ev.RankStateChanged(self.name, worker.rank, state, cause))
+
     def _identities(self) -> set[bytes]:
         return {w.identity for w in self.workers}
 
@@ -356,7 +446,7 @@ class ProcGroup:
         self._all_ready.set()
         if not failed_calls:
             _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
-        self._notify("mesh_failed", error)
+        self.events.emit(ev.MeshFailed(self.name, error))
         _context.report_child_failure(self.owner, error)
 
     # -- stopping ---------------------------------------------------------------------
@@ -366,7 +456,7 @@ class ProcGroup:
         if isinstance(self.state, Stopped):
             return
         workers = self.workers
-        message = self.signer.encode(("shutdown",))
+        message = self.signer.encode(Shutdown())
         live = tuple(w.rank for w in workers if w.returncode is None)
 
         self.controller.send(self, live, message, even_if_failed=True)
@@ -421,17 +511,132 @@ class ProcGroup:
         self.kill()
         self.start()
 
-    # -- observation ------------------------------------------------------------------
+    # -- control and observation (any thread) ---------------------------------------
 
-    def add_listener(self, listener: Callable[[str, Any], None]) -> None:
-        self._listeners.append(listener)
+    def interrupt(self, ranks: Iterable[int]) -> None:
+        """KeyboardInterrupt in the user code running on ``ranks`` (through their wire
+        threads, so it works on any host and while the rank is busy)."""
+        live = tuple(r for r in ranks if self.workers[r].returncode is None)
+        if live:
+            self.controller.send(self, live, self.signer.encode(Interrupt()))
 
-    def _notify(self, event: str, detail: Any) -> None:
-        for listener in self._listeners:
-            try:
-                listener(event, detail)
-            except Exception:
-                _log.exception("monarch_nb: an event listener failed")
+    def kill_ranks(self, ranks: Iterable[int]) -> None:
+        """SIGKILL ``ranks`` (a rank stuck in C ignores interrupts); the mesh fails."""
+        for rank in ranks:
+            worker = self.workers[rank]
+            if worker.returncode is None:
+                try:
+                    os.kill(worker.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def query(self, ranks: tuple[int, ...]) -> Future[dict[int, StatusReply]]:
+        """Ask ``ranks`` what their main thread runs, with its stack (answered by the
+        wire thread, busy or not)."""
+        future: Future[dict[int, StatusReply]] = Future()
+        live = tuple(r for r in ranks if self.workers[r].returncode is None)
+        if not live:
+            future.set_result({})
+            return future
+        query_id = next(self._query_ids)
+        self._queries[query_id] = (future, {}, len(live))
+        self.controller.send(self, live, self.signer.encode(StatusQuery(query_id)))
+        return future
+
+    def _on_status_reply(self, rank: int, reply: StatusReply) -> None:
+        entry = self._queries.get(reply.query_id)
+        if entry is None:
+            return
+        future, replies, expected = entry
+        replies[rank] = reply
+        if len(replies) == expected:
+            del self._queries[reply.query_id]
+            future.set_result(replies)
+
+    def status(self, ranks: tuple[int, ...]) -> MeshStatus:
+        """A snapshot of ``ranks`` (any thread; see :mod:`._status`)."""
+        now = time.monotonic()
+        load = self.controller.outstanding
+        mesh_state, failure = self._mesh_state()
+        rows = []
+        for rank in ranks:
+            worker = self.workers[rank] if rank < len(self.workers) else None
+            if worker is None:
+                continue
+            rows.append(self._rank_status(rank, worker, mesh_state, load, now))
+        return MeshStatus(
+            self.name,
+            mesh_state,
+            failure,
+            self.shape,
+            tuple(rows),
+            self.controller.stats.snapshot(),
+            time.time(),
+        )
+
+    def _mesh_state(self) -> tuple[MeshState, str | None]:
+        match self.state:
+            case Starting():
+                return MeshState.STARTING, None
+            case Running():
+                return MeshState.RUNNING, None
+            case Failed(error):
+                return MeshState.FAILED, str(error)
+            case Stopped():
+                return MeshState.STOPPED, None
+        raise AssertionError(self.state)
+
+    def _rank_status(
+        self, rank: int, worker: WorkerProcess, mesh_state: MeshState, load: Any, now: float
+    ) -> RankStatus:
+        busy = load.get((self.id, rank), 0) > 0
+        failure = self.rank_failures.get(rank)
+        if worker.returncode is not None:
+            state = ev.RankState.STOPPED if mesh_state is MeshState.STOPPED else ev.RankState.DEAD
+            failure = failure or describe_exit(worker.returncode)
+        elif mesh_state is MeshState.STOPPED:
+            state = ev.RankState.STOPPED
+        elif rank not in self.ready_ranks:
+            state = ev.RankState.STARTING
+        elif busy:
+            state = ev.RankState.BUSY
+        elif failure is not None:
+            state = ev.RankState.FAILED
+        else:
+            state = ev.RankState.IDLE
+        beat, before = worker.heartbeat, worker.previous_heartbeat
+        sample = beat[1] if beat else None
+        cpu = None
+        if beat and before and beat[0] > before[0]:
+            cpu = 100.0 * (beat[1].cpu_seconds - before[1].cpu_seconds) / (beat[0] - before[0])
+        work, work_seconds = "", 0.0
+        if state is ev.RankState.BUSY:
+            if beat and worker.work:  # the rank's own word, aged by the time since it said it
+                work, work_seconds = worker.work, worker.work_seconds + (now - beat[0])
+            else:
+                waiting = self.controller.calls_waiting_on(self, rank)
+                work = waiting[0] if waiting else "call"
+        return RankStatus(
+            rank=rank,
+            point=self.shape.point_of_rank(rank),
+            host=worker.host,
+            pid=worker.pid,
+            state=state,
+            work=work,
+            work_seconds=work_seconds,
+            cpu_percent=cpu,
+            rss_bytes=sample.rss_bytes if sample else None,
+            gpu_memory_allocated=sample.gpu_memory_allocated if sample else None,
+            gpu_memory_reserved=sample.gpu_memory_reserved if sample else None,
+            gpu_utilization=sample.gpu_utilization if sample else None,
+            heartbeat_age=(now - beat[0]) if beat else None,
+            returncode=worker.returncode,
+            failure=failure,
+        )
+
+    def output_tail(self, rank: int) -> list[ev.Output]:
+        """The last lines ``rank`` wrote (up to ``OUTPUT_TAIL_LINES``), oldest first."""
+        return list(self.workers[rank].output_tail)
 
 
 def check_gpus(count: int) -> None:

@@ -1,11 +1,10 @@
-"""The worker process: runs actors on its main thread, answers the controller.
+"""The worker process: runs actors and cells on its main thread, one message at a time.
 
 Started as ``python -m monarch_nb.worker`` with its bootstrap (address,
-identity, signing key, rank) as one JSON line on stdin. The main thread owns
-the DEALER socket and handles one message at a time, so calls to an actor run
-in the order they were sent and a reply goes out without a thread hop. A
-daemon thread watches the controller: if it goes away the worker exits at
-once, even while user code is busy, so no worker outlives its controller.
+identity, signing key, rank) as one JSON line on stdin. The wire thread
+(:mod:`._wire_thread`) receives every message and hands work here through a
+queue, so calls to an actor run in the order they were sent; replies go out
+from this thread directly.
 """
 
 from __future__ import annotations
@@ -14,27 +13,44 @@ import dataclasses
 import inspect
 import json
 import os
+import queue
 import signal
+import socket
 import sys
-import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from . import _context
-from ._context import Context
-from ._errors import MeshFailure, RemoteFailure
-from ._shape import Shape
-from ._wire import Signer, WireStats, decode_payload, receive
+from .._common import _context
+from .._common._context import Context
+from .._common._errors import MeshFailure, RemoteFailure
+from .._common._messages import (
+    BroadcastFailure,
+    Call,
+    Failure,
+    Hello,
+    Message,
+    ProtocolError,
+    Pull,
+    Push,
+    RunCell,
+    Shutdown,
+    Spawn,
+    StopActor,
+    Supervision,
+    Value,
+)
+from .._common._shape import Shape
+from .._common._wire import Signer, WireStats, decode_payload
+from ._wire_thread import WireThread
 
-_WATCH_INTERVAL_S = 0.2
+DEFAULT_HEARTBEAT_S = 1.0
 # Frames of these files sit between the wire and user code: noise in a traceback.
 _DISPATCH_FILES = frozenset(
-    os.path.join(os.path.dirname(__file__), name) for name in ("_worker.py", "_cells.py")
+    os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
 )
 
 
@@ -47,41 +63,60 @@ class _LiveActor:
         self.label = type(instance).__name__
 
 
+class _Failed:
+    """Stands in for a payload that could not be unpickled (already reported)."""
+
+
+_FAILED = _Failed()
+
+
 class Worker:
-    """One worker's message loop (main thread)."""
+    """One worker's main thread: the work loop and the actors it runs."""
 
     def __init__(self, boot: dict[str, Any]) -> None:
         self.rank: int = boot["rank"]
         labels, sizes = boot["shape"]
         self.shape = Shape.from_sizes(dict(zip(labels, sizes, strict=False)))
         self.mesh_name: str = boot["mesh"]
-        self.signer = Signer(bytes.fromhex(boot["key"]), WireStats())
-        self.last_sequence = 0
         self.zmq = zmq.Context()
-        self.socket = self.zmq.socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.IDENTITY, boot["identity"].encode())
-        self.socket.setsockopt(zmq.LINGER, 2000)
-        self.socket.setsockopt(zmq.SNDHWM, 0)
-        self.socket.setsockopt(zmq.RCVHWM, 0)
-        self.socket.connect(boot["address"])
+        sock = self.zmq.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, boot["identity"].encode())
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(boot["address"])
+        self.socket = sock
+        self.signer = Signer(bytes.fromhex(boot["key"]), WireStats())
+        self._inbox: queue.SimpleQueue[tuple[Message, list[Any]] | Callable[[], None]] = (
+            queue.SimpleQueue()
+        )
+        self.wire = WireThread(
+            sock,
+            self.signer,
+            deliver=lambda message, frames: self._inbox.put((message, frames)),
+            busy=self.busy,
+            controller_pid=boot["controller_pid"],
+            heartbeat_s=float(boot.get("heartbeat_s", DEFAULT_HEARTBEAT_S)),
+        )
+        self.send = self.wire.send
         self.actors: dict[int, _LiveActor] = {}
-        self._posted: deque[Callable[[], None]] = deque()
-        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._loop: Any = None  # an asyncio loop, made for the first async endpoint
-        self.namespace: Any = None  # a _cells.RankNamespace once a cell runs
+        self.namespace: Any = None  # a _namespace.RankNamespace once a cell runs
         self._in_user_code = False
+        self._work = ""  # what the main thread runs now, for heartbeats and status
+        self._work_since = 0.0
         signal.signal(signal.SIGINT, self._on_sigint)
         _context.set_supervision_hook(self._on_child_failure)
 
-    # -- sending ------------------------------------------------------------------
+    # -- what the main thread is doing (read by the wire thread) ----------------------
 
-    def send(self, meta: tuple, payload: Any = None) -> None:
-        message = self.signer.encode(meta, payload, by_value=False)
-        message.send(self.socket)
+    def busy(self) -> tuple[str, float]:
+        work = self._work
+        return (work, time.monotonic() - self._work_since) if work else ("", 0.0)
 
-    def reply_value(self, call_id: int, label: str, value: Any) -> None:
+    def reply_value(self, call_id: int, value: Any) -> None:
         try:
-            message = self.signer.encode(("value", call_id), value, by_value=False)
+            message = self.signer.encode(Value(call_id), value, by_value=False)
         except Exception as exc:
             failure = RemoteFailure(
                 self.rank,
@@ -89,9 +124,9 @@ class Worker:
                 f"the return value ({type(value).__name__}) cannot be pickled: {exc}",
                 "",
             )
-            self.send(("failure", call_id, failure, True))
+            self.send(Failure(call_id, failure, True))
             return
-        message.send(self.socket)
+        self.wire.send_encoded(message)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         # An interrupt is meant for user code. Raised anywhere else (between
@@ -99,54 +134,48 @@ class Worker:
         if self._in_user_code:
             raise KeyboardInterrupt
 
-    def user_code(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn()`` with interrupts enabled (main thread)."""
+    def user_code(self, label: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` with interrupts enabled (main thread), labelled for status."""
+        self._work, self._work_since = label, time.monotonic()
         self._in_user_code = True
         try:
             return fn()
         finally:
             self._in_user_code = False
+            self._work = ""
 
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
-        self._posted.append(task)
-        os.eventfd_write(self._wake_fd, 1)
+        self._inbox.put(task)
 
     # -- the loop -------------------------------------------------------------------
 
     def run(self) -> None:
-        self.send(("hello", os.getpid()))
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
-        poller.register(self._wake_fd, zmq.POLLIN)
-        wake_fd = self._wake_fd
+        self.wire.start()
+        self.send(Hello(os.getpid(), socket.gethostname()))
+        inbox = self._inbox
         while True:
-            for item, _ in poller.poll():
-                if item == wake_fd:
-                    os.eventfd_read(wake_fd)
-            while self._posted:
-                self._posted.popleft()()
-            while (frames := receive(self.socket)) is not None:
-                if not self.handle(frames):
-                    return
+            item = inbox.get()
+            if callable(item):
+                item()
+            elif not self.handle(*item):
+                return
 
-    def handle(self, frames: list[Any]) -> bool:
-        """Handle one message; False means shut down."""
-        checked = self.signer.verify(frames, self.last_sequence)
-        if checked is None:
-            return True
-        self.last_sequence, meta = checked
-        kind = meta[0]
-        if kind == "call":
-            self.on_call(meta, frames)
-        elif kind == "spawn":
-            self.on_spawn(meta, frames)
-        elif kind in ("exec", "push", "pull"):
-            self.on_cell(meta, frames)
-        elif kind == "stop_actor":
-            self.actors.pop(meta[1], None)
-        elif kind == "shutdown":
-            return False
+    def handle(self, message: Message, frames: list[Any]) -> bool:
+        """Handle one work message; False means shut down."""
+        match message:
+            case Call():
+                self.on_call(message, frames)
+            case Spawn():
+                self.on_spawn(message, frames)
+            case RunCell() | Push() | Pull():
+                self.on_cell(message, frames)
+            case StopActor(actor_id):
+                self.actors.pop(actor_id, None)
+            case Shutdown():
+                return False
+            case _:
+                self.send(ProtocolError(f"a worker does not handle {type(message).__name__}"))
         return True
 
     def _decode_or_fail(self, call_id: int, reply: bool, label: str, frames: list[Any]) -> Any:
@@ -163,27 +192,34 @@ class Worker:
             self._report(call_id, reply, 0, label, failure, serialization=True)
             return _FAILED
 
-    def on_spawn(self, meta: tuple, frames: list[Any]) -> None:
-        _, call_id, actor_id, name, labels, sizes, ranks = meta
+    def on_spawn(self, message: Spawn, frames: list[Any]) -> None:
+        call_id, name = message.call_id, message.name
         decoded = self._decode_or_fail(call_id, True, f"spawn of {name!r}", frames)
         if decoded is _FAILED:
             return
         cls, args, kwargs = decoded
-        shape = Shape(labels, sizes, ranks)
+        shape = Shape(message.labels, message.sizes, message.ranks)
         ctx = Context(shape.point_of_rank(self.rank), len(shape), self.mesh_name, name)
         previous = _context.set_current(ctx)
         try:
-            instance = self.user_code(lambda: cls(*args, **kwargs))
+            instance = self.user_code(f"spawn {name!r}", lambda: cls(*args, **kwargs))
         except BaseException as exc:
-            self.send(("failure", call_id, self.failure_of(exc), False))
+            self.send(Failure(call_id, self.failure_of(exc), False))
             return
         finally:
             _context.set_current(previous)
-        self.actors[actor_id] = _LiveActor(instance, dataclasses.replace(ctx, actor=instance))
-        self.send(("value", call_id))
+        self.actors[message.actor_id] = _LiveActor(
+            instance, dataclasses.replace(ctx, actor=instance)
+        )
+        self.send(Value(call_id))
 
-    def on_call(self, meta: tuple, frames: list[Any]) -> None:
-        _, call_id, actor_id, endpoint, reply = meta
+    def on_call(self, message: Call, frames: list[Any]) -> None:
+        call_id, actor_id, endpoint, reply = (
+            message.call_id,
+            message.actor_id,
+            message.endpoint,
+            message.reply,
+        )
         live = self.actors.get(actor_id)
         label = f"{live.label if live else 'actor'}.{endpoint}"
         decoded = self._decode_or_fail(call_id, reply, label, frames)
@@ -197,14 +233,14 @@ class Worker:
         previous = _context.set_current(live.context)
         try:
             method = getattr(live.instance, endpoint)
-            result = self.user_code(lambda: self._call_maybe_async(method, args, kwargs))
+            result = self.user_code(label, lambda: self._call_maybe_async(method, args, kwargs))
         except BaseException as exc:
             self._report(call_id, reply, actor_id, label, self.failure_of(exc))
             return
         finally:
             _context.set_current(previous)
         if reply:
-            self.reply_value(call_id, label, result)
+            self.reply_value(call_id, result)
 
     def _report(
         self,
@@ -217,42 +253,46 @@ class Worker:
         serialization: bool = False,
     ) -> None:
         if reply:
-            self.send(("failure", call_id, failure, serialization))
+            self.send(Failure(call_id, failure, serialization))
         else:  # a broadcast has no caller: supervision takes it
-            self.send(("broadcast_failure", actor_id, label, failure))
+            self.send(BroadcastFailure(actor_id, label, failure))
 
-    def on_cell(self, meta: tuple, frames: list[Any]) -> None:
-        kind, call_id = meta[0], meta[1]
-        label = f"{kind} {meta[2]}" if len(meta) > 2 else kind
+    def on_cell(self, message: RunCell | Push | Pull, frames: list[Any]) -> None:
+        call_id = message.call_id
+        match message:
+            case RunCell(_, filename):
+                label = filename
+            case Pull(_, name):
+                label = f"pull {name!r}"
+            case _:
+                label = "push"
         decoded = self._decode_or_fail(call_id, True, label, frames)
         if decoded is _FAILED:
             return
         if self.namespace is None:
-            from ._cells import RankNamespace
+            from ._namespace import RankNamespace
 
             self.namespace = RankNamespace(self)
         ns = self.namespace
         previous = _context.set_current(ns.context)
         try:
-            if kind == "exec":
-                result = self.user_code(
-                    lambda: self._call_maybe_async(ns.execute, (meta[2], decoded), {})
-                )
-            elif kind == "push":
-                ns.globals.update(decoded)
-                result = None
-            else:
-                result = ns.pull(meta[2])
+            match message:
+                case RunCell(_, filename):
+                    result = self.user_code(
+                        filename,
+                        lambda: self._call_maybe_async(ns.execute, (filename, decoded), {}),
+                    )
+                case Push():
+                    ns.globals.update(decoded)
+                    result = None
+                case Pull(_, name):
+                    result = ns.pull(name)
         except BaseException as exc:
-            self.send(("failure", call_id, self.failure_of(exc), False))
+            self.send(Failure(call_id, self.failure_of(exc), False))
             return
         finally:
             _context.set_current(previous)
-        self.reply_value(call_id, label, result)
-
-    def send_event(self, kind: str, detail: Any) -> None:
-        """Tell the controller's listeners something (rich display, progress)."""
-        self.send(("event", kind), detail)
+        self.reply_value(call_id, result)
 
     def _call_maybe_async(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         result = fn(*args, **kwargs)
@@ -287,18 +327,7 @@ class Worker:
             handled = False
             why = f"its __supervise__ raised {type(exc).__name__}: {exc}"
         if not handled:
-            self.send(("supervision", f"{type(owner).__name__} did not handle ({why}): {error}"))
-
-
-_FAILED = object()
-
-
-def _watch_controller(controller_pid: int) -> None:
-    # The controller is our parent: if it dies we are re-parented, and go too.
-    while True:
-        if os.getppid() != controller_pid:
-            os._exit(70)
-        time.sleep(_WATCH_INTERVAL_S)
+            self.send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
 
 
 def main() -> None:
@@ -306,14 +335,13 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
-    threading.Thread(
-        target=_watch_controller, args=(boot["controller_pid"],), name="watch", daemon=True
-    ).start()
     worker = Worker(boot)
     try:
         worker.run()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        worker.socket.close()
+        worker.wire.stop()
+        with worker.wire.lock:
+            worker.socket.close()
         os._exit(0)

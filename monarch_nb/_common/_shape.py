@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
 from ._errors import MeshUsageError, format_ranks
+from ._public import publish
 
 Selector = int | slice | Sequence[int]
 
@@ -220,3 +221,6 @@ def _resolve(label: str, size: int, sel: Selector) -> list[int]:
     if not chosen:
         raise MeshUsageError(f"slicing {label}={sel!r} selects no points")
     return chosen
+
+
+publish(globals())

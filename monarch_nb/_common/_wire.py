@@ -4,16 +4,18 @@ A message is one *envelope* frame, then one frame per out-of-band buffer::
 
     envelope = signature(32) | sequence(8) | meta length(4) | meta | payload
 
-- ``meta`` is a small pickle of plain types (what to do, call id, names), so a
-  receiver can always answer "which call failed" even if the payload cannot be
-  unpickled;
+- ``meta`` is a small pickle of a :mod:`._messages` message as a plain tuple
+  (what to do, call id, names), so a receiver can always answer "which call
+  failed" even if the payload cannot be unpickled;
 - ``payload`` is the (cloud)pickle of the arguments or value; the buffer
   frames are its out-of-band buffers (tensors, arrays, large bytes);
 - ``signature`` is HMAC-SHA256 over the rest of the envelope and every buffer
   frame, each buffer prefixed by its length so frame boundaries cannot be
-  shifted; ``sequence`` is the sender's message counter and must grow per
-  sender, which stops replays. A buffer of 8 MiB or more enters the HMAC as
-  the SHA-256 digests of its 2 MiB chunks, hashed on a small thread pool
+  shifted; ``sequence`` is the sender's message counter: a receiver accepts
+  each number once (:class:`ReplayWindow`), which stops replays. Two threads
+  of one sender may encode in one order and send in the other, so numbers
+  are accepted out of order within a window, never twice. A buffer of 8 MiB
+  or more enters the HMAC as the SHA-256 digests of its 2 MiB chunks, hashed on a small thread pool
   (hashlib releases the GIL): as strong, since SHA-256 is collision
   resistant, and it uses every core on big tensors.
 
@@ -45,6 +47,7 @@ from typing import Any
 
 import zmq
 
+from ._messages import Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps, loads
 
 KEY_BYTES = 32
@@ -97,6 +100,7 @@ class WireStats:
     dropped_bad_signature: int = 0  # signature did not match the key
     dropped_replayed: int = 0  # signature fine but sequence number not fresh
     dropped_unknown_peer: int = 0  # identity not of any mesh we run
+    unknown_messages: int = 0  # signed by a peer, but of a kind we do not know (reported)
     bytes_in_band: int = 0  # pickle bytes encoded
     bytes_out_of_band: int = 0  # buffer bytes encoded as their own frames
 
@@ -162,9 +166,9 @@ class Signer:
                 mac.update(view)
         return mac.digest()
 
-    def encode(self, meta: tuple, payload: Any = None, *, by_value: bool = True) -> Encoded:
+    def encode(self, message: Message, payload: Any = None, *, by_value: bool = True) -> Encoded:
         """Pickle and sign a message once; raises whatever pickling raises."""
-        meta_bytes = pickle.dumps(meta, protocol=5)
+        meta_bytes = pickle.dumps(to_wire(message), protocol=5)
         if payload is None:
             body, buffers = b"", []
         else:
@@ -185,10 +189,12 @@ class Signer:
         self.stats.bytes_out_of_band += oob
         return Encoded(frames, len(body) + oob)
 
-    def verify(self, frames: Sequence[Any], last_sequence: int) -> tuple[int, tuple] | None:
-        """Check signature and freshness; returns ``(sequence, meta)`` or None (counted).
+    def verify(self, frames: Sequence[Any], window: ReplayWindow) -> Message | None:
+        """Check signature and freshness; the message, or None (counted).
 
         ``frames`` are ``zmq.Frame`` objects or buffers, identity already removed.
+        Raises :class:`UnknownMessage` (counted) for a verified message of an
+        unknown kind: the caller reports it.
         """
         if not frames:
             self.stats.dropped_malformed += 1
@@ -208,11 +214,50 @@ class Signer:
             self.stats.dropped_bad_signature += 1
             return None
         number = int.from_bytes(envelope[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little")
-        if number <= last_sequence:
+        if not window.accept(number):
             self.stats.dropped_replayed += 1
             return None
         self.stats.received += 1
-        return number, pickle.loads(envelope[_PREFIX_BYTES:meta_end])
+        try:
+            meta = pickle.loads(envelope[_PREFIX_BYTES:meta_end])
+            return from_wire(meta)
+        except Exception as exc:
+            self.stats.unknown_messages += 1
+            if isinstance(exc, UnknownMessage):
+                raise
+            raise UnknownMessage(f"a signed message could not be read: {exc!r}") from exc
+
+
+# How far out of order a sender's sequence numbers may arrive (bits kept).
+REPLAY_WINDOW = 1024
+_WINDOW_MASK = (1 << REPLAY_WINDOW) - 1
+
+
+class ReplayWindow:
+    """The sequence numbers already accepted from one sender.
+
+    Each number is accepted once; a number more than ``REPLAY_WINDOW`` below
+    the highest seen is refused (too old to tell apart from a replay).
+    """
+
+    __slots__ = ("highest", "seen")
+
+    def __init__(self) -> None:
+        self.highest = 0
+        self.seen = 1  # bit i set: number ``highest - i`` was accepted
+
+    def accept(self, number: int) -> bool:
+        highest = self.highest
+        if number > highest:
+            shift = number - highest
+            self.seen = ((self.seen << shift) | 1) & _WINDOW_MASK if shift < REPLAY_WINDOW else 1
+            self.highest = number
+            return True
+        bit = 1 << (highest - number)
+        if highest - number >= REPLAY_WINDOW or self.seen & bit:
+            return False
+        self.seen |= bit
+        return True
 
 
 def decode_payload(frames: Sequence[Any]) -> Any:

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._public import publish
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -153,3 +155,6 @@ def failed(exc: BaseException) -> Future[Any]:
     fut: Future[Any] = Future()
     fut.set_exception(exc)
     return fut
+
+
+publish(globals())

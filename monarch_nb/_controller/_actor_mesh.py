@@ -1,4 +1,4 @@
-"""Actors, endpoints and the adverbs that call them across a mesh.
+"""Actor meshes, endpoints and the adverbs that call them across a mesh.
 
 ::
 
@@ -22,57 +22,23 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from ._calls import PendingCall, ReplyStream
-from ._errors import EndpointError, MeshFailure, MeshUsageError, SerializationError
-from ._future import Future, failed
-from ._shape import Selector, Shape
-from ._value_mesh import ValueMesh
+from .._common._actors import Actor, endpoint_names
+from .._common._errors import EndpointError, MeshFailure, MeshUsageError, SerializationError
+from .._common._future import Future, failed
+from .._common._messages import Call, StopActor
+from .._common._public import publish
+from .._common._shape import Selector, Shape
+from .._common._value_mesh import ValueMesh
+from ._calls import ReplyStream, send_call
 
 if TYPE_CHECKING:
-    from ._errors import MeshFailure as _MeshFailure
     from ._proc_mesh import ProcMesh
+    from ._process_group import ProcGroup
 
-P = ParamSpec("P")
 R = TypeVar("R")
-A = TypeVar("A", bound="Actor")
-
-_ENDPOINT_MARK = "_monarch_nb_endpoint"
-
-
-class Actor:
-    """Base class of actors: subclass it and mark methods with :func:`endpoint`.
-
-    An actor instance lives in a worker process, one per point of the mesh it
-    is spawned on. Calls to one actor run one at a time, in the order sent.
-
-    ``__supervise__(failure)`` is called on the actor (in its worker) when a
-    process mesh that this actor spawned fails. Return True to say "handled":
-    the child mesh stays failed, and nothing else happens. Return False (the
-    default) or raise, and the failure propagates: the process mesh this
-    actor lives in is marked failed, with the child's failure as the cause.
-    """
-
-    def __supervise__(self, failure: _MeshFailure) -> bool:
-        return False
-
-
-def endpoint(method: Callable[P, R]) -> Callable[P, R]:
-    """Mark an actor method (sync or ``async def``) as callable across the mesh.
-
-    Inside the actor the method stays an ordinary method.
-    """
-    setattr(method, _ENDPOINT_MARK, True)
-    return method
-
-
-def endpoint_names(cls: type) -> list[str]:
-    """Names of the endpoints a class defines, sorted."""
-    return sorted(
-        name for name in dir(cls) if getattr(getattr(cls, name, None), _ENDPOINT_MARK, False)
-    )
+A = TypeVar("A", bound=Actor)
 
 
 class ActorMesh(Generic[A]):
@@ -92,6 +58,7 @@ class ActorMesh(Generic[A]):
         generation: int,
     ) -> None:
         self._procs = procs
+        self._group: ProcGroup = procs._group
         self._shape = shape
         self._actor_id = actor_id
         self._name = name
@@ -147,14 +114,12 @@ class ActorMesh(Generic[A]):
 
     def stop(self) -> None:
         """Remove these actors from their processes (the processes keep running)."""
-        group = self._procs._group
+        group = self._group
         if self._generation == group.generation:
-            group.controller.send(
-                group, self._shape.ranks, group.signer.encode(("stop_actor", self._actor_id))
-            )
+            group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
 
     def _check_usable(self) -> MeshFailure | None:
-        group = self._procs._group
+        group = self._group
         if self._generation != group.generation:
             return MeshFailure(
                 f"actor mesh {self._name!r} was spawned before its process mesh restarted; "
@@ -216,7 +181,7 @@ class Endpoint(Generic[R]):
     def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
         """Call one actor of the mesh, the one with the fewest calls in flight."""
         shape = self._mesh._shape
-        group = self._mesh._procs._group
+        group = self._mesh._group
         load = group.controller.outstanding
         start = next(self._round_robin)
         n = len(shape.ranks)
@@ -236,45 +201,31 @@ class Endpoint(Generic[R]):
         """Call every actor without waiting. An exception it raises is not lost:
         it fails this actor mesh (supervision), is logged, and the next call raises it.
         """
-        error = self._mesh._check_usable()
-        if error is not None:
-            raise error
-        group = self._mesh._procs._group
-        meta = ("call", 0, self._mesh._actor_id, self._name, False)
-        message = self._encode(meta, args, kwargs)
-        group.controller.send(group, self._mesh._shape.ranks, message)
-
-    def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> PendingCall:
         mesh = self._mesh
-        group = mesh._procs._group
-        controller = group.controller
-        call = PendingCall(
-            controller.next_call_id(),
-            shape,
-            actor=mesh._cls_name,
-            endpoint=self._name,
-            collect=collect,
-        )
         error = mesh._check_usable()
         if error is not None:
-            call.fail(error)
-            return call
+            raise error
+        group = mesh._group
         try:
-            message = self._encode(
-                ("call", call.call_id, mesh._actor_id, self._name, True), args, kwargs
-            )
-        except SerializationError as exc:
-            call.fail(exc)  # type: ignore[arg-type]
-            return call
-        controller.send(group, shape.ranks, message, call)
-        return call
-
-    def _encode(self, meta: tuple, args: tuple, kwargs: dict) -> Any:
-        signer = self._mesh._procs._group.signer
-        try:
-            return signer.encode(meta, (args, kwargs))
+            message = group.encode(Call(0, mesh._actor_id, self._name, False), (args, kwargs))
         except Exception as exc:
             raise unpicklable_argument(self.label, args, kwargs, exc) from exc
+        group.controller.send(group, mesh._shape.ranks, message)
+
+    def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> Any:
+        mesh = self._mesh
+        actor_id, name = mesh._actor_id, self._name
+        return send_call(
+            mesh._group,
+            shape,
+            lambda call_id: Call(call_id, actor_id, name, True),
+            (args, kwargs),
+            actor=mesh._cls_name,
+            endpoint=name,
+            collect=collect,
+            check=mesh._check_usable,
+            encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
+        )
 
 
 def unpicklable_argument(
@@ -295,3 +246,6 @@ def unpicklable_argument(
                 type_name=type(value).__name__,
             )
     return SerializationError(f"the arguments of {label} cannot be pickled: {exc}")
+
+
+publish(globals())

@@ -7,12 +7,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from ._errors import MeshUsageError, format_ranks
+from ._fold import MAX_GROUPS_SHOWN, fold, more
+from ._public import publish
 from ._shape import Point, Shape
 
 T = TypeVar("T")
 
-# A repr lists at most this many distinct values, then "... and N more".
-_MAX_GROUPS_IN_REPR = 8
 _short_repr = reprlib.Repr()
 _short_repr.maxstring = 60
 _short_repr.maxother = 60
@@ -70,17 +70,19 @@ class ValueMesh(Generic[T]):
 
     def groups(self) -> list[tuple[tuple[int, ...], str]]:
         """Ranks grouped by the repr of their value, first-seen order."""
-        by_text: dict[str, list[int]] = {}
-        for rank, value in zip(self.shape.ranks, self._values, strict=False):
-            by_text.setdefault(_short_repr.repr(value), []).append(rank)
-        return [(tuple(ranks), text) for text, ranks in by_text.items()]
+        texts = (_short_repr.repr(value) for value in self._values)
+        return fold(zip(self.shape.ranks, texts, strict=True))
 
     def __repr__(self) -> str:
         groups = self.groups()
-        body = ", ".join(f"{format_ranks(r)}: {t}" for r, t in groups[:_MAX_GROUPS_IN_REPR])
-        if len(groups) > _MAX_GROUPS_IN_REPR:
-            body += f", ... and {len(groups) - _MAX_GROUPS_IN_REPR} more"
+        body = ", ".join(f"{format_ranks(r)}: {t}" for r, t in groups[:MAX_GROUPS_SHOWN])
+        tail = more(len(groups))
+        if tail:
+            body += f", {tail}"
         return f"ValueMesh({self.shape!r}) {{{body}}}"
 
     def __reduce__(self):
         return (ValueMesh, (self.shape, self._values))
+
+
+publish(globals())

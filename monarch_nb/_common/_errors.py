@@ -11,6 +11,7 @@
      ├── SerializationError   a value could not be pickled or unpickled (names rank and type)
      ├── EndpointError        the thing called is not an endpoint (lists the endpoints)
      ├── CallTimeout          ranks did not reply in time (names them); also a TimeoutError
+     ├── CallCancelled        the caller cancelled the call's future
      └── MeshUsageError       wrong use of the API (bad slice, call_one on many points, ...)
 
 Remote errors keep the remote traceback as text with real source lines and
@@ -23,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# How many distinct tracebacks a grouped error shows before "... and N more".
-_MAX_GROUPS_SHOWN = 4
+from ._fold import MAX_GROUPS_SHOWN, fold, more
+from ._public import publish
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -100,17 +101,14 @@ class RemoteError(MonarchNbError):
 
     def groups(self) -> list[tuple[tuple[int, ...], RemoteFailure]]:
         """Failures grouped by identical traceback: ``[(ranks, failure), ...]``."""
-        by_text: dict[str, list[RemoteFailure]] = {}
-        for failure in self.failures:
-            by_text.setdefault(failure.traceback, []).append(failure)
-        return [(tuple(f.rank for f in fs), fs[0]) for fs in by_text.values()]
+        return fold(((f.rank, f) for f in self.failures), key=lambda f: f.traceback)
 
     def _summary(self) -> str:
         head = ", ".join(
             f"ranks {format_ranks(ranks)}: {f.type_name}: {f.message}"
             if len(ranks) > 1
             else f"rank {ranks[0]}: {f.type_name}: {f.message}"
-            for ranks, f in self.groups()[:_MAX_GROUPS_SHOWN]
+            for ranks, f in self.groups()[:MAX_GROUPS_SHOWN]
         )
         return f"{self.target} failed on {head}"
 
@@ -118,13 +116,14 @@ class RemoteError(MonarchNbError):
         """Full text: each distinct remote traceback once, labelled by rank set."""
         lines = [f"{self.what} {self.target} failed on rank(s) {format_ranks(self.ranks)}"]
         groups = self.groups()
-        for ranks, failure in groups[:_MAX_GROUPS_SHOWN]:
+        for ranks, failure in groups[:MAX_GROUPS_SHOWN]:
             lines.append(
                 f"--- Traceback of where the remote call failed (rank {format_ranks(ranks)}):"
             )
             lines.append(failure.traceback.rstrip())
-        if len(groups) > _MAX_GROUPS_SHOWN:
-            lines.append(f"... and {len(groups) - _MAX_GROUPS_SHOWN} more distinct tracebacks")
+        tail = more(len(groups), what="more distinct tracebacks")
+        if tail:
+            lines.append(tail)
         return "\n".join(lines)
 
     def _render_traceback_(self) -> list[str]:
@@ -178,19 +177,12 @@ class CallTimeout(MonarchNbError, TimeoutError):
         self.ranks = tuple(ranks)
 
 
-# Errors show up in tracebacks, often before anyone touched monarch_nb.X
-# (which is what renames the other public names): name them publicly here.
-for _error in (
-    MonarchNbError,
-    MeshUsageError,
-    EndpointError,
-    SerializationError,
-    RemoteFailure,
-    RemoteError,
-    SpawnError,
-    CellError,
-    MeshFailure,
-    CallTimeout,
-):
-    _error.__module__ = "monarch_nb"
-del _error
+class CallCancelled(MonarchNbError):
+    """The call's future was cancelled; ``.ranks`` had not replied by then."""
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = ()):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+publish(globals())

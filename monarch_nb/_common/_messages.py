@@ -1,0 +1,270 @@
+"""Every message the controller and a worker exchange, one frozen dataclass each.
+
+On the wire a message is its ``TAG`` followed by its fields, a plain tuple
+(the ``meta`` of :mod:`._wire`); a payload (arguments, a return value, a
+cell's source) travels beside it, pickled separately, so the receiver can
+always tell which call a message belongs to even when the payload cannot be
+unpickled. Receivers turn the tuple back into its class with
+:func:`from_wire` and handle it with ``match``. An unknown tag raises
+:class:`UnknownMessage`, which receivers count and report: nothing is
+dropped silently.
+
+Adding a kind is one dataclass here (a new ``TAG``) and one ``case`` where it
+is handled.
+
+Controller -> worker::
+
+    Spawn, Call, RunCell, Push, Pull   work, run in order on the main thread
+    StopActor, Shutdown                work too (ordered after the calls before them)
+    Interrupt, StatusQuery             control, answered by the wire thread at once
+
+Worker -> controller::
+
+    Hello, Value, Failure, BroadcastFailure, Display, Supervision,
+    Heartbeat (with a ResourceSample), StatusReply, ProtocolError
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any, ClassVar
+
+from ._errors import RemoteFailure
+
+
+class UnknownMessage(ValueError):
+    """A verified message whose tag or field count no receiver knows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    TAG: ClassVar[int] = -1
+
+
+_BY_TAG: dict[int, tuple[type[Message], int]] = {}
+_FIELDS: dict[type[Message], Any] = {}
+
+
+def _message(cls: type[Message]) -> type[Message]:
+    if cls.TAG in _BY_TAG:
+        raise AssertionError(f"message tag {cls.TAG} is used twice")
+    names = [f.name for f in fields(cls)]
+    _BY_TAG[cls.TAG] = (cls, len(names))
+    if not names:
+        _FIELDS[cls] = lambda _msg: ()
+    elif len(names) == 1:
+        one = attrgetter(names[0])
+        _FIELDS[cls] = lambda msg: (one(msg),)
+    else:
+        _FIELDS[cls] = attrgetter(*names)
+    return cls
+
+
+def to_wire(message: Message) -> tuple[Any, ...]:
+    """``(TAG, field, ...)``: what :mod:`._wire` pickles as the meta."""
+    return (message.TAG, *_FIELDS[type(message)](message))
+
+
+def from_wire(meta: Any) -> Message:
+    """The message a verified meta tuple stands for; raises :class:`UnknownMessage`."""
+    if not isinstance(meta, tuple) or not meta:
+        raise UnknownMessage(f"a message must be a non-empty tuple, got {type(meta).__name__}")
+    known = _BY_TAG.get(meta[0])
+    if known is None:
+        raise UnknownMessage(f"unknown message tag {meta[0]!r}")
+    cls, count = known
+    if len(meta) - 1 != count:
+        raise UnknownMessage(f"{cls.__name__} has {count} fields, got {len(meta) - 1}")
+    return cls(*meta[1:])
+
+
+# -- controller -> worker: work, run in order on the worker's main thread ------------
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Spawn(Message):
+    """Construct an actor (payload: ``(cls, args, kwargs)``)."""
+
+    TAG: ClassVar[int] = 1
+    call_id: int
+    actor_id: int
+    name: str
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Call(Message):
+    """Call an endpoint (payload: ``(args, kwargs)``); ``reply`` False for a broadcast."""
+
+    TAG: ClassVar[int] = 2
+    call_id: int
+    actor_id: int
+    endpoint: str
+    reply: bool
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class RunCell(Message):
+    """Run a code cell in the rank's namespace (payload: the source)."""
+
+    TAG: ClassVar[int] = 3
+    call_id: int
+    filename: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Push(Message):
+    """Set names in the rank's namespace (payload: a dict)."""
+
+    TAG: ClassVar[int] = 4
+    call_id: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Pull(Message):
+    """Reply with one name of the rank's namespace."""
+
+    TAG: ClassVar[int] = 5
+    call_id: int
+    name: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class StopActor(Message):
+    TAG: ClassVar[int] = 6
+    actor_id: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Shutdown(Message):
+    TAG: ClassVar[int] = 7
+
+
+# -- controller -> worker: control, handled on the worker's wire thread at once -------
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Interrupt(Message):
+    """KeyboardInterrupt in the user code running on the rank (if any)."""
+
+    TAG: ClassVar[int] = 20
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class StatusQuery(Message):
+    """Ask what the main thread is doing, with its Python stack."""
+
+    TAG: ClassVar[int] = 21
+    query_id: int
+
+
+# -- worker -> controller -------------------------------------------------------------
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Hello(Message):
+    TAG: ClassVar[int] = 40
+    pid: int
+    host: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Value(Message):
+    """A call's result (payload: the value; none for a spawn)."""
+
+    TAG: ClassVar[int] = 41
+    call_id: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Failure(Message):
+    """A call raised (or its value or arguments could not cross the wire)."""
+
+    TAG: ClassVar[int] = 42
+    call_id: int
+    failure: RemoteFailure
+    serialization: bool
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class BroadcastFailure(Message):
+    """A broadcast raised: nobody waits for it, so supervision takes it."""
+
+    TAG: ClassVar[int] = 43
+    actor_id: int
+    label: str
+    failure: RemoteFailure
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Display(Message):
+    """Rich output of ``display()`` on a rank (payload: ``{"data", "metadata"}``)."""
+
+    TAG: ClassVar[int] = 44
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Supervision(Message):
+    """An actor did not handle the failure of a mesh it spawned."""
+
+    TAG: ClassVar[int] = 45
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSample:
+    """What a rank uses, sampled by its wire thread (plain data)."""
+
+    cpu_seconds: float  # user + system CPU time of the process so far
+    rss_bytes: int
+    gpu_memory_allocated: int | None = None  # torch.cuda, when the rank initialised CUDA
+    gpu_memory_reserved: int | None = None
+    gpu_utilization: float | None = None  # percent, from NVML when available
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Message):
+    """Sent by the wire thread every heartbeat interval, busy or not."""
+
+    TAG: ClassVar[int] = 46
+    sample: ResourceSample
+    work: str  # what the main thread runs now ("" when idle)
+    work_seconds: float  # for how long
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class StatusReply(Message):
+    TAG: ClassVar[int] = 47
+    query_id: int
+    work: str
+    work_seconds: float
+    stack: str  # the main thread's Python stack, innermost last
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class ProtocolError(Message):
+    """The worker received a verified message it could not interpret."""
+
+    TAG: ClassVar[int] = 48
+    detail: str

@@ -1,0 +1,1 @@
+"""Controller-side code: the I/O thread, process meshes, actors, calls, events."""

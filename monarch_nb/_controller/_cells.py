@@ -1,0 +1,56 @@
+"""Running code cells on ranks, from the controller: the runtime side of ``%%mesh``.
+
+A cell is compiled here first (a SyntaxError never reaches a worker) and
+registered in ``linecache`` under the same ``<mesh-cell-N>`` name the ranks
+use, so remote tracebacks show the cell's own lines. Each rank runs it in its
+persistent namespace (:mod:`monarch_nb._worker._namespace`).
+
+Nothing here imports IPython: magics/ translates between this and a notebook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._common._cell_source import cache_source, compile_cell, next_cell_name
+from .._common._errors import CellError
+from .._common._messages import Pull, Push, RunCell
+from ._calls import CallFuture, send_call
+
+if TYPE_CHECKING:
+    from ._proc_mesh import ProcMesh
+
+
+def run_cell(procs: ProcMesh, source: str, *, name: str | None = None) -> CallFuture:
+    """Run ``source`` on every rank of ``procs``; a future of the last expression's values.
+
+    Raises SyntaxError at once (locally) if the cell does not compile.
+    """
+    filename = name or next_cell_name()[1]
+    compile_cell(source, filename)  # SyntaxError here, before anything is sent
+    cache_source(filename, source)
+    return send_call(
+        procs._group,
+        procs.shape,
+        lambda call_id: RunCell(call_id, filename),
+        source,
+        actor=f"cell {filename}",
+        error_class=CellError,
+    ).future
+
+
+def push(procs: ProcMesh, values: Mapping[str, Any]) -> CallFuture:
+    """Set names in every rank's namespace (the values are pickled once)."""
+    return send_call(procs._group, procs.shape, Push, dict(values), actor="push").future
+
+
+def pull(procs: ProcMesh, name: str) -> CallFuture:
+    """A future of a ValueMesh of ``name`` in every rank's namespace."""
+    return send_call(
+        procs._group,
+        procs.shape,
+        lambda call_id: Pull(call_id, name),
+        None,
+        actor=f"pull {name!r}",
+    ).future

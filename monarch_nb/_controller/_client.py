@@ -1,0 +1,316 @@
+"""The controller client: the ROUTER socket every worker connects to, and calls in flight.
+
+Threads, and what each owns:
+
+- **caller threads** (a notebook cell, a script) encode messages and send
+  them themselves, under ``_lock``: a call goes out without waiting for
+  another thread to wake up;
+- **the I/O thread** (:mod:`._io_loop`) receives, verifies and dispatches
+  every message, watches worker processes and pipes, and runs event
+  observers.
+
+``_lock`` guards the socket, the table of calls, the per-rank load counters
+and every group's state. So "is the group healthy?" and "register the
+call" are one step against the I/O thread's "mark the group failed and take
+its calls": a crash can never slip between the check and the send. The
+socket's ``ZMQ_FD`` is edge-triggered: a send may consume the notification of
+a message that just arrived, so a sender that sees input pending wakes the
+I/O thread.
+
+One controller per process is the default (:meth:`Controller.get`); tests and
+embedders may make their own and pass it to :func:`~monarch_nb.this_host`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import os
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import zmq
+
+from .._common._errors import MeshFailure, RemoteFailure
+from .._common._messages import Failure, UnknownMessage, Value
+from .._common._wire import Encoded, ReplayWindow, WireStats, decode_payload, receive
+from ._calls import PendingCall
+from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
+from ._io_loop import IOLoop
+
+if TYPE_CHECKING:
+    from ._process_group import ProcGroup
+
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_log = logging.getLogger("monarch_nb")
+T = TypeVar("T")
+
+
+class _Peer:
+    __slots__ = ("group", "rank", "window")
+
+    def __init__(self, group: ProcGroup, rank: int) -> None:
+        self.group, self.rank, self.window = group, rank, ReplayWindow()
+
+
+class Controller:
+    """The client of every mesh one process started (see the module docstring)."""
+
+    _default: Controller | None = None
+    _default_lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> Controller:
+        """The default controller of this process, started on first use."""
+        with cls._default_lock:
+            if cls._default is None or cls._default._pid != os.getpid():
+                cls._default = Controller()
+            return cls._default
+
+    def __init__(self, bind_host: str | None = None) -> None:
+        self._pid = os.getpid()
+        self.bind_host = bind_host or os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
+        self.stats = WireStats()
+        self.loop = IOLoop()
+        self._peers: dict[bytes, _Peer] = {}
+        self._calls: dict[int, PendingCall] = {}
+        self._call_ids = itertools.count(1)
+        # Calls in flight per (group id, rank), counted as they are sent, so
+        # choose() sees a call the instant it was made.
+        self.outstanding: Counter[tuple[int, int]] = Counter()
+        self._lock = threading.Lock()
+        self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
+        atexit.register(self.shutdown)
+        self.router: zmq.Socket = self.run(self._bind)
+        self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _bind(self) -> zmq.Socket:
+        router = self.loop.context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.SNDHWM, 0)
+        router.setsockopt(zmq.RCVHWM, 0)
+        router.bind_to_random_port(f"tcp://{self.bind_host}")
+        self.router = router
+        self.loop.add_fd(router.getsockopt(zmq.FD), self._on_readable)
+        return router
+
+    # -- any thread -----------------------------------------------------------------
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the I/O thread and return its result (blocking)."""
+        if self.loop.in_loop_thread:
+            return fn()
+        box: list[Any] = []
+        done = threading.Event()
+
+        def task() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:
+                box.append((False, exc))
+            done.set()
+
+        self.loop.call_soon(task)
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def shutdown(self) -> None:
+        """Kill every worker this controller started (at interpreter exit)."""
+        for group in list(self.groups):
+            try:
+                group.kill()
+            except Exception:
+                _log.exception("monarch_nb: could not stop %r at exit", group.name)
+        self.loop.stop()
+
+    def next_call_id(self) -> int:
+        return next(self._call_ids)
+
+    def send(
+        self,
+        group: ProcGroup,
+        ranks: Iterable[int],
+        message: Encoded,
+        call: PendingCall | None = None,
+        *,
+        even_if_failed: bool = False,
+    ) -> None:
+        """Send one encoded message to ``ranks`` of ``group``; track ``call`` if given.
+
+        If the group has failed or stopped, nothing is sent and ``call`` fails
+        with the reason instead (``even_if_failed``: send anyway, for shutdown).
+        """
+        ranks = tuple(ranks)
+        became_busy: list[int] = []
+        with self._lock:
+            failure = None if even_if_failed else group.failure_for(ranks)
+            if failure is None:
+                if call is not None:
+                    call.group, call.controller = group, self
+                    self._calls[call.call_id] = call
+                    outstanding, gid = self.outstanding, group.id
+                    if group.rank_failures:  # a new call clears a rank's "failed" state
+                        for rank in ranks:
+                            group.rank_failures.pop(rank, None)
+                    for rank in ranks:
+                        outstanding[(gid, rank)] += 1
+                        if outstanding[(gid, rank)] == 1:
+                            became_busy.append(rank)
+                router = self.router
+                for rank in ranks:
+                    message.send(router, group.identity(rank))
+                self.stats.sent += len(ranks)
+                pending_input = router.getsockopt(_EVENTS) & _POLLIN
+        if failure is not None:
+            if call is not None:
+                call.fail(failure)
+            return
+        events = group.events
+        if call is not None and events:
+            events.emit(CallStarted(group.name, call.call_id, call.label, ranks))
+            for rank in became_busy:
+                events.emit(RankStateChanged(group.name, rank, RankState.BUSY, call.label))
+        if pending_input:
+            self.loop.call_soon(self._on_readable)
+
+    def end_group(self, group: ProcGroup, state: Any, error: MeshFailure) -> int:
+        """Move ``group`` to a final ``state``, failing its calls in flight with ``error``.
+
+        Any thread. Returns how many calls were failed.
+        """
+        with self._lock:
+            group.state = state
+            calls = [c for c in self._calls.values() if c.group is group]
+        for call in calls:
+            call.fail(error)
+        return len(calls)
+
+    def calls_waiting_on(self, group: ProcGroup, rank: int) -> list[str]:
+        """Labels of the calls in flight that still wait for ``rank``, oldest first."""
+        with self._lock:
+            calls = [c for c in self._calls.values() if c.group is group]
+        return [c.label for c in calls if rank in c.waiting_ranks()]
+
+    # -- per-rank bookkeeping of calls (any thread, under the lock) ---------------------
+
+    def rank_answered(self, call: PendingCall, rank: int) -> None:
+        with self._lock:
+            if call.closed or rank in call.answered:
+                return
+            call.answered.add(rank)
+            idle = self._unload(call, rank)
+        if idle and call.group is not None and call.group.events:
+            call.group.events.emit(RankStateChanged(call.group.name, rank, RankState.IDLE))
+
+    def call_finished(self, call: PendingCall) -> None:
+        with self._lock:
+            if call.closed:
+                return
+            call.closed = True
+            self._calls.pop(call.call_id, None)
+            idle = [r for r in call.waiting_ranks() if self._unload(call, r)]
+        group = call.group
+        if group is not None and group.events:
+            error = call.future.exception(timeout=0)
+            summary = f"{type(error).__name__}: {error}".splitlines()[0] if error else None
+            group.events.emit(
+                CallFinished(group.name, call.call_id, call.label, call.ranks, summary)
+            )
+            for rank in idle:
+                group.events.emit(RankStateChanged(group.name, rank, RankState.IDLE))
+
+    def _unload(self, call: PendingCall, rank: int) -> bool:
+        """One call less in flight on ``rank``; True if it has none left (lock held)."""
+        assert call.group is not None
+        key = (call.group.id, rank)
+        self.outstanding[key] -= 1
+        if self.outstanding[key] <= 0:
+            del self.outstanding[key]
+            return True
+        return False
+
+    # -- I/O thread ---------------------------------------------------------------------
+
+    def add_peer(self, identity: bytes, group: ProcGroup, rank: int) -> None:
+        self._peers[identity] = _Peer(group, rank)
+
+    def remove_peer(self, identity: bytes) -> None:
+        self._peers.pop(identity, None)
+
+    def _on_readable(self) -> None:
+        router = self.router
+        while True:
+            with self._lock:  # receive under the lock, handle outside it
+                batch = []
+                while len(batch) < 64 and (frames := receive(router)) is not None:
+                    batch.append(frames)
+            if not batch:
+                return
+            for frames in batch:
+                self._dispatch(frames)
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        peer = self._peers.get(frames[0].bytes)
+        if peer is None:
+            self.stats.dropped_unknown_peer += 1
+            return
+        body = frames[1:]
+        group = peer.group
+        try:
+            message = group.signer.verify(body, peer.window)
+        except UnknownMessage as exc:
+            _log.error("monarch_nb: rank %d of %r sent %s", peer.rank, group.name, exc)
+            return
+        match message:
+            case None:
+                return
+            case Value(call_id):
+                self._on_value(call_id, peer.rank, body)
+            case Failure(call_id, failure, serialization):
+                call = self._calls.get(call_id)
+                label = call.label if call is not None else ""
+                group.note_failure(failure.rank, f"{failure.type_name}: {failure.message}")
+                if group.events:
+                    group.events.emit(_rank_failed(group.name, failure, label))
+                if call is not None:
+                    call.add_failure(failure, serialization=serialization)
+            case _:
+                group.on_worker_message(peer.rank, message, body)
+
+    def _on_value(self, call_id: int, rank: int, body: list[Any]) -> None:
+        call = self._calls.get(call_id)
+        if call is None:
+            return  # the call already failed (mesh failure); a late reply is moot
+        try:
+            value = decode_payload(body)
+        except Exception as exc:
+            call.add_failure(
+                RemoteFailure(
+                    rank,
+                    type(exc).__name__,
+                    "the return value could not be unpickled on the controller: "
+                    f"{type(exc).__name__}: {exc}",
+                    "",
+                ),
+                serialization=True,
+            )
+            return
+        call.add_value(rank, value)
+
+
+def _rank_failed(mesh: str, failure: RemoteFailure, label: str) -> RankFailed:
+    return RankFailed(
+        mesh,
+        failure.rank,
+        f"{failure.type_name}: {failure.message}",
+        traceback=failure.traceback,
+        label=label,
+    )

@@ -1,0 +1,254 @@
+"""One typed event stream per process mesh: what happened, as plain frozen data.
+
+Everything that watches a mesh — the default printer of a script, the
+``%%mesh`` renderer, the dashboard, the side panel, tests — subscribes to
+the same stream::
+
+    with procs.events.subscribe(print, kinds=(RankFailed,)):
+        ...
+
+Observers run on the controller's I/O thread, in the order events happen:
+keep them short (hand work to another thread if it is slow). An observer that
+raises is logged and stays subscribed. When nobody subscribes, nothing is
+built: the stream costs one truth test per event.
+
+Events::
+
+    RankStateChanged  a rank became starting/idle/busy/paused/failed/dead/stopped
+    CallStarted       a call or cell was sent to some ranks
+    CallFinished      ... and every rank answered (``error`` is None if all went well)
+    Output            a line (or a progress-bar update) a rank wrote
+    DisplayData       a rank's ``display(obj)``
+    RankFailed        a rank raised, or its process died (cause, traceback or exit)
+    MeshFailed        the mesh can no longer be used (until restart)
+    Heartbeat         a rank's periodic sign of life, with its resource sample
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .._common._errors import MeshFailure
+from .._common._messages import ResourceSample
+from .._common._public import publish
+
+_log = logging.getLogger("monarch_nb")
+
+E = TypeVar("E", bound="Event")
+
+
+class RankState(str, enum.Enum):
+    """What one rank is doing (compares equal to its string value)."""
+
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    PAUSED = "paused"  # stopped in the debugger
+    FAILED = "failed"  # its last call raised; the process is alive and usable
+    DEAD = "dead"  # the process exited
+    STOPPED = "stopped"  # the mesh was stopped
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    mesh: str
+    at: float = field(default_factory=time.time, kw_only=True)  # wall clock, seconds
+
+
+@dataclass(frozen=True, slots=True)
+class RankStateChanged(Event):
+    rank: int
+    state: RankState
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CallStarted(Event):
+    call_id: int
+    label: str  # "Trainer.step", "<mesh-cell-3>", "spawn of Trainer 'trainer'"
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CallFinished(Event):
+    call_id: int
+    label: str
+    ranks: tuple[int, ...]
+    error: str | None  # one line, None if every rank succeeded
+
+
+@dataclass(frozen=True, slots=True)
+class Output(Event):
+    rank: int
+    stream: str  # "stdout" or "stderr"
+    line: str
+    end: str = "\n"  # "\r" for a progress-bar update that the next one overwrites
+
+
+@dataclass(frozen=True, slots=True)
+class DisplayData(Event):
+    rank: int
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailed(Event):
+    rank: int
+    cause: str  # "ValueError: boom" or "was killed by signal SIGKILL"
+    traceback: str = ""  # the remote traceback, when the rank raised
+    returncode: int | None = None  # when the process died: its exit code, or -signal
+    label: str = ""  # the call or cell it was running
+
+
+@dataclass(frozen=True, slots=True)
+class MeshFailed(Event):
+    error: MeshFailure
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Event):
+    rank: int
+    sample: ResourceSample
+    work: str  # what the rank's main thread runs ("" when idle)
+    work_seconds: float
+
+
+Observer = Callable[[Any], None]
+
+
+class Subscription:
+    """An observer's place on a stream; ``close()`` (or ``with``) removes it."""
+
+    def __init__(self, stream: EventStream, observer: Observer) -> None:
+        self._stream, self._observer = stream, observer
+
+    def close(self) -> None:
+        self._stream._remove(self._observer)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class EventStream:
+    """The events of one process mesh; subscribe any number of observers."""
+
+    def __init__(self, mesh: str, loop: Any = None) -> None:
+        self.mesh = mesh
+        self._loop = loop  # the I/O loop that emits: see after_received
+        self._lock = threading.Lock()
+        self._observers: tuple[Observer, ...] = ()  # replaced, never mutated: emit reads it bare
+
+    def __bool__(self) -> bool:
+        return bool(self._observers)
+
+    def subscribe(
+        self, observer: Observer, *, kinds: Iterable[type[Event]] | None = None
+    ) -> Subscription:
+        """Call ``observer(event)`` on the I/O thread for every event (of ``kinds``)."""
+        if kinds is not None:
+            wanted = tuple(kinds)
+            inner = observer
+
+            def observer(event: Any) -> None:
+                if isinstance(event, wanted):
+                    inner(event)
+
+        with self._lock:
+            self._observers = (*self._observers, observer)
+        return Subscription(self, observer)
+
+    def _remove(self, observer: Observer) -> None:
+        with self._lock:
+            self._observers = tuple(o for o in self._observers if o is not observer)
+
+    def after_received(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread once the events already received are emitted.
+
+        A rank writes its output before it sends its reply, and the I/O thread
+        reads both in one poll batch; a callback queued now runs after that
+        batch, so ``fn`` sees every line the rank printed before it replied.
+        """
+        if self._loop is None:
+            fn()
+        else:
+            self._loop.call_soon(fn)
+
+    def emit(self, event: Event) -> None:
+        for observer in self._observers:
+            try:
+                observer(event)
+            except Exception:
+                _log.exception("monarch_nb: an event observer failed on %r", event)
+
+
+class EventLog:
+    """An observer that keeps the last events and lets a thread wait for one.
+
+    For tests and scripts::
+
+        log = EventLog()
+        with procs.events.subscribe(log):
+            procs.kill([1])
+            failed = log.wait_for(RankFailed, timeout=5)
+    """
+
+    def __init__(self, maxlen: int = 10_000) -> None:
+        self.events: deque[Event] = deque(maxlen=maxlen)
+        self._changed = threading.Condition()
+
+    def __call__(self, event: Event) -> None:
+        with self._changed:
+            self.events.append(event)
+            self._changed.notify_all()
+
+    def of(self, kind: type[E]) -> list[E]:
+        with self._changed:
+            return [e for e in self.events if isinstance(e, kind)]
+
+    def wait_for(
+        self,
+        kind: type[E],
+        predicate: Callable[[E], bool] = lambda _: True,
+        *,
+        timeout: float = 10.0,
+    ) -> E:
+        """The first event (kept or to come) of ``kind`` matching ``predicate``.
+
+        Raises TimeoutError naming what it waited for.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for event in self.events:
+                    if isinstance(event, kind) and predicate(event):
+                        return event
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {kind.__name__} event matched within {timeout} s")
+                self._changed.wait(left)
+
+
+def print_output(event: Output) -> None:
+    """The default observer of a script's mesh: each line, prefixed by its rank."""
+    import sys
+
+    stream = sys.stderr if event.stream == "stderr" else sys.stdout
+    stream.write(f"[{event.rank}] {event.line}{event.end}")
+    stream.flush()
+
+
+publish(globals())

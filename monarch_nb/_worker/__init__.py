@@ -1,0 +1,1 @@
+"""Worker-side code: the process main loop, its wire thread, rank namespaces."""

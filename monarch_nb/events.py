@@ -1,0 +1,46 @@
+"""What happens on a mesh, as typed events: subscribe with ``procs.events.subscribe(fn)``.
+
+See :mod:`monarch_nb._controller._events` for the list and for the thread
+observers run on. ``EventLog`` records events and waits for one (tests, scripts).
+"""
+
+from ._common._messages import ResourceSample
+from ._controller._events import (
+    CallFinished,
+    CallStarted,
+    DisplayData,
+    Event,
+    EventLog,
+    EventStream,
+    Heartbeat,
+    MeshFailed,
+    Output,
+    RankFailed,
+    RankState,
+    RankStateChanged,
+    Subscription,
+    print_output,
+)
+
+__all__ = [
+    "CallFinished",
+    "CallStarted",
+    "DisplayData",
+    "Event",
+    "EventLog",
+    "EventStream",
+    "Heartbeat",
+    "MeshFailed",
+    "Output",
+    "RankFailed",
+    "RankState",
+    "RankStateChanged",
+    "ResourceSample",
+    "Subscription",
+    "print_output",
+]
+
+for _name in __all__:
+    if globals()[_name].__module__ != "monarch_nb":  # RankState is monarch_nb.RankState
+        globals()[_name].__module__ = __name__  # reprs read monarch_nb.events.X
+del _name
