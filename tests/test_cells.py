@@ -1,4 +1,4 @@
-"""_cells.py: compiling cells, rank namespaces, rich display and await on ranks."""
+"""Cells: compiling cells, rank namespaces, rich display and await on ranks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import threading
 import pytest
 
 from monarch_nb import RemoteError
-from monarch_nb._cells import compile_cell, mime_bundle, pull, push, run_cell
+from monarch_nb._common._cell_source import compile_cell
+from monarch_nb._controller._cells import pull, push, run_cell
+from monarch_nb._worker._namespace import mime_bundle
+from monarch_nb.events import DisplayData
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,18 +58,17 @@ def test_display_sends_a_tagged_bundle_event(procs4):
     seen: list = []
     done = threading.Event()
 
-    def listener(kind, detail):
-        if kind == "display":
-            seen.append(detail)
-            if len(seen) == 4:
-                done.set()
+    def listener(event):
+        seen.append(event)
+        if len(seen) == 4:
+            done.set()
 
-    procs4.on_event(listener)
     source = "class H:\n    def _repr_html_(self):\n        return f'<i>{rank}</i>'\ndisplay(H())"
-    run_cell(procs4, source).get(timeout=30)
-    assert done.wait(10)
-    by_rank = dict(seen)
-    assert by_rank[2]["data"]["text/html"] == "<i>2</i>"
+    with procs4.events.subscribe(listener, kinds=(DisplayData,)):
+        run_cell(procs4, source).get(timeout=30)
+        assert done.wait(10)
+    by_rank = {event.rank: event for event in seen}
+    assert by_rank[2].data["text/html"] == "<i>2</i>"
 
 
 def test_mime_bundle_prefers_rich_reprs_and_encodes_images():

@@ -41,7 +41,7 @@ def test_status_table(kernel):
     text = kernel.ok("%mesh status").text()
     lines = text.splitlines()
     assert lines[0].startswith("mesh 'm' · running · 4 ranks")
-    assert lines[1].split() == ["rank", "host", "pid", "state", "current", "work"]
+    assert lines[1].split() == ["rank", "host", "pid", "state", "current", "work", "cpu", "rss"]
     assert [line.split()[0] for line in lines[2:6]] == ["0", "1", "2", "3"]
     assert kernel.ok("%mesh").text() == text  # alone: status
 
@@ -119,7 +119,7 @@ def test_usage_errors_name_the_bad_value(kernel):
 def test_mesh_on_runs_plain_cells_on_the_ranks_until_off(kernel):
     assert "plain cells now run on mesh 'm'" in kernel.ok("%mesh on --ranks 0-1").text()
     reply = kernel.ok("print('from', rank)\nrank")
-    assert reply.stream().startswith("── on mesh 'm'")
+    assert reply.text().startswith("── on mesh 'm'")
     assert "[0] from 0" in reply.text()
     assert "[1] from 1" in reply.text()
     assert reply.displays()[-1]["data"]["text/plain"] == "[0] 0\n[1] 1"

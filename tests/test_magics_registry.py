@@ -9,6 +9,7 @@ import pytest
 from monarch_nb import Actor, MeshUsageError, RemoteError, endpoint
 from monarch_nb.magics import CellHandle, NotebookMesh, current_mesh, start_mesh
 from monarch_nb.magics._registry import REGISTRY
+from monarch_nb.magics._render import work_text
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,9 +95,12 @@ def test_status_reports_each_rank(mesh):
     status = mesh.status()
     assert [r.rank for r in status.ranks] == [0, 1]
     assert [r.pid for r in status.ranks] == mesh.procs.pids
-    assert {r.work for r in status.ranks} == {"idle"}
+    assert {r.state for r in status.ranks} == {"idle"}
+    assert {r.work for r in status.ranks} == {""}
     handle = mesh.run("import time\ntime.sleep(0.5)", block=False)
-    assert all(r.work.startswith("%%mesh cell") for r in mesh.status().ranks)
+    busy = mesh.status().ranks
+    assert {r.state for r in busy} == {"busy"}
+    assert all(work_text(r).startswith("%%mesh cell [") for r in busy)
     handle.get(timeout=30)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_nb import Shape, ValueMesh
+from monarch_nb import MeshState, MeshStatus, RankState, RankStatus, Shape, ValueMesh
+from monarch_nb._common._wire import WireStats
 from monarch_nb.magics._render import (
-    MeshStatus,
-    RankStatus,
+    NotebookMeshStatus,
     fold_values,
     label_bundle,
     rank_prefix,
@@ -59,20 +59,47 @@ def test_label_bundle_tags_rank_in_text_html_and_metadata():
     assert md == {"monarch_nb": {"rank": 3}}
 
 
-def test_status_table_lists_every_rank():
-    status = MeshStatus(
-        "m",
-        "running",
-        None,
-        "gloo",
-        True,
-        (RankStatus(0, "h", 11, "running", "idle"), RankStatus(1, "h", 12, "running", "cell [2]")),
+def _rank(rank: int, state: RankState, work: str = "", seconds: float = 0.0) -> RankStatus:
+    return RankStatus(
+        rank=rank,
+        point=Shape.from_sizes({"procs": 2}).point_of_rank(rank),
+        host="h",
+        pid=11 + rank,
+        state=state,
+        work=work,
+        work_seconds=seconds,
+        cpu_percent=12.4 if rank else None,
+        rss_bytes=3 << 20,
+        gpu_memory_allocated=None,
+        gpu_memory_reserved=None,
+        gpu_utilization=None,
+        heartbeat_age=0.5,
+        returncode=None,
+        failure=None,
     )
+
+
+def test_status_table_lists_every_rank():
+    core = MeshStatus(
+        name="m",
+        state=MeshState.RUNNING,
+        failure=None,
+        shape=Shape.from_sizes({"procs": 2}),
+        ranks=(_rank(0, RankState.IDLE), _rank(1, RankState.BUSY, "cell <mesh-cell-2>", 1.25)),
+        wire=WireStats(),
+        taken_at=0.0,
+    )
+    status = NotebookMeshStatus(core, "gloo", True)
     text = render_status([status])
     assert (
         text.splitlines()[0] == "mesh 'm' · running · 2 ranks · torch.distributed: gloo · default"
     )
-    assert text.splitlines()[1].split() == ["rank", "host", "pid", "state", "current", "work"]
-    assert text.splitlines()[3].split() == ["1", "h", "12", "running", "cell", "[2]"]
-    assert "<td>cell [2]</td>" in render_status_html([status])
+    assert text.splitlines()[1].split() == [
+        "rank", "host", "pid", "state", "current", "work", "cpu", "rss",
+    ]  # fmt: skip
+    assert text.splitlines()[2].split() == ["0", "h", "11", "idle", "-", "-", "3", "MiB"]
+    assert text.splitlines()[3].split() == [
+        "1", "h", "12", "busy", "%%mesh", "cell", "[2]", "(1.2", "s)", "12%", "3", "MiB",
+    ]  # fmt: skip
+    assert "<td>%%mesh cell [2] (1.2 s)</td>" in render_status_html([status])
     assert "no mesh is running" in render_status([])

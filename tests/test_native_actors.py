@@ -6,7 +6,8 @@ import time
 import pytest
 import torch
 
-from monarch_nb import Actor, RemoteError, endpoint, set_output_handler
+from monarch_nb import Actor, RemoteError, endpoint
+from monarch_nb.events import Output
 from monarch_nb.native import RDMABuffer, RDMAOwnerGoneError, native_available
 
 pytestmark = pytest.mark.skipif(not native_available(), reason="the C extension did not build")
@@ -71,8 +72,9 @@ def test_256_mib_read_completes_while_the_owners_endpoint_is_busy(procs4, transp
     owner = procs4.slice(procs=0).spawn(f"big-{transport}", Owner, numel)
     handle = owner.handle.call_one().get(timeout=30)
     busy_now = threading.Event()
-    previous = set_output_handler(lambda out: out.line == "busy" and busy_now.set())
-    try:
+    with procs4.events.subscribe(
+        lambda out: out.line == "busy" and busy_now.set(), kinds=(Output,)
+    ):
         busy = owner.busy.call_one(20.0)
         assert busy_now.wait(10)
         out = torch.empty(numel)
@@ -80,8 +82,6 @@ def test_256_mib_read_completes_while_the_owners_endpoint_is_busy(procs4, transp
         handle.read_into(out, transport=transport).get(timeout=60)
         elapsed = time.monotonic() - started
         assert not busy.done(), "the read had to wait for the owner's Python"
-    finally:
-        set_output_handler(previous)
     assert elapsed < 15
     assert torch.equal(out, torch.arange(numel, dtype=torch.float32))
     procs4.interrupt([0])  # end the busy loop: the mesh must stay healthy for other tests

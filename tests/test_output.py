@@ -3,7 +3,8 @@
 import threading
 import time
 
-from monarch_nb import Actor, endpoint, set_output_handler
+from monarch_nb import Actor, endpoint
+from monarch_nb.events import Output
 
 
 class Talker(Actor):
@@ -31,8 +32,7 @@ def test_output_streams_live_with_rank_and_stream(procs4):
             first_seen.set()
 
     talkers = procs4.slice(procs=[1, 2]).spawn("talk", Talker)
-    previous = set_output_handler(handler)
-    try:
+    with procs4.events.subscribe(handler, kinds=(Output,)):
         fut = talkers.talk.call(1.0)
         assert first_seen.wait(5), "output arrived only at the end of the call"
         assert not fut.done()
@@ -40,8 +40,6 @@ def test_output_streams_live_with_rank_and_stream(procs4):
         deadline = time.monotonic() + 5
         while len(lines) < 8 and time.monotonic() < deadline:
             time.sleep(0.01)
-    finally:
-        set_output_handler(previous)
     by_rank = {r: [(o.stream, o.line) for o in lines if o.rank == r] for r in (1, 2)}
     for rank in (1, 2):
         assert ("stdout", "first line") in by_rank[rank]
@@ -76,15 +74,31 @@ class Progress(Actor):
 def test_progress_updates_arrive_as_carriage_return_segments(procs4):
     lines: list = []
     bars = procs4.slice(procs=0).spawn("bars", Progress)
-    previous = set_output_handler(lines.append)
-    try:
+    with procs4.events.subscribe(lines.append, kinds=(Output,)):
         bars.bar.call_one().get(timeout=10)
         deadline = time.monotonic() + 5
         while not any(o.line == "done" for o in lines) and time.monotonic() < deadline:
             time.sleep(0.01)
-    finally:
-        set_output_handler(previous)
     assert lines[-1].line == "done"
     assert lines[-1].end == "\n"
     assert all(o.end == "\r" for o in lines[:-1])
     assert {o.line for o in lines[:-1]} <= {"0/3", "1/3", "2/3"}
+
+
+def test_output_tail_keeps_each_ranks_last_lines(procs4):
+    talkers = procs4.slice(procs=2).spawn("talk_tail", Talker)
+    talkers.talk.call_one(0.0).get(timeout=10)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        tail = [o.line for o in procs4.output_tail(2)]
+        if "partial line" in tail:
+            break
+        time.sleep(0.01)
+    # Two pipes: lines keep their order within a stream, not across stdout and stderr.
+    assert [line for line in tail if line != "to stderr"][-3:] == [
+        "first line",
+        "from C-level fd 1",
+        "partial line",
+    ]
+    assert "to stderr" in tail
+    assert all(o.rank == 2 for o in procs4.output_tail(2))

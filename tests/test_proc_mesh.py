@@ -109,12 +109,21 @@ def test_restart_after_a_failure_gives_fresh_processes(procs2):
     assert fresh.env.call("RANK").get(timeout=10).values() == [{"RANK": "0"}, {"RANK": "1"}]
 
 
-def test_statistics_is_a_plain_snapshot(procs4):
-    stats = procs4.statistics()
-    assert stats.state == "running"
-    assert [p.rank for p in stats.procs] == [0, 1, 2, 3]
-    assert {p.state for p in stats.procs} == {"running"}
-    assert stats.wire.sent >= 0
+def test_status_is_a_plain_frozen_snapshot(procs4):
+    import dataclasses
+
+    from monarch_nb import MeshState, RankState
+
+    status = procs4.status()
+    assert status.state is MeshState.RUNNING
+    assert status.state == "running"
+    assert [r.rank for r in status.ranks] == [0, 1, 2, 3]
+    assert {r.state for r in status.ranks} == {RankState.IDLE}
+    assert [r.pid for r in status.ranks] == procs4.pids
+    assert status.wire.sent >= 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        status.ranks[0].state = RankState.BUSY  # type: ignore[misc]
+    assert procs4.slice(procs=slice(1, 3)).status().ranks[0].rank == 1
 
 
 def test_a_worker_that_cannot_start_is_reported_with_its_stderr():
@@ -156,8 +165,8 @@ def test_no_hello_is_lost_while_slow_launches_are_under_way(monkeypatch):
     # find its identity known (it once was dropped, and the start hung).
     import subprocess
 
-    from monarch_nb import _process_group
-    from monarch_nb._controller import Controller
+    from monarch_nb._controller import _process_group
+    from monarch_nb._controller._client import Controller
 
     real_popen = subprocess.Popen
     launched: list[int] = []

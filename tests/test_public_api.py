@@ -19,7 +19,7 @@ def test_all_is_sorted_complete_and_resolves():
 def test_public_names_read_as_monarch_nb():
     assert monarch_nb.ProcMesh.__module__ == "monarch_nb"
     assert monarch_nb.MeshFailure.__module__ == "monarch_nb"
-    from monarch_nb._errors import RemoteError  # renamed even before first public use
+    from monarch_nb._common._errors import RemoteError  # renamed before first public use
 
     assert RemoteError.__module__ == "monarch_nb"
 
@@ -30,6 +30,39 @@ def test_import_is_light():
     code = f"import sys, monarch_nb; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-    code = "import sys, monarch_nb._worker; print('zmq' in sys.modules, 'asyncio' in sys.modules)"
+    code = (
+        "import sys, monarch_nb._worker._main; "
+        "print('zmq' in sys.modules, 'asyncio' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True False"  # a worker loads the wire, not asyncio
+
+
+def test_each_runtime_module_imports_alone_and_the_sides_stay_apart():
+    # Each module in a fresh interpreter: an import cycle between runtime
+    # modules fails here. Worker-side code never loads controller-side code.
+    import pathlib
+
+    package = pathlib.Path(monarch_nb.__file__).parent
+    modules = [
+        f"monarch_nb.{side}.{path.stem}"
+        for side in ("_common", "_controller", "_worker")
+        for path in sorted((package / side).glob("_*.py"))
+        if path.stem != "__init__"
+    ]
+    assert len(modules) > 20
+    code = (
+        "import importlib, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    before = set(sys.modules)\n"
+        "    importlib.import_module(name)\n"
+        "    loaded = set(sys.modules) - before\n"
+        "    if '._worker.' in name:\n"
+        "        bad = [m for m in loaded if m.startswith('monarch_nb._controller')]\n"
+        "        assert not bad, (name, bad)\n"
+        "    for m in [m for m in sys.modules if m.startswith('monarch_nb.')]:\n"
+        "        del sys.modules[m]\n"
+    )
+    for name in modules:
+        out = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True)
+        assert out.returncode == 0, f"{name}: {out.stderr[-2000:]}"

@@ -22,9 +22,9 @@ from monarch_nb import (
     SpawnError,
     current_rank,
     endpoint,
-    set_output_handler,
     this_host,
 )
+from monarch_nb.events import Output
 
 
 class Worker(Actor):
@@ -270,12 +270,11 @@ class Busy(Actor):
 def test_interrupt_reaches_busy_user_code_and_the_mesh_stays_usable(procs2):
     busy = procs2.spawn("busy", Busy)
     spinning: set[int] = set()
-    previous = set_output_handler(lambda out: out.line == "spinning" and spinning.add(out.rank))
-    try:
+    with procs2.events.subscribe(
+        lambda out: out.line == "spinning" and spinning.add(out.rank), kinds=(Output,)
+    ):
         fut = busy.spin.call(30)
         _wait_for(lambda: spinning == {0, 1})
-    finally:
-        set_output_handler(previous)
     assert procs2.busy_ranks() == [0, 1]
     procs2.interrupt()
     assert fut.get(timeout=10).values() == ["interrupted"] * 2

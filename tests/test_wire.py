@@ -10,8 +10,9 @@ import torch
 import zmq
 
 from monarch_nb import Actor, endpoint
-from monarch_nb._controller import Controller
-from monarch_nb._wire import Signer, WireStats, decode_payload, new_key
+from monarch_nb._common._messages import Call, Value
+from monarch_nb._common._wire import ReplayWindow, Signer, WireStats, decode_payload, new_key
+from monarch_nb._controller._client import Controller
 
 
 class Evil:
@@ -58,10 +59,10 @@ def test_signed_message_round_trip_over_real_sockets(pair):
     router, dealer = pair
     key = new_key()
     sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
-    dealer.send_multipart(sender.encode(("call", 1), {"x": b"y" * 10000}).frames, copy=False)
+    message = Call(1, 7, "step", True)
+    dealer.send_multipart(sender.encode(message, {"x": b"y" * 10000}).frames, copy=False)
     frames = receive(router)
-    _sequence, meta = receiver.verify(frames, 0)
-    assert meta == ("call", 1)
+    assert receiver.verify(frames, ReplayWindow()) == message
     assert decode_payload(frames) == {"x": b"y" * 10000}
     assert receiver.stats.received == 1
 
@@ -73,8 +74,8 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     marker = tmp_path / "unpickled"
     evil = pickle.dumps(Evil(str(marker)))
     unsigned = b"\0" * 32 + (1).to_bytes(8, "little") + len(evil).to_bytes(4, "little") + evil
-    forged = Signer(new_key(), WireStats()).encode(("call", 1), Evil(str(marker)))
-    genuine = Signer(key, WireStats()).encode(("call", 2), None)
+    forged = Signer(new_key(), WireStats()).encode(Value(1), Evil(str(marker)))
+    genuine = Signer(key, WireStats()).encode(Value(2), None)
     sent = [
         [b"short"],  # truncated: not even an envelope
         [unsigned, evil],  # a well-formed envelope whose meta is a malicious pickle
@@ -84,19 +85,40 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     ]
     for frames in sent:
         dealer.send_multipart(frames)
-    last = 0
-    results = []
-    for _ in sent:
-        checked = receiver.verify(receive(router), last)
-        results.append(checked)
-        if checked:
-            last = checked[0]
+    window = ReplayWindow()
+    results = [receiver.verify(receive(router), window) for _ in sent]
     assert [r is not None for r in results] == [False, False, False, True, False]
     stats = receiver.stats
     assert stats.dropped_malformed == 1
     assert stats.dropped_bad_signature == 2
     assert stats.dropped_replayed == 1
     assert not marker.exists()
+
+
+def test_replay_window_accepts_each_number_once_in_any_order():
+    window = ReplayWindow()
+    # Two threads of one sender may send 3 before 2: both count, neither twice.
+    assert [window.accept(n) for n in (1, 3, 2, 2, 3, 1)] == [True, True, True, False, False, False]
+    assert window.accept(5000)
+    assert not window.accept(4)  # older than the window: could be a replay, so refused
+    assert window.accept(4999)
+
+
+def test_a_signed_message_of_an_unknown_kind_is_an_error_not_a_silent_drop(monkeypatch):
+    from monarch_nb._common import _messages
+    from monarch_nb._common._messages import UnknownMessage
+
+    key = new_key()
+    sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
+
+    class Rogue(Value):  # a kind the receiver does not know: a newer peer's tag
+        TAG = 999
+
+    monkeypatch.setitem(_messages._FIELDS, Rogue, lambda m: (m.call_id,))
+
+    with pytest.raises(UnknownMessage, match="unknown message tag 999"):
+        receiver.verify(sender.encode(Rogue(1)).frames, ReplayWindow())
+    assert receiver.stats.unknown_messages == 1
 
 
 def test_frames_forged_to_the_controller_are_dropped_and_counted(procs4, tmp_path):
@@ -204,7 +226,7 @@ def test_the_bind_address_can_be_chosen(tmp_path):
     script = tmp_path / "bind.py"
     script.write_text(
         "from monarch_nb import this_host\n"
-        "from monarch_nb._controller import Controller\n"
+        "from monarch_nb._controller._client import Controller\n"
         "with this_host().spawn_procs(per_host={'procs': 2}) as procs:\n"
         "    print(Controller.get().address, procs.state)\n"
     )

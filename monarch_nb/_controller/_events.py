@@ -155,6 +155,10 @@ class EventStream:
     def __bool__(self) -> bool:
         return bool(self._observers)
 
+    def __len__(self) -> int:
+        """How many observers are subscribed."""
+        return len(self._observers)
+
     def subscribe(
         self, observer: Observer, *, kinds: Iterable[type[Event]] | None = None
     ) -> Subscription:

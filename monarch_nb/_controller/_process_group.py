@@ -159,6 +159,7 @@ class ProcGroup:
         self.controller.groups.add(self)
         self.events = ev.EventStream(name, controller.loop)
         self.rank_failures: dict[int, str] = {}  # rank -> its last failure, until its next call
+        self.hosts: dict[int, str] = {}  # rank -> the host its hello came from
         self._queries: dict[int, tuple[Future[Any], dict[int, StatusReply], int]] = {}
         self._query_ids = itertools.count(1)
         self.generation = 0
@@ -179,6 +180,8 @@ class ProcGroup:
         self.state = Starting()
         self.actor_failures.clear()
         self.rank_failures.clear()
+        self.hosts = {}
+        self.workers = []  # the new generation's, once launched
         key = self._key = new_key()
         self.signer = Signer(key, self.controller.stats)
         self._all_ready.clear()
@@ -290,7 +293,7 @@ class ProcGroup:
         """A worker's message other than a call's reply (I/O thread)."""
         match message:
             case Hello(_, host):
-                self.workers[rank].host = host
+                self.hosts[rank] = host  # may come before _watch() lists the workers
                 self.ready_ranks.add(rank)
                 if self.events:
                     self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.IDLE))
@@ -298,6 +301,8 @@ class ProcGroup:
                     self.state = Running()
                     self._all_ready.set()
             case Heartbeat(sample, work, work_seconds):
+                if rank >= len(self.workers):
+                    return  # still starting: the next one will do
                 worker = self.workers[rank]
                 worker.previous_heartbeat = worker.heartbeat
                 worker.heartbeat = (time.monotonic(), sample)
@@ -619,7 +624,7 @@ class ProcGroup:
         return RankStatus(
             rank=rank,
             point=self.shape.point_of_rank(rank),
-            host=worker.host,
+            host=self.hosts.get(rank, worker.host),
             pid=worker.pid,
             state=state,
             work=work,

@@ -279,7 +279,7 @@ class Worker:
             match message:
                 case RunCell(_, filename):
                     result = self.user_code(
-                        filename,
+                        f"cell {filename}",
                         lambda: self._call_maybe_async(ns.execute, (filename, decoded), {}),
                     )
                 case Push():

@@ -85,11 +85,11 @@ def cell_label(filename: str) -> str:
 
 
 def work_text(rank: RankStatus) -> str:
-    """What a rank does, for a table cell: ``%%mesh cell [3] (1.2 s)``, ``idle``."""
+    """What a rank does, for a table cell: ``%%mesh cell [3] (1.2 s)``, or ``-``."""
     if rank.work:
         work = rank.work.removeprefix("cell ")
         return f"{cell_label(work)} ({rank.work_seconds:.1f} s)"
-    return {"busy": "call"}.get(rank.state.value, rank.state.value)
+    return "call" if rank.state.value == "busy" else "-"
 
 
 def megabytes(n: int | None) -> str:
@@ -107,6 +107,10 @@ class NotebookMeshStatus:
     @property
     def name(self) -> str:
         return self.status.name
+
+    @property
+    def ranks(self) -> tuple[RankStatus, ...]:
+        return self.status.ranks
 
     def headline(self) -> str:
         s = self.status

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._errors import MeshUsageError, format_ranks
+from .._common._errors import MeshUsageError, format_ranks
 
 if TYPE_CHECKING:
-    from .._proc_mesh import ProcMesh
+    from .._controller._proc_mesh import ProcMesh
 
 
 class SelectionError(MeshUsageError):

@@ -1,0 +1,110 @@
+"""Calls in flight: every future completes exactly once, whoever races to complete it."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from monarch_nb import CallCancelled, MeshFailure, Shape
+from monarch_nb._controller._calls import PendingCall
+
+pytestmark = pytest.mark.timeout(120)
+
+CALLS = 10_000
+
+
+def _race(calls: list[PendingCall], *racers) -> None:
+    start = threading.Barrier(len(racers))
+
+    def run(racer):
+        start.wait()
+        racer()
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in racers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_completion_failure_and_cancellation_race_and_each_future_completes_once():
+    shape = Shape.from_sizes({"procs": 2})
+    calls = [PendingCall(i, shape, actor="Racer", endpoint="go") for i in range(CALLS)]
+    completions = [0] * CALLS
+    for i, call in enumerate(calls):
+
+        def count(_fut, i=i):
+            completions[i] += 1
+
+        call.future.add_done_callback(count)
+
+    def replies():  # the I/O thread's part
+        for call in calls:
+            call.add_value(0, "a")
+            call.add_value(1, "b")
+
+    def failures():  # stop() on a caller's thread
+        for call in reversed(calls):
+            call.fail(MeshFailure("stopped", ranks=(0, 1)))
+
+    def cancels():  # a caller giving up
+        for call in calls[::3]:
+            call.future.cancel()
+
+    _race(calls, replies, failures, cancels)
+    assert completions == [1] * CALLS
+    outcomes = {"value": 0, "failure": 0, "cancelled": 0}
+    for call in calls:
+        error = call.future.exception(timeout=0)
+        if error is None:
+            assert call.future.get(timeout=0).values() == ["a", "b"]
+            outcomes["value"] += 1
+        elif isinstance(error, CallCancelled):
+            outcomes["cancelled"] += 1
+        else:
+            assert isinstance(error, MeshFailure)
+            outcomes["failure"] += 1
+    assert sum(outcomes.values()) == CALLS
+
+
+def test_stopping_a_mesh_under_a_flood_of_calls_completes_every_future_once():
+    from stress_actors import Sink
+
+    from monarch_nb import this_host
+
+    with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        sinks = procs.spawn("sink", Sink)
+        futures = []
+        counts: list[int] = []
+        lock = threading.Lock()
+
+        def count(_fut, index):
+            with lock:
+                counts[index] += 1
+
+        sent = threading.Event()
+
+        def flood():
+            for i in range(CALLS):
+                fut = sinks.take.call(i)
+                counts.append(0)
+                fut.add_done_callback(lambda f, i=i: count(f, i))
+                futures.append(fut)
+                if i == CALLS // 2:
+                    sent.set()
+
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        assert sent.wait(60)
+        procs.stop()  # races the replies still arriving and the calls still being sent
+        flooder.join()
+    for fut in futures:
+        fut.exception(timeout=10)
+    assert counts == [1] * CALLS
+    values = [f for f in futures if f.exception(timeout=0) is None]
+    failed = [f for f in futures if isinstance(f.exception(timeout=0), MeshFailure)]
+    assert len(values) + len(failed) == CALLS
+    assert values, "some calls should have returned before the stop"
+    for fut in values[:50]:
+        assert len(fut.get(timeout=0)) == 2

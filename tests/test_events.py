@@ -1,0 +1,175 @@
+"""The event stream and status snapshots: typed events for everything that watches a mesh."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from process_checks import wait_for_exit
+from stress_actors import Sink
+
+from monarch_nb import MeshFailure, RankState, RemoteError
+from monarch_nb.events import (
+    CallFinished,
+    CallStarted,
+    EventLog,
+    Heartbeat,
+    MeshFailed,
+    RankFailed,
+    RankStateChanged,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_call_reports_busy_then_idle_and_started_then_finished(procs4):
+    sinks = procs4.slice(procs=[1, 2]).spawn("events_sink", Sink)
+    log = EventLog()
+    with procs4.events.subscribe(log):
+        sinks.take.call(5).get(timeout=10)
+        finished = log.wait_for(CallFinished)
+        log.wait_for(RankStateChanged, lambda e: e.rank == 2 and e.state is RankState.IDLE)
+    started = log.wait_for(CallStarted)
+    assert (started.label, started.ranks) == ("Sink.take", (1, 2))
+    assert (finished.call_id, finished.error) == (started.call_id, None)
+    states = [(e.rank, e.state) for e in log.of(RankStateChanged)]
+    assert states.index((1, RankState.BUSY)) < states.index((1, RankState.IDLE))
+    assert all(e.mesh == procs4.name for e in log.events)
+
+
+def test_a_raise_is_reported_with_its_traceback_and_the_rank_shows_failed(procs4):
+    log = EventLog()
+    with procs4.events.subscribe(log, kinds=(RankFailed, CallFinished)):
+        with pytest.raises(RemoteError):
+            procs4.slice(procs=3).run("raise ValueError(f'bad {rank}')")
+        failed = log.wait_for(RankFailed)
+        finished = log.wait_for(CallFinished)
+    assert (failed.rank, failed.cause) == (3, "ValueError: bad 3")
+    assert "raise ValueError(f'bad {rank}')" in failed.traceback
+    assert failed.label.startswith("cell <mesh-cell-")
+    assert finished.error.startswith("CellError: cell <mesh-cell-")
+    status = procs4.status()
+    assert status.rank(3).state is RankState.FAILED
+    assert status.rank(3).failure == "ValueError: bad 3"
+    procs4.slice(procs=3).run("1")  # the next call clears it: the process was fine all along
+    assert procs4.status().rank(3).state is RankState.IDLE
+
+
+def test_a_killed_rank_is_dead_with_its_signal_within_a_second(procs2):
+    log = EventLog()
+    with procs2.events.subscribe(log):
+        killed_at = time.monotonic()
+        procs2.kill([1])
+        failed = log.wait_for(RankFailed, timeout=5)
+        dead = log.wait_for(RankStateChanged, lambda e: e.state is RankState.DEAD)
+        mesh_failed = log.wait_for(MeshFailed)
+    assert time.monotonic() - killed_at < 1.0
+    assert (failed.rank, failed.returncode, failed.cause) == (
+        1,
+        -signal.SIGKILL,
+        "was killed by signal SIGKILL",
+    )
+    assert dead.rank == 1
+    assert isinstance(mesh_failed.error, MeshFailure)
+    status = procs2.status()
+    assert status.state == "failed"
+    assert status.rank(1).state is RankState.DEAD
+    assert status.rank(1).returncode == -signal.SIGKILL
+    assert status.rank(0).state is RankState.IDLE
+
+
+def test_heartbeats_and_status_flow_while_the_rank_is_busy_in_user_code(procs2):
+    # The wire thread answers while the main thread spins in pure Python.
+    log = EventLog()
+    future = procs2.slice(procs=0).exec(
+        "import time\ndeadline = time.monotonic() + 30\nwhile time.monotonic() < deadline: pass"
+    )
+    with procs2.events.subscribe(log, kinds=(Heartbeat,)):
+        beat = log.wait_for(Heartbeat, lambda e: e.rank == 0 and e.work != "", timeout=10)
+    assert beat.work.startswith("cell <mesh-cell-")
+    assert beat.sample.rss_bytes > 1 << 20
+    stacks = procs2.stacks(timeout=5)
+    assert "while time.monotonic() < deadline" in stacks[0]
+    status = procs2.status()
+    busy = status.rank(0)
+    assert busy.state is RankState.BUSY
+    assert busy.work.startswith("cell <mesh-cell-")
+    assert busy.heartbeat_age is not None
+    assert busy.heartbeat_age < 5
+    assert busy.cpu_percent is None or busy.cpu_percent > 20  # spinning
+    assert status.rank(1).state is RankState.IDLE
+    procs2.interrupt([0])
+    with pytest.raises(RemoteError, match="KeyboardInterrupt"):
+        future.get(timeout=10)
+
+
+def test_an_observer_that_raises_is_logged_and_others_still_run(procs4, caplog):
+    log = EventLog()
+
+    def broken(_event):
+        raise RuntimeError("observer bug")
+
+    before = len(procs4.events)
+    with procs4.events.subscribe(broken), procs4.events.subscribe(log):
+        procs4.run("1")
+        log.wait_for(CallFinished)
+    assert "an event observer failed" in caplog.text
+    assert len(procs4.events) == before  # both subscriptions closed
+
+
+def test_ctrl_c_on_get_in_a_plain_script_interrupts_the_ranks(tmp_path):
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from monarch_nb import this_host
+
+            with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+                print("pids", *procs.pids, flush=True)
+                future = procs.exec(
+                    "import time\\n"
+                    "try:\\n"
+                    "    print('sleeping', flush=True)\\n"
+                    "    time.sleep(60)\\n"
+                    "except KeyboardInterrupt:\\n"
+                    "    print('rank got it', flush=True)\\n"
+                    "    raise\\n"
+                )
+                try:
+                    future.get()
+                except KeyboardInterrupt as exc:
+                    print("controller:", exc, flush=True)
+                    print("after:", procs.run("'usable'").values(), flush=True)
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, MONARCH_NB_INTERRUPT_GRACE="10"),
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert first.startswith("pids"), first
+    pids = {int(p) for p in first.split()[1:]}
+    asleep = set()
+    while asleep != {"[0] sleeping\n", "[1] sleeping\n"}:  # an earlier interrupt is ignored
+        line = proc.stdout.readline()
+        assert line, "the script ended before both ranks slept"
+        if line.endswith("sleeping\n"):
+            asleep.add(line)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert out.count("rank got it") == 2
+    assert "interrupted on rank(s) 0-1; the mesh is usable" in out
+    assert "after: ['usable', 'usable']" in out
+    assert not wait_for_exit(pids, 5.0)
