@@ -37,7 +37,9 @@ def compile_cell(source: str, filename: str) -> tuple[Any, Any]:
     tree = ast.parse(source, filename=filename, mode="exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+        trailing = tree.body.pop()
+        assert isinstance(trailing, ast.Expr)
+        last = ast.Expression(trailing.value)
     body = compile(tree, filename, "exec", flags=CELL_FLAGS)
     expr = compile(last, filename, "eval", flags=CELL_FLAGS) if last is not None else None
     return body, expr

@@ -134,7 +134,7 @@ def receive(socket: zmq.Socket) -> list[zmq.Frame] | None:
     Asks ``ZMQ_EVENTS`` first: ending every batch on a ``zmq.Again`` exception
     costs more than a no-op call's whole handling.
     """
-    if not socket.getsockopt(_EVENTS) & _POLLIN:
+    if not int(socket.getsockopt(_EVENTS)) & _POLLIN:
         return None
     frame = socket.recv(copy=False)
     frames = [frame]
@@ -169,9 +169,9 @@ class Signer:
     def encode(self, message: Message, payload: Any = None, *, by_value: bool = True) -> Encoded:
         """Pickle and sign a message once; raises whatever pickling raises."""
         meta_bytes = pickle.dumps(to_wire(message), protocol=5)
-        if payload is None:
-            body, buffers = b"", []
-        else:
+        body: bytes = b""
+        buffers: list[pickle.PickleBuffer] = []
+        if payload is not None:
             body, buffers = dumps(payload, by_value=by_value)
         raw = [b.raw() for b in buffers]  # zero-copy: see the module docstring
         signed = b"".join(

@@ -96,7 +96,7 @@ class Controller:
         router.setsockopt(zmq.RCVHWM, 0)
         router.bind_to_random_port(f"tcp://{self.bind_host}")
         self.router = router
-        self.loop.add_fd(router.getsockopt(zmq.FD), self._on_readable)
+        self.loop.add_fd(int(router.getsockopt(zmq.FD)), self._on_readable)
         return router
 
     # -- any thread -----------------------------------------------------------------
@@ -168,7 +168,7 @@ class Controller:
                 for rank in ranks:
                     message.send(router, group.identity(rank))
                 self.stats.sent += len(ranks)
-                pending_input = router.getsockopt(_EVENTS) & _POLLIN
+                pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
         if failure is not None:
             if call is not None:
                 call.fail(failure)
@@ -249,7 +249,7 @@ class Controller:
         router = self.router
         while True:
             with self._lock:  # receive under the lock, handle outside it
-                batch = []
+                batch: list[list[Any]] = []
                 while len(batch) < 64 and (frames := receive(router)) is not None:
                     batch.append(frames)
             if not batch:

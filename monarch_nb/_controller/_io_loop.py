@@ -29,7 +29,7 @@ class IOLoop:
     """A single background thread running a ``zmq.Poller`` loop."""
 
     def __init__(self, name: str = "monarch_nb-io") -> None:
-        self.context = zmq.Context.instance()
+        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pending: deque[Callback] = deque()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poller = zmq.Poller()

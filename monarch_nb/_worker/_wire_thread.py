@@ -88,7 +88,7 @@ class WireThread:
     def send_encoded(self, encoded: Any) -> None:
         with self.lock:
             encoded.send(self.socket)
-            pending = self.socket.getsockopt(_EVENTS) & _POLLIN
+            pending = int(self.socket.getsockopt(_EVENTS)) & _POLLIN
         if pending and threading.current_thread() is not self._thread:
             os.eventfd_write(self._wake_fd, 1)
 
@@ -103,7 +103,7 @@ class WireThread:
         while not self._stopping:
             now = time.monotonic()
             timeout = max(0.0, min(next_heartbeat, next_watch) - now)
-            for item, _ in poller.poll(timeout * 1000):
+            for item, _ in poller.poll(int(timeout * 1000)):
                 if item == self._wake_fd:
                     try:
                         os.eventfd_read(self._wake_fd)

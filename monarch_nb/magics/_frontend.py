@@ -24,13 +24,13 @@ class IPythonFrontend:
         self.live_updates = hasattr(shell.display_pub, "set_thread_parent")
 
     def capture(self) -> Any:
-        stdout = sys.stdout
+        stdout: Any = sys.stdout  # ipykernel's OutStream, or a plain stream
         if hasattr(stdout, "set_thread_parent"):
             return dict(stdout.parent_header)
         return None
 
     def write(self, parent: Any, stream: str, text: str) -> None:
-        out = sys.stderr if stream == "stderr" else sys.stdout
+        out: Any = sys.stderr if stream == "stderr" else sys.stdout
         if parent and hasattr(out, "set_thread_parent"):
             token = out.set_thread_parent(parent)
             try:
@@ -56,13 +56,14 @@ class IPythonFrontend:
 
     def _publish(self, parent: Any, **message: Any) -> None:
         publisher = self.shell.display_pub
+        stdout: Any = sys.stdout
         if parent and hasattr(publisher, "set_thread_parent"):
             token = publisher.set_thread_parent(parent)
-            out_token = sys.stdout.set_thread_parent(parent)
+            out_token = stdout.set_thread_parent(parent)
             try:
                 publisher.publish(**message)
             finally:
-                sys.stdout.reset_thread_parent(out_token)
+                stdout.reset_thread_parent(out_token)
                 publisher.reset_thread_parent(token)
             return
         publisher.publish(**message)

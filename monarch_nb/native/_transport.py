@@ -22,6 +22,7 @@ Native status codes become exceptions in exactly one place: ``_failure``.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import queue
@@ -498,5 +499,5 @@ def submit(ops: list[CopyOp]) -> Future[int]:
                 fut.set_result(state["bytes"])
 
     for op in ops:
-        _workers.submit(lambda op=op: task(op))
+        _workers.submit(functools.partial(task, op))
     return fut
