@@ -22,9 +22,9 @@ def fold(
     groups: dict[Hashable, tuple[list[int], T]] = {}
     for rank, value in ranked:
         k = value if key is None else key(value)
-        entry = groups.get(k)  # type: ignore[arg-type]
+        entry = groups.get(k)
         if entry is None:
-            groups[k] = ([rank], value)  # type: ignore[index]
+            groups[k] = ([rank], value)
         else:
             entry[0].append(rank)
     return [(tuple(ranks), value) for ranks, value in groups.values()]

@@ -14,6 +14,7 @@ Life cycle, a small closed set of states::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -258,11 +259,11 @@ class ProcGroup:
         self.workers = workers
         loop = self.controller.loop
         for w in workers:
-            loop.add_fd(w.pidfd, lambda w=w: self._on_exit(w))
+            loop.add_fd(w.pidfd, functools.partial(self._on_exit, w))
             for name, pipe in (("stdout", w.popen.stdout), ("stderr", w.popen.stderr)):
                 assert pipe is not None
                 os.set_blocking(pipe.fileno(), False)
-                loop.add_fd(pipe.fileno(), lambda w=w, n=name, p=pipe: self._on_output(w, n, p))
+                loop.add_fd(pipe.fileno(), functools.partial(self._on_output, w, name, pipe))
 
     # -- I/O thread -----------------------------------------------------------------
 

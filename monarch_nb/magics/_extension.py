@@ -29,6 +29,8 @@ def _usage(exc: MeshUsageError) -> UsageError:
 class MeshMagics(Magics):
     """``%mesh`` (start, stop, restart, status, push, pull, on, off) and ``%%mesh``."""
 
+    shell: Any  # the InteractiveShell: set by Magics.__init__, never None once loaded
+
     def __init__(self, shell: Any) -> None:
         super().__init__(shell)
         self.registry = REGISTRY
