@@ -5,6 +5,7 @@ observers run on. ``EventLog`` records events and waits for one (tests, scripts)
 """
 
 from ._common._messages import ResourceSample
+from ._common._public import rename
 from ._controller._events import (
     CallFinished,
     CallStarted,
@@ -40,7 +41,4 @@ __all__ = [
     "print_output",
 ]
 
-for _name in __all__:
-    if globals()[_name].__module__ != "monarch_nb":  # RankState is monarch_nb.RankState
-        globals()[_name].__module__ = __name__  # reprs read monarch_nb.events.X
-del _name
+rename(globals(), __all__, __name__)  # reprs and tracebacks read monarch_nb.events.X

@@ -19,3 +19,11 @@ def publish(namespace: dict[str, Any]) -> None:
     for name, home in defined_in.items():
         if f"monarch_nb.{home}" == module:
             namespace[name].__module__ = "monarch_nb"
+
+
+def rename(namespace: dict[str, Any], names: list[str], module: str) -> None:
+    """Name ``names`` of ``namespace`` as members of the public ``module`` (a facade
+    such as ``monarch_nb.events``), unless they are top-level public names already."""
+    for name in names:
+        if namespace[name].__module__ != "monarch_nb":
+            namespace[name].__module__ = module

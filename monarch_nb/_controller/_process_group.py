@@ -271,6 +271,8 @@ class ProcGroup:
         return self.workers[rank].identity
 
     def failure_for(self, ranks: tuple[int, ...]) -> MeshFailure | None:
+        """Why ``ranks`` cannot take a call now, or None. Decisive only under the
+        controller's lock (as ``Controller.send`` reads it); elsewhere a hint."""
         match self.state:
             case Failed(error):
                 return error

@@ -109,7 +109,14 @@ class WireThread:
                         os.eventfd_read(self._wake_fd)
                     except BlockingIOError:
                         pass
-            self._drain()
+            try:
+                self._drain()
+            except zmq.ZMQError:
+                if self._stopping:
+                    return  # the socket closed under us at shutdown
+                raise
+            except Exception:  # a bug here must not leave the rank deaf: say it, go on
+                traceback.print_exc()
             now = time.monotonic()
             if now >= next_watch:
                 next_watch = now + _WATCH_INTERVAL_S
