@@ -173,3 +173,17 @@ def test_ctrl_c_on_get_in_a_plain_script_interrupts_the_ranks(tmp_path):
     assert "interrupted on rank(s) 0-1; the mesh is usable" in out
     assert "after: ['usable', 'usable']" in out
     assert not wait_for_exit(pids, 5.0)
+
+
+def test_events_nobody_takes_are_not_built():
+    from monarch_nb._controller._events import EventStream, Output
+
+    stream = EventStream("m")
+    assert not stream.wants(Output)
+    with stream.subscribe(print, kinds=(Output,)):
+        assert stream.wants(Output)
+        assert not stream.wants(RankStateChanged)
+        with stream.subscribe(print):
+            assert stream.wants(RankStateChanged)
+        assert not stream.wants(RankStateChanged)
+    assert not stream.wants(Output)

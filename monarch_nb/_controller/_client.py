@@ -175,9 +175,11 @@ class Controller:
             return
         events = group.events
         if call is not None and events:
-            events.emit(CallStarted(group.name, call.call_id, call.label, ranks))
-            for rank in became_busy:
-                events.emit(RankStateChanged(group.name, rank, RankState.BUSY, call.label))
+            if events.wants(CallStarted):
+                events.emit(CallStarted(group.name, call.call_id, call.label, ranks))
+            if became_busy and events.wants(RankStateChanged):
+                for rank in became_busy:
+                    events.emit(RankStateChanged(group.name, rank, RankState.BUSY, call.label))
         if pending_input:
             self.loop.call_soon(self._on_readable)
 
@@ -207,8 +209,9 @@ class Controller:
                 return
             call.answered.add(rank)
             idle = self._unload(call, rank)
-        if idle and call.group is not None and call.group.events:
-            call.group.events.emit(RankStateChanged(call.group.name, rank, RankState.IDLE))
+        events = call.group.events if call.group is not None else None
+        if idle and events and events.wants(RankStateChanged):
+            events.emit(RankStateChanged(events.mesh, rank, RankState.IDLE))
 
     def call_finished(self, call: PendingCall) -> None:
         with self._lock:
@@ -218,14 +221,16 @@ class Controller:
             self._calls.pop(call.call_id, None)
             idle = [r for r in call.waiting_ranks() if self._unload(call, r)]
         group = call.group
-        if group is not None and group.events:
+        if group is None or not group.events:
+            return
+        events = group.events
+        if events.wants(CallFinished):
             error = call.future.exception(timeout=0)
             summary = f"{type(error).__name__}: {error}".splitlines()[0] if error else None
-            group.events.emit(
-                CallFinished(group.name, call.call_id, call.label, call.ranks, summary)
-            )
+            events.emit(CallFinished(group.name, call.call_id, call.label, call.ranks, summary))
+        if idle and events.wants(RankStateChanged):
             for rank in idle:
-                group.events.emit(RankStateChanged(group.name, rank, RankState.IDLE))
+                events.emit(RankStateChanged(group.name, rank, RankState.IDLE))
 
     def _unload(self, call: PendingCall, rank: int) -> bool:
         """One call less in flight on ``rank``; True if it has none left (lock held)."""

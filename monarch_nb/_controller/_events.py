@@ -151,9 +151,17 @@ class EventStream:
         self._loop = loop  # the I/O loop that emits: see after_received
         self._lock = threading.Lock()
         self._observers: tuple[Observer, ...] = ()  # replaced, never mutated: emit reads it bare
+        self._kinds: list[tuple[Observer, tuple[type[Event], ...] | None]] = []
+        self._wanted: frozenset[type[Event]] | None = frozenset()  # None: every kind
 
     def __bool__(self) -> bool:
         return bool(self._observers)
+
+    def wants(self, kind: type[Event]) -> bool:
+        """Whether any observer takes events of ``kind``: emitters skip building
+        the events nobody takes (e.g. per-rank state changes on every call)."""
+        wanted = self._wanted
+        return wanted is None or kind in wanted
 
     def __len__(self) -> int:
         """How many observers are subscribed."""
@@ -163,8 +171,8 @@ class EventStream:
         self, observer: Observer, *, kinds: Iterable[type[Event]] | None = None
     ) -> Subscription:
         """Call ``observer(event)`` on the I/O thread for every event (of ``kinds``)."""
-        if kinds is not None:
-            wanted = tuple(kinds)
+        wanted = tuple(kinds) if kinds is not None else None
+        if wanted is not None:
             inner = observer
 
             def observer(event: Any) -> None:
@@ -172,12 +180,23 @@ class EventStream:
                     inner(event)
 
         with self._lock:
-            self._observers = (*self._observers, observer)
+            self._kinds.append((observer, wanted))
+            self._update()
         return Subscription(self, observer)
 
     def _remove(self, observer: Observer) -> None:
         with self._lock:
-            self._observers = tuple(o for o in self._observers if o is not observer)
+            self._kinds = [(o, k) for o, k in self._kinds if o is not observer]
+            self._update()
+
+    def _update(self) -> None:  # lock held
+        self._observers = tuple(o for o, _ in self._kinds)
+        if any(k is None for _, k in self._kinds):
+            self._wanted = None
+        else:
+            self._wanted = frozenset(
+                sub for _, k in self._kinds for kind in k or () for sub in _with_subclasses(kind)
+            )
 
     def after_received(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread once the events already received are emitted.
@@ -197,6 +216,13 @@ class EventStream:
                 observer(event)
             except Exception:
                 _log.exception("monarch_nb: an event observer failed on %r", event)
+
+
+def _with_subclasses(kind: type) -> list[type]:
+    found: list[type] = [kind]
+    for sub in kind.__subclasses__():
+        found += _with_subclasses(sub)
+    return found
 
 
 class EventLog:
