@@ -220,8 +220,9 @@ class EventStream:
 
 def _with_subclasses(kind: type) -> list[type]:
     found: list[type] = [kind]
-    for sub in kind.__subclasses__():
-        found += _with_subclasses(sub)
+    subclasses: list[type] = kind.__subclasses__()
+    for subclass in subclasses:
+        found += _with_subclasses(subclass)
     return found
 
 
