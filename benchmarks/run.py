@@ -19,10 +19,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 1 GiB rows")
     parser.add_argument(
-        "--only", choices=["runtime", "native", "notebook"], action="append", help="run just these"
+        "--only",
+        choices=["runtime", "native", "notebook", "scale", "chaos"],
+        action="append",
+        help="run just these",
     )
     args = parser.parse_args(argv)
-    wanted = args.only or ["runtime", "native", "notebook"]
+    wanted = args.only or ["runtime", "native", "notebook", "scale", "chaos"]
 
     if "runtime" in wanted:
         runtime = importlib.import_module("bench_runtime")
@@ -39,6 +42,14 @@ def main(argv: list[str] | None = None) -> None:
         runs = 50 if args.quick else 200
         print("## Notebook (%%mesh through a real kernel)\n")
         print(notebook.render(notebook.measure(runs, 4), runs), "\n", flush=True)
+    if "scale" in wanted:
+        scale = importlib.import_module("bench_scale")
+        print("## Scale (a call gathered from many ranks)\n")
+        print(scale.render(scale.measure(quick=args.quick)), "\n", flush=True)
+    if "chaos" in wanted:
+        chaos = importlib.import_module("bench_chaos")
+        print("## Hardening (faults, load, bad input)\n")
+        print(chaos.render(chaos.measure(quick=args.quick)), "\n", flush=True)
 
 
 if __name__ == "__main__":

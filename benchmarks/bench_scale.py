@@ -1,0 +1,188 @@
+"""Scale: a call gathered from hundreds to a thousand lightweight ranks.
+
+Run: ``python benchmarks/bench_scale.py`` (``--quick``: the 256-rank rows only).
+
+A *rank* here is one actor: ``A`` actor meshes spawned on a process mesh of
+``P`` workers give ``P * A`` ranks, and one gather is ``A`` calls (one per actor
+mesh) awaited together, ``P * A`` replies in all. Workers import no torch.
+
+Floor, measured in the same run: a raw pyzmq scatter/gather of the same
+number of messages to the same number of bare ``python`` echo processes
+(ROUTER on this side, one DEALER per process), divided per rank the same way.
+Reference, not measured here: Monarch's published figure, 2.6 ms for a cast
+gathered from 512 actors (about 5.1 us per actor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import cloudpickle
+import psutil
+import zmq
+
+from monarch_nb import Actor, endpoint, this_host
+
+# Workers cannot import benchmarks/: send this module's actors by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MONARCH_512_ACTORS_S = 2.6e-3
+
+_ECHO = """
+import os, sys, zmq
+parent = os.getppid()
+s = zmq.Context().socket(zmq.DEALER)
+s.setsockopt(zmq.SNDHWM, 0)
+s.setsockopt(zmq.RCVHWM, 0)
+s.connect(sys.argv[1])
+s.send(b"ready")
+while True:
+    if not s.poll(1000):
+        if os.getppid() != parent:
+            break
+        continue
+    frames = s.recv_multipart(copy=False)
+    if frames[0].bytes == b"stop":
+        break
+    s.send_multipart(frames, copy=False)
+"""
+
+
+class Tiny(Actor):
+    @endpoint
+    def ping(self) -> int:
+        return 0
+
+    @endpoint
+    def imported_torch(self) -> bool:
+        return "torch" in sys.modules
+
+
+@dataclass
+class ScaleRow:
+    procs: int
+    actors_per_proc: int
+    start_s: float  # spawn_procs plus every actor mesh spawned
+    gather_s: float  # median time of one gather from every rank
+    floor_s: float  # raw pyzmq scatter/gather of the same messages
+    controller_rss: int  # bytes, after the gathers
+    workers_rss: int  # bytes, all workers together
+
+    @property
+    def ranks(self) -> int:
+        return self.procs * self.actors_per_proc
+
+
+def median(fn, repeat: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+class RawGather:
+    """``procs`` bare echo processes behind one ROUTER: the floor for a gather."""
+
+    def __init__(self, procs: int) -> None:
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.SNDHWM, 0)
+        self.router.setsockopt(zmq.RCVHWM, 0)
+        port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        address = f"tcp://127.0.0.1:{port}"
+        self.children = [
+            subprocess.Popen([sys.executable, "-c", _ECHO, address]) for _ in range(procs)
+        ]
+        self.peers = [self.router.recv_multipart()[0] for _ in range(procs)]
+
+    def gather(self, per_peer: int) -> None:
+        send = self.router.send_multipart
+        for _ in range(per_peer):
+            for peer in self.peers:
+                send([peer, b"x"])
+        for _ in range(per_peer * len(self.peers)):
+            self.router.recv_multipart(copy=False)
+
+    def close(self) -> None:
+        for peer in self.peers:
+            self.router.send_multipart([peer, b"stop"])
+        for child in self.children:
+            child.wait(30)
+        self.router.close(0)
+        self.ctx.term()
+
+
+def measure_one(procs: int, actors_per_proc: int, repeat: int) -> ScaleRow:
+    t0 = time.perf_counter()
+    mesh = this_host().spawn_procs(per_host={"procs": procs}, name="scale", echo_output=False)
+    try:
+        actors = [mesh.spawn(f"tiny{i}", Tiny) for i in range(actors_per_proc)]
+        start_s = time.perf_counter() - t0
+        if any(actors[0].imported_torch.call().get(timeout=60).values()):
+            raise AssertionError("a worker imported torch: ranks are not lightweight")
+
+        def gather() -> None:
+            futures = [a.ping.call() for a in actors]
+            for future in futures:
+                future.get(timeout=60)
+
+        gather_s = median(gather, repeat)
+        controller_rss = psutil.Process().memory_info().rss
+        workers_rss = sum(psutil.Process(pid).memory_info().rss for pid in mesh.pids)
+    finally:
+        mesh.stop()
+    raw = RawGather(procs)
+    try:
+        floor_s = median(lambda: raw.gather(actors_per_proc), repeat)
+    finally:
+        raw.close()
+    return ScaleRow(procs, actors_per_proc, start_s, gather_s, floor_s, controller_rss, workers_rss)
+
+
+def measure(quick: bool = False) -> list[ScaleRow]:
+    configs = [(64, 4)] if quick else [(64, 4), (256, 1), (128, 8)]
+    repeat = 20 if quick else 50
+    return [measure_one(p, a, repeat) for p, a in configs]
+
+
+def render(rows: list[ScaleRow]) -> str:
+    lines = [
+        "| ranks (procs x actors) | gather | per rank | raw pyzmq gather (same run) "
+        "| per rank | ratio | mesh start | controller RSS | workers RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.ranks:,} ({r.procs} x {r.actors_per_proc}) "
+            f"| {r.gather_s * 1e3:.2f} ms | {r.gather_s / r.ranks * 1e6:.1f} us "
+            f"| {r.floor_s * 1e3:.2f} ms | {r.floor_s / r.ranks * 1e6:.1f} us "
+            f"| {r.gather_s / r.floor_s:.2f}x | {r.start_s:.1f} s "
+            f"| {r.controller_rss / 2**20:.0f} MiB | {r.workers_rss / 2**30:.2f} GiB |"
+        )
+    per_actor_us = MONARCH_512_ACTORS_S / 512 * 1e6
+    lines.append(
+        "\nReference (published, not measured here): Monarch, "
+        f"{MONARCH_512_ACTORS_S * 1e3:.1f} ms for a cast gathered from 512 actors "
+        f"({per_actor_us:.1f} us per actor)."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the 256-rank rows only")
+    args = parser.parse_args(argv)
+    print(render(measure(quick=args.quick)))
+
+
+if __name__ == "__main__":
+    main()
