@@ -193,7 +193,12 @@ class ProcGroup:
         # its identity unknown (and be dropped) while we still start the others.
         self.controller.run(lambda: self._register_peers(identities))
         base_env = self._base_env(self.controller.bind_host)
-        workers = [self._launch(r, identities[r], key, base_env) for r in ranks]
+        # Launched from the I/O thread, which lives as long as the controller: a
+        # worker's parent-death signal fires when the *thread* that forked it
+        # ends, and a caller's thread may end long before the mesh does.
+        workers = self.controller.run(
+            lambda: [self._launch(r, identities[r], key, base_env) for r in ranks]
+        )
         self.controller.run(lambda: self._watch(workers))
         if self.events:
             for rank in ranks:

@@ -330,8 +330,27 @@ class Worker:
             self.send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
 
 
+def _die_with_parent(controller_pid: int) -> None:
+    """SIGKILL this process the instant its controller dies (Linux's parent-death
+    signal): no orphans even while user code holds the GIL. The wire thread's
+    ``getppid()`` check stays as the fallback where prctl is missing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != controller_pid:  # it died before prctl took effect
+        os._exit(70)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def main() -> None:
     boot = json.loads(sys.stdin.buffer.readline())
+    _die_with_parent(boot["controller_pid"])
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
