@@ -21,6 +21,7 @@ Native status codes become exceptions in exactly one place: ``_failure``.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import logging
@@ -169,6 +170,13 @@ class _ConnectionPool:
         for s in socks:
             s.close()
 
+    def close_all(self) -> None:
+        """Close every idle connection (at exit: owners may be long gone)."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for socks in idle.values():
+            self.discard(socks)
+
 
 def _key(handle: Handle) -> tuple[str, int, int]:
     # The pid too: a later owner may listen on the port of one that exited.
@@ -187,6 +195,7 @@ def _idle_and_open(sock: socket.socket) -> bool:
 
 
 _pool = _ConnectionPool()
+atexit.register(_pool.close_all)
 
 
 def connect(handle: Handle) -> socket.socket:
