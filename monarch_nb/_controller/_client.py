@@ -124,11 +124,19 @@ class Controller:
 
     def shutdown(self) -> None:
         """Kill every worker this controller started (at interpreter exit)."""
+        if self.loop.stopping:
+            return
         for group in list(self.groups):
             try:
                 group.kill()
             except Exception:
                 _log.exception("monarch_nb: could not stop %r at exit", group.name)
+
+        def close() -> None:
+            self.loop.remove_fd(int(self.router.getsockopt(zmq.FD)))
+            self.router.close(0)
+
+        self.run(close)
         self.loop.stop()
 
     def next_call_id(self) -> int:

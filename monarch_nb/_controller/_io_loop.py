@@ -40,6 +40,11 @@ class IOLoop:
         self._thread.start()
 
     @property
+    def stopping(self) -> bool:
+        """True once stop() was called: nothing queued afterwards will run."""
+        return self._stopping
+
+    @property
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
 
