@@ -60,7 +60,7 @@ def test_signed_message_round_trip_over_real_sockets(pair):
     key = new_key()
     sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
     message = Call(1, 7, "step", True)
-    dealer.send_multipart(sender.encode(message, {"x": b"y" * 10000}).frames, copy=False)
+    dealer.send_multipart(sender.encode(message, {"x": b"y" * 10000}).seal(), copy=False)
     frames = receive(router)
     assert receiver.verify(frames, ReplayWindow()) == message
     assert decode_payload(frames) == {"x": b"y" * 10000}
@@ -74,14 +74,14 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     marker = tmp_path / "unpickled"
     evil = pickle.dumps(Evil(str(marker)))
     unsigned = b"\0" * 32 + (1).to_bytes(8, "little") + len(evil).to_bytes(4, "little") + evil
-    forged = Signer(new_key(), WireStats()).encode(Value(1), Evil(str(marker)))
-    genuine = Signer(key, WireStats()).encode(Value(2), None)
+    forged = Signer(new_key(), WireStats()).encode(Value(1), Evil(str(marker))).seal()
+    genuine = Signer(key, WireStats()).encode(Value(2), None).seal()
     sent = [
         [b"short"],  # truncated: not even an envelope
         [unsigned, evil],  # a well-formed envelope whose meta is a malicious pickle
-        forged.frames,  # signed, but with another key
-        genuine.frames,
-        genuine.frames,  # replayed
+        forged,  # signed, but with another key
+        genuine,
+        genuine,  # replayed
     ]
     for frames in sent:
         dealer.send_multipart(frames)
@@ -93,6 +93,23 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     assert stats.dropped_bad_signature == 2
     assert stats.dropped_replayed == 1
     assert not marker.exists()
+
+
+def test_sequence_numbers_leave_in_send_order_whoever_encoded_first():
+    # A big payload encoded on one thread, small ones sent meanwhile on another:
+    # numbers are taken when sealing (at send time), so none arrives as a replay.
+    key = new_key()
+    sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
+    big = sender.encode(Value(1), b"x" * (32 << 20))
+    small = [sender.encode(Value(i)) for i in range(2, 3000)]
+    window = ReplayWindow()
+    for message in small:
+        assert receiver.verify(message.seal(), window) is not None
+    frames = big.seal()
+    assert len(frames) == 2  # header and small body in one frame, the bytes out of band
+    assert receiver.verify(frames, window) == Value(1)
+    assert decode_payload(frames) == b"x" * (32 << 20)
+    assert receiver.stats.dropped_replayed == 0
 
 
 def test_replay_window_accepts_each_number_once_in_any_order():
@@ -117,7 +134,7 @@ def test_a_signed_message_of_an_unknown_kind_is_an_error_not_a_silent_drop(monke
     monkeypatch.setitem(_messages._FIELDS, Rogue, lambda m: (m.call_id,))
 
     with pytest.raises(UnknownMessage, match="unknown message tag 999"):
-        receiver.verify(sender.encode(Rogue(1)).frames, ReplayWindow())
+        receiver.verify(sender.encode(Rogue(1)).seal(), ReplayWindow())
     assert receiver.stats.unknown_messages == 1
 
 

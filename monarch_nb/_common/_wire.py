@@ -1,28 +1,36 @@
 """Signed multipart messages over pyzmq.
 
-A message is one *envelope* frame, then one frame per out-of-band buffer::
+A message is a *header* and a *body*, then one frame per out-of-band buffer::
 
-    envelope = signature(32) | sequence(8) | meta length(4) | meta | payload
+    header = signature(32) | sequence(8)
+    body   = meta length(4) | meta | payload
+
+Header and body share the first frame, unless the body is 64 KiB or more
+(then it is a frame of its own, sent zero-copy).
 
 - ``meta`` is a small pickle of a :mod:`._messages` message as a plain tuple
   (what to do, call id, names), so a receiver can always answer "which call
   failed" even if the payload cannot be unpickled;
 - ``payload`` is the (cloud)pickle of the arguments or value; the buffer
   frames are its out-of-band buffers (tensors, arrays, large bytes);
-- ``signature`` is HMAC-SHA256 over the rest of the envelope and every buffer
-  frame, each buffer prefixed by its length so frame boundaries cannot be
-  shifted; ``sequence`` is the sender's message counter: a receiver accepts
-  each number once (:class:`ReplayWindow`), which stops replays. Two threads
-  of one sender may encode in one order and send in the other, so numbers
-  are accepted out of order within a window, never twice. A buffer of 8 MiB
-  or more enters the HMAC as the SHA-256 digests of its 2 MiB chunks, hashed on a small thread pool
-  (hashlib releases the GIL): as strong, since SHA-256 is collision
-  resistant, and it uses every core on big tensors.
+- the *content digest* is SHA-256 over the body and every buffer frame, each
+  prefixed by its length so frame boundaries cannot be shifted. A buffer of
+  8 MiB or more enters it as the SHA-256 digests of its 2 MiB chunks, hashed
+  on a small thread pool (hashlib releases the GIL): as strong, since SHA-256
+  is collision resistant, and it uses every core on big tensors;
+- ``signature`` is HMAC-SHA256 under the mesh key over ``sequence`` and the
+  content digest; ``sequence`` is the sender's message counter, and a
+  receiver accepts each number once (:class:`ReplayWindow`), which stops
+  replays.
 
-A small call is thus a single frame. Nothing is unpickled before the
-signature and the sequence check pass; frames that fail are dropped and
-counted in :class:`WireStats`. A message is encoded (pickled and signed) once,
-however many ranks it is sent to.
+Encoding (pickling and the content digest, the expensive part) happens
+once, however many ranks a message goes to, and outside any lock.
+*Sealing* (the next sequence number and the HMAC over 40 bytes) happens
+at send time, under the lock that orders the sender's sends, so sequence
+numbers leave each sender in order, whichever thread encoded first.
+
+Nothing is unpickled before the signature and the sequence check pass;
+frames that fail are dropped and counted in :class:`WireStats`.
 
 Out-of-band buffers are sent zero-copy, straight from the caller's memory
 (a copy of 64 MiB costs more than the transfer itself here). So a tensor
@@ -54,7 +62,7 @@ KEY_BYTES = 32
 _SIG_BYTES = 32
 _SEQ_BYTES = 8
 _META_LEN_BYTES = 4
-_PREFIX_BYTES = _SIG_BYTES + _SEQ_BYTES + _META_LEN_BYTES
+_HEADER_BYTES = _SIG_BYTES + _SEQ_BYTES
 # Frames below this are copied into zmq (cheaper than pinning a Python object).
 _ZERO_COPY_BYTES = 1 << 16
 # pyzmq's send_multipart combines IntFlag enums on every frame; plain ints are
@@ -109,23 +117,43 @@ class WireStats:
 
 
 class Encoded:
-    """A signed message ready to send any number of times."""
+    """A message pickled and digested once, ready to seal and send any number of times."""
 
-    __slots__ = ("frames", "nbytes", "zero_copy")
+    __slots__ = ("_signer", "body", "buffers", "digest", "nbytes", "separate_body")
 
-    def __init__(self, frames: list[Any], nbytes: int) -> None:
-        self.frames = frames
-        self.nbytes = nbytes
-        self.zero_copy = [memoryview(f).nbytes >= _ZERO_COPY_BYTES for f in frames]
+    def __init__(self, signer: Signer, body: bytes, buffers: list[Any], digest: bytes) -> None:
+        self._signer = signer
+        self.body = body
+        self.buffers = buffers
+        self.digest = digest
+        self.nbytes = len(body) + sum(memoryview(b).nbytes for b in buffers)
+        self.separate_body = len(body) >= _ZERO_COPY_BYTES
 
-    def send(self, socket: zmq.Socket, identity: bytes | None = None) -> None:
-        """Send on ``socket`` (to ``identity`` first, for a ROUTER)."""
+    def seal(self) -> list[Any]:
+        """The frames, with the sender's next sequence number and their signature.
+
+        Call under the lock that orders this sender's sends; a sealed message
+        may go to any number of receivers (each keeps its own replay window).
+        """
+        header = self._signer.header(self.digest)
+        if self.separate_body:
+            return [header, self.body, *self.buffers]
+        return [header + self.body, *self.buffers]
+
+    def send(
+        self, socket: zmq.Socket, identity: bytes | None = None, frames: list[Any] | None = None
+    ) -> None:
+        """Send on ``socket`` (to ``identity`` first, for a ROUTER); seals unless
+        ``frames`` (from :meth:`seal`) are given."""
+        if frames is None:
+            frames = self.seal()
         send = socket.send
         if identity is not None:
             send(identity, _SNDMORE)
-        last = len(self.frames) - 1
-        for i, (frame, zero_copy) in enumerate(zip(self.frames, self.zero_copy, strict=True)):
-            send(frame, _SNDMORE if i < last else 0, copy=not zero_copy)
+        last = len(frames) - 1
+        for i, frame in enumerate(frames):
+            big = i > 0 and memoryview(frame).nbytes >= _ZERO_COPY_BYTES
+            send(frame, _SNDMORE if i < last else 0, copy=not big)
 
 
 def receive(socket: zmq.Socket) -> list[zmq.Frame] | None:
@@ -154,40 +182,30 @@ class Signer:
         self._sequence = itertools.count(1)
         self.stats = stats
 
-    def _digest(self, signed: Any, buffers: Sequence[Any]) -> bytes:
+    def header(self, digest: bytes) -> bytes:
+        """``signature | sequence`` for content with ``digest``, with the next number."""
+        sequence = next(self._sequence).to_bytes(_SEQ_BYTES, "little")
         mac = self._mac.copy()
-        mac.update(signed)
-        for frame in buffers:
-            view = memoryview(frame)
-            mac.update(view.nbytes.to_bytes(8, "little"))
-            if view.nbytes >= _CHUNKED_FRAME_BYTES:
-                mac.update(_chunk_digests(view.cast("B")))
-            else:
-                mac.update(view)
-        return mac.digest()
+        mac.update(sequence)
+        mac.update(digest)
+        return mac.digest() + sequence
 
     def encode(self, message: Message, payload: Any = None, *, by_value: bool = True) -> Encoded:
-        """Pickle and sign a message once; raises whatever pickling raises."""
+        """Pickle a message and digest its content once; raises whatever pickling raises."""
         meta_bytes = pickle.dumps(to_wire(message), protocol=5)
-        body: bytes = b""
+        payload_bytes: bytes = b""
         buffers: list[pickle.PickleBuffer] = []
         if payload is not None:
-            body, buffers = dumps(payload, by_value=by_value)
+            payload_bytes, buffers = dumps(payload, by_value=by_value)
         raw = [b.raw() for b in buffers]  # zero-copy: see the module docstring
-        signed = b"".join(
-            (
-                next(self._sequence).to_bytes(_SEQ_BYTES, "little"),
-                len(meta_bytes).to_bytes(_META_LEN_BYTES, "little"),
-                meta_bytes,
-                body,
-            )
+        body = b"".join(
+            (len(meta_bytes).to_bytes(_META_LEN_BYTES, "little"), meta_bytes, payload_bytes)
         )
-        frames = [self._digest(signed, raw) + signed, *raw]
-        oob = sum(r.nbytes for r in raw)
+        encoded = Encoded(self, body, raw, _content_digest(body, raw))
         self.stats.encoded += 1
-        self.stats.bytes_in_band += len(signed)
-        self.stats.bytes_out_of_band += oob
-        return Encoded(frames, len(body) + oob)
+        self.stats.bytes_in_band += len(body)
+        self.stats.bytes_out_of_band += encoded.nbytes - len(body)
+        return encoded
 
     def verify(self, frames: Sequence[Any], window: ReplayWindow) -> Message | None:
         """Check signature and freshness; the message, or None (counted).
@@ -196,36 +214,62 @@ class Signer:
         Raises :class:`UnknownMessage` (counted) for a verified message of an
         unknown kind: the caller reports it.
         """
-        if not frames:
+        split = _split(frames)
+        if split is None:
             self.stats.dropped_malformed += 1
             return None
-        envelope = memoryview(frames[0])
-        if envelope.nbytes < _PREFIX_BYTES:
-            self.stats.dropped_malformed += 1
-            return None
-        meta_end = _PREFIX_BYTES + int.from_bytes(
-            envelope[_PREFIX_BYTES - 4 : _PREFIX_BYTES], "little"
-        )
-        if meta_end > envelope.nbytes:
-            self.stats.dropped_malformed += 1
-            return None
-        expected = self._digest(envelope[_SIG_BYTES:], frames[1:])
-        if not hmac.compare_digest(expected, envelope[:_SIG_BYTES]):
+        header, body, buffers = split
+        mac = self._mac.copy()
+        mac.update(header[_SIG_BYTES:])
+        mac.update(_content_digest(body, buffers))
+        if not hmac.compare_digest(mac.digest(), header[:_SIG_BYTES]):
             self.stats.dropped_bad_signature += 1
             return None
-        number = int.from_bytes(envelope[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little")
-        if not window.accept(number):
+        if not window.accept(int.from_bytes(header[_SIG_BYTES:], "little")):
             self.stats.dropped_replayed += 1
             return None
         self.stats.received += 1
+        meta_end = _META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little")
         try:
-            meta = pickle.loads(envelope[_PREFIX_BYTES:meta_end])
-            return from_wire(meta)
+            return from_wire(pickle.loads(body[_META_LEN_BYTES:meta_end]))
         except Exception as exc:
             self.stats.unknown_messages += 1
             if isinstance(exc, UnknownMessage):
                 raise
             raise UnknownMessage(f"a signed message could not be read: {exc!r}") from exc
+
+
+def _content_digest(body: Any, buffers: Sequence[Any]) -> bytes:
+    content = hashlib.sha256()
+    for frame in (body, *buffers):
+        view = memoryview(frame)
+        content.update(view.nbytes.to_bytes(8, "little"))
+        if view.nbytes >= _CHUNKED_FRAME_BYTES:
+            content.update(_chunk_digests(view.cast("B")))
+        else:
+            content.update(view)
+    return content.digest()
+
+
+def _split(frames: Sequence[Any]) -> tuple[memoryview, memoryview, list[Any]] | None:
+    """``(header, body, buffer frames)`` of a message, or None if malformed."""
+    if not frames:
+        return None
+    first = memoryview(frames[0])
+    if first.nbytes < _HEADER_BYTES:
+        return None
+    if first.nbytes == _HEADER_BYTES:  # the body has a frame of its own
+        if len(frames) < 2:
+            return None
+        body, buffers = memoryview(frames[1]), list(frames[2:])
+    else:
+        body, buffers = first[_HEADER_BYTES:], list(frames[1:])
+    if body.nbytes < _META_LEN_BYTES:
+        return None
+    meta_end = _META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little")
+    if meta_end > body.nbytes:
+        return None
+    return first[:_HEADER_BYTES], body, buffers
 
 
 # How far out of order a sender's sequence numbers may arrive (bits kept).
@@ -262,9 +306,11 @@ class ReplayWindow:
 
 def decode_payload(frames: Sequence[Any]) -> Any:
     """Unpickle the payload of a verified message (buffers stay zero-copy)."""
-    envelope = memoryview(frames[0])
-    meta_end = _PREFIX_BYTES + int.from_bytes(envelope[_PREFIX_BYTES - 4 : _PREFIX_BYTES], "little")
-    body = envelope[meta_end:]
-    if body.nbytes == 0:
+    split = _split(frames)
+    assert split is not None, "decode_payload() of a message that verify() refused"
+    _, body, buffers = split
+    meta_end = _META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little")
+    payload = body[meta_end:]
+    if payload.nbytes == 0:
         return None
-    return loads(body, [memoryview(f) for f in frames[1:]])
+    return loads(payload, [memoryview(f) for f in buffers])

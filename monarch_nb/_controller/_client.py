@@ -173,8 +173,9 @@ class Controller:
                         if outstanding[(gid, rank)] == 1:
                             became_busy.append(rank)
                 router = self.router
+                frames = message.seal()  # in send order: see _wire's docstring
                 for rank in ranks:
-                    message.send(router, group.identity(rank))
+                    message.send(router, group.identity(rank), frames)
                 self.stats.sent += len(ranks)
                 pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
         if failure is not None:

@@ -16,33 +16,33 @@ def wire_stats(procs: Any) -> Any:
     return procs.status().wire
 
 
-# The envelope of the wire format, as documented in monarch_nb/_common/_wire.py:
-#   signature(32) | sequence(8) | meta length(4) | meta | payload
-# with the HMAC-SHA256 over everything after the signature, then over each
-# further frame prefixed by its length (8 bytes, little endian).
+# The wire format, as documented in monarch_nb/_common/_wire.py:
+#   header = signature(32) | sequence(8);  body = meta length(4) | meta | payload
+# in one frame (header + body), then one frame per buffer. The signature is
+# HMAC-SHA256(key, sequence | content digest), the content digest SHA-256 over
+# the body and each buffer, each prefixed by its length (8 bytes, little endian).
 SIG_BYTES, SEQ_BYTES, META_LEN_BYTES = 32, 8, 4
 PREFIX_BYTES = SIG_BYTES + SEQ_BYTES + META_LEN_BYTES
 
 
 def envelope(signature: bytes, sequence: int, meta: bytes, payload: bytes = b"") -> bytes:
-    """Raw envelope bytes with the given (possibly bogus) signature."""
-    return (
-        signature
-        + sequence.to_bytes(SEQ_BYTES, "little")
-        + len(meta).to_bytes(META_LEN_BYTES, "little")
-        + meta
-        + payload
-    )
+    """Raw first-frame bytes with the given (possibly bogus) signature."""
+    return signature + sequence.to_bytes(SEQ_BYTES, "little") + _body(meta, payload)
+
+
+def _body(meta: bytes, payload: bytes = b"") -> bytes:
+    return len(meta).to_bytes(META_LEN_BYTES, "little") + meta + payload
 
 
 def sign_raw(key: bytes, sequence: int, meta: bytes, buffers: tuple[bytes, ...] = ()) -> list:
     """A correctly signed multipart message built from raw bytes (small buffers only)."""
-    unsigned = envelope(b"", sequence, meta)
-    mac = hmac.new(key, unsigned, hashlib.sha256)
-    for frame in buffers:
-        mac.update(len(frame).to_bytes(8, "little"))
-        mac.update(frame)
-    return [mac.digest() + unsigned, *buffers]
+    content = hashlib.sha256()
+    for frame in (_body(meta), *buffers):
+        content.update(len(frame).to_bytes(8, "little"))
+        content.update(frame)
+    number = sequence.to_bytes(SEQ_BYTES, "little")
+    signature = hmac.new(key, number + content.digest(), hashlib.sha256).digest()
+    return [envelope(signature, sequence, meta), *buffers]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
