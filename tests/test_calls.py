@@ -102,9 +102,47 @@ def test_stopping_a_mesh_under_a_flood_of_calls_completes_every_future_once():
     for fut in futures:
         fut.exception(timeout=10)
     assert counts == [1] * CALLS
+    assert _in_flight(procs) == 0  # every call's load on its ranks was taken back
     values = [f for f in futures if f.exception(timeout=0) is None]
     failed = [f for f in futures if isinstance(f.exception(timeout=0), MeshFailure)]
     assert len(values) + len(failed) == CALLS
     assert values, "some calls should have returned before the stop"
     for fut in values[:50]:
         assert len(fut.get(timeout=0)) == 2
+
+
+def _in_flight(procs) -> int:
+    group = procs._group  # the controller's per-rank load counters of this mesh
+    return sum(n for (gid, _), n in group.controller.outstanding.items() if gid == group.id)
+
+
+def test_calls_racing_a_restart_each_complete_and_leave_no_load_behind():
+    from monarch_nb import this_host
+
+    with this_host().spawn_procs(per_host={"procs": 2}, echo_output=False) as procs:
+        futures = []
+        stop = threading.Event()
+
+        def caller():
+            while not stop.is_set():
+                futures.append(procs.exec("1"))
+
+        thread = threading.Thread(target=caller)
+        thread.start()
+        try:
+            for _ in range(3):
+                procs.restart()
+        finally:
+            stop.set()
+            thread.join()
+        outcomes = {"value": 0, "refused": 0}
+        for fut in futures:
+            error = fut.exception(timeout=30)  # none may hang
+            if error is None:
+                outcomes["value"] += 1
+            else:
+                assert isinstance(error, MeshFailure), error
+                outcomes["refused"] += 1
+        assert outcomes["value"] > 0
+        assert _in_flight(procs) == 0
+        assert procs.run("'after'").values() == ["after", "after"]

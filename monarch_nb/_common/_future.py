@@ -102,7 +102,7 @@ class Future(Generic[T]):
         Raises the error of the operation, or a ``TimeoutError`` subclass if
         ``timeout`` seconds pass first (the operation itself keeps going).
         """
-        if not self._wait(timeout):
+        if not self._wait(timeout) and not self._done:
             raise self._timeout_error(timeout)
         if self._exception is not None:
             raise self._exception
@@ -110,7 +110,7 @@ class Future(Generic[T]):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait like ``get`` but return the error (or None) instead of raising it."""
-        if not self._wait(timeout):
+        if not self._wait(timeout) and not self._done:
             raise self._timeout_error(timeout)
         return self._exception
 

@@ -119,10 +119,10 @@ class WireStats:
 class Encoded:
     """A message pickled and digested once, ready to seal and send any number of times."""
 
-    __slots__ = ("_signer", "body", "buffers", "digest", "nbytes", "separate_body")
+    __slots__ = ("body", "buffers", "digest", "nbytes", "separate_body", "signer")
 
     def __init__(self, signer: Signer, body: bytes, buffers: list[Any], digest: bytes) -> None:
-        self._signer = signer
+        self.signer = signer  # whose key and sequence seal it
         self.body = body
         self.buffers = buffers
         self.digest = digest
@@ -135,7 +135,7 @@ class Encoded:
         Call under the lock that orders this sender's sends; a sealed message
         may go to any number of receivers (each keeps its own replay window).
         """
-        header = self._signer.header(self.digest)
+        header = self.signer.header(self.digest)
         if self.separate_body:
             return [header, self.body, *self.buffers]
         return [header + self.body, *self.buffers]

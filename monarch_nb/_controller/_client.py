@@ -160,7 +160,14 @@ class Controller:
         became_busy: list[int] = []
         with self._lock:
             failure = None if even_if_failed else group.failure_for(ranks)
+            if failure is None and message.signer is not group.signer:
+                failure = MeshFailure(
+                    f"process mesh {group.name!r} restarted while this call was being sent "
+                    "(it was signed for the old processes); call again",
+                    ranks=ranks,
+                )
             if failure is None:
+                identities = [group.identity(rank) for rank in ranks]
                 if call is not None:
                     call.group, call.controller = group, self
                     self._calls[call.call_id] = call
@@ -174,8 +181,8 @@ class Controller:
                             became_busy.append(rank)
                 router = self.router
                 frames = message.seal()  # in send order: see _wire's docstring
-                for rank in ranks:
-                    message.send(router, group.identity(rank), frames)
+                for identity in identities:
+                    message.send(router, identity, frames)
                 self.stats.sent += len(ranks)
                 pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
         if failure is not None:

@@ -75,8 +75,10 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
             cause=future.exception(timeout=0) if future.done() else None,
         )
     error = future.exception(timeout=0)
-    if error is None:
-        return future.get(timeout=0)  # it finished just as we gave up
+    if error is None and why != "interrupted":
+        return future.get(timeout=0)  # it finished just as the timeout struck: no harm
+    if error is None:  # Ctrl-C means stop here, even if the call finished meanwhile
+        raise KeyboardInterrupt(f"{label} interrupted (it had finished on every rank)")
     if error is not None and not _only_interrupts(error):
         raise error  # the ranks turned the interrupt into an error of their own
     where = format_ranks(busy) if busy else "none (they had finished)"

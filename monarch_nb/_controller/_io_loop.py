@@ -51,7 +51,12 @@ class IOLoop:
     # -- thread-safe entry points --------------------------------------------
 
     def call_soon(self, callback: Callback) -> None:
-        """Run ``callback()`` on the I/O thread as soon as possible."""
+        """Run ``callback()`` on the I/O thread as soon as possible.
+
+        Raises RuntimeError once the loop was stopped: nothing would run it.
+        """
+        if self._stopping:
+            raise RuntimeError("monarch_nb's I/O loop was stopped (the controller shut down)")
         self._pending.append(callback)
         try:
             os.eventfd_write(self._wake_fd, 1)
@@ -63,7 +68,10 @@ class IOLoop:
         if self._stopping:
             return
         self._stopping = True
-        self.call_soon(lambda: None)
+        try:
+            os.eventfd_write(self._wake_fd, 1)  # wake the loop so it sees _stopping
+        except OSError:
+            pass
         if not self.in_loop_thread:
             self._thread.join(timeout=5)
 
