@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ._controller._events import RankState
     from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
     from ._controller._status import MeshState, MeshStatus, RankStatus
+    from .debug._remote import breakpoint
 
 # Public name -> the private module that defines it. Imported on first use
 # (PEP 562), so a worker process, which imports this package first, loads
@@ -79,6 +80,7 @@ _DEFINED_IN = {
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",
     "ValueMesh": "_common._value_mesh",
+    "breakpoint": "debug._remote",
     "context": "_common._context",
     "current_rank": "_common._context",
     "endpoint": "_common._actors",
@@ -152,6 +154,7 @@ __all__ = [
     "Shape",
     "SpawnError",
     "ValueMesh",
+    "breakpoint",
     "context",
     "current_mesh",
     "current_rank",

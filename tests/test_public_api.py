@@ -5,6 +5,7 @@ import monarch_nb
 
 # Module-level names of the package that are not API: submodules, typing helpers.
 _NOT_API = {"annotations", "importlib", "magics", "native", "worker", "Any", "TYPE_CHECKING"}
+_NOT_API |= {"debug", "widgets"}  # subpackages, attributes once imported
 _EXTENSION_HOOKS = {"load_ipython_extension", "unload_ipython_extension"}
 
 

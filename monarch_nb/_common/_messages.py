@@ -17,11 +17,13 @@ Controller -> worker::
     Spawn, Call, RunCell, Push, Pull   work, run in order on the main thread
     StopActor, Shutdown                work too (ordered after the calls before them)
     Interrupt, StatusQuery             control, answered by the wire thread at once
+    DebugInput, DebugRefused           control, for a rank stopped in pdb (monarch_nb.debug)
 
 Worker -> controller::
 
     Hello, Value, Failure, BroadcastFailure, Display, Supervision,
-    Heartbeat (with a ResourceSample), StatusReply, ProtocolError
+    Heartbeat (with a ResourceSample), StatusReply, ProtocolError,
+    DebugPrompt, DebugOutput, DebugEnded
 """
 
 from __future__ import annotations
@@ -156,9 +158,11 @@ class Shutdown(Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class Interrupt(Message):
-    """KeyboardInterrupt in the user code running on the rank (if any)."""
+    """Stop call ``call_id`` on the rank: KeyboardInterrupt if it runs, answered as
+    interrupted without running if still queued. ``0``: whatever user code runs now."""
 
     TAG: ClassVar[int] = 20
+    call_id: int = 0
 
 
 @_message
@@ -235,6 +239,7 @@ class ResourceSample:
 
     cpu_seconds: float  # user + system CPU time of the process so far
     rss_bytes: int
+    sampled_at: float = 0.0  # the rank's monotonic clock: CPU % is a slope over it
     gpu_memory_allocated: int | None = None  # torch.cuda, when the rank initialised CUDA
     gpu_memory_reserved: int | None = None
     gpu_utilization: float | None = None  # percent, from NVML when available
@@ -268,3 +273,57 @@ class ProtocolError(Message):
 
     TAG: ClassVar[int] = 48
     detail: str
+
+
+# -- the debugger bridge (monarch_nb.debug) ----------------------------------------
+# Controller -> worker, control: the rank's main thread is inside pdb waiting for a
+# line, so the wire thread hands these over (WireThread.control_handlers).
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class DebugInput(Message):
+    """One line typed at the ``(Pdb rank N)`` prompt."""
+
+    TAG: ClassVar[int] = 22
+    line: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class DebugRefused(Message):
+    """Nobody can answer the rank's prompt: its breakpoint raises ``reason``."""
+
+    TAG: ClassVar[int] = 23
+    reason: str
+
+
+# Worker -> controller.
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class DebugPrompt(Message):
+    """The rank is paused in pdb and reads a line (``location``: ``file:line in func``)."""
+
+    TAG: ClassVar[int] = 49
+    prompt: str
+    location: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class DebugOutput(Message):
+    """Text pdb wrote on the rank."""
+
+    TAG: ClassVar[int] = 50
+    text: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class DebugEnded(Message):
+    """The rank left pdb (``how``: "continued", "quit", "interrupted", "refused: ...")."""
+
+    TAG: ClassVar[int] = 51
+    how: str

@@ -19,6 +19,7 @@ counted twice nor lost.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,18 @@ from .._common._value_mesh import ValueMesh
 if TYPE_CHECKING:
     from ._client import Controller
     from ._process_group import ProcGroup
+
+
+# Serves the waiting thread until the call completes or the deadline passes:
+# the debugger's prompt must run on the thread that can read input (a kernel's
+# main thread), which is the one blocked here. Set by monarch_nb.debug.install().
+_wait_hook: Callable[[CallFuture, float | None], None] | None = None
+
+
+def set_wait_hook(hook: Callable[[CallFuture, float | None], None] | None) -> None:
+    """Install ``hook(future, deadline)`` for every blocking ``CallFuture.get``."""
+    global _wait_hook
+    _wait_hook = hook
 
 
 class CallFuture(Future[Any]):
@@ -86,6 +99,11 @@ class CallFuture(Future[Any]):
 
     def get(self, timeout: float | None = None) -> Any:
         try:
+            hook = _wait_hook
+            if hook is not None and not self._done and self._call is not None:
+                deadline = None if timeout is None else time.monotonic() + timeout
+                hook(self, deadline)  # returns when done, or at the deadline
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             return super().get(timeout)
         except KeyboardInterrupt:
             if self.done() or self._call is None or self._call.group is None:

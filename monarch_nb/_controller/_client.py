@@ -28,6 +28,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -179,6 +180,15 @@ class Controller:
                         outstanding[(gid, rank)] += 1
                         if outstanding[(gid, rank)] == 1:
                             became_busy.append(rank)
+                    events = group.events
+                    if events:  # queued now, before any reply can be: events stay in order
+                        if events.wants(CallStarted):
+                            events.post(CallStarted(group.name, call.call_id, call.label, ranks))
+                        if became_busy and events.wants(RankStateChanged):
+                            for rank in became_busy:
+                                events.post(
+                                    RankStateChanged(group.name, rank, RankState.BUSY, call.label)
+                                )
                 router = self.router
                 frames = message.seal()  # in send order: see _wire's docstring
                 for identity in identities:
@@ -189,22 +199,24 @@ class Controller:
             if call is not None:
                 call.fail(failure)
             return
-        events = group.events
-        if call is not None and events:
-            if events.wants(CallStarted):
-                events.emit(CallStarted(group.name, call.call_id, call.label, ranks))
-            if became_busy and events.wants(RankStateChanged):
-                for rank in became_busy:
-                    events.emit(RankStateChanged(group.name, rank, RankState.BUSY, call.label))
+        if call is not None and group.events:
+            group.events.flush()
         if pending_input:
             self.loop.call_soon(self._on_readable)
 
-    def end_group(self, group: ProcGroup, state: Any, error: MeshFailure) -> int:
+    def end_group(
+        self, group: ProcGroup, state: Any, error: MeshFailure, *, unless_ended: bool = False
+    ) -> int | None:
         """Move ``group`` to a final ``state``, failing its calls in flight with ``error``.
 
-        Any thread. Returns how many calls were failed.
+        Any thread. Returns how many calls were failed, or None if ``unless_ended``
+        and the group had already failed or stopped (a crash racing a stop).
         """
+        from ._process_group import Failed, Stopped
+
         with self._lock:
+            if unless_ended and isinstance(group.state, Failed | Stopped):
+                return None
             group.state = state
             calls = [c for c in self._calls.values() if c.group is group]
         for call in calls:
@@ -225,9 +237,8 @@ class Controller:
                 return
             call.answered.add(rank)
             idle = self._unload(call, rank)
-        events = call.group.events if call.group is not None else None
-        if idle and events and events.wants(RankStateChanged):
-            events.emit(RankStateChanged(events.mesh, rank, RankState.IDLE))
+        if idle and call.group is not None:
+            call.group.rank_settled(rank)
 
     def call_finished(self, call: PendingCall) -> None:
         with self._lock:
@@ -237,16 +248,15 @@ class Controller:
             self._calls.pop(call.call_id, None)
             idle = [r for r in call.waiting_ranks() if self._unload(call, r)]
         group = call.group
-        if group is None or not group.events:
+        if group is None:
             return
         events = group.events
-        if events.wants(CallFinished):
+        if events and events.wants(CallFinished):
             error = call.future.exception(timeout=0)
             summary = f"{type(error).__name__}: {error}".splitlines()[0] if error else None
             events.emit(CallFinished(group.name, call.call_id, call.label, call.ranks, summary))
-        if idle and events.wants(RankStateChanged):
-            for rank in idle:
-                events.emit(RankStateChanged(group.name, rank, RankState.IDLE))
+        for rank in idle:
+            group.rank_settled(rank)
 
     def _unload(self, call: PendingCall, rank: int) -> bool:
         """One call less in flight on ``rank``; True if it has none left (lock held)."""
@@ -255,6 +265,7 @@ class Controller:
         self.outstanding[key] -= 1
         if self.outstanding[key] <= 0:
             del self.outstanding[key]
+            call.group.idle_since[rank] = time.monotonic()
             return True
         return False
 

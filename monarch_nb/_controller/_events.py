@@ -7,10 +7,12 @@ the same stream::
     with procs.events.subscribe(print, kinds=(RankFailed,)):
         ...
 
-Observers run on the controller's I/O thread, in the order events happen:
-keep them short (hand work to another thread if it is slow). An observer that
-raises is logged and stays subscribed. When nobody subscribes, nothing is
-built: the stream costs one truth test per event.
+Observers run on the controller's I/O thread, one event at a time, in the
+order events happened: an event raised on another thread (a call sent, a
+future cancelled) is queued and handed to the I/O thread. Keep observers
+short (hand slow work to another thread). An observer that raises is logged
+and stays subscribed. When nobody subscribes, nothing is built: the stream
+costs one truth test per event.
 
 Events::
 
@@ -22,6 +24,9 @@ Events::
     RankFailed        a rank raised, or its process died (cause, traceback or exit)
     MeshFailed        the mesh can no longer be used (until restart)
     Heartbeat         a rank's periodic sign of life, with its resource sample
+    DebuggerPaused    a rank stopped in pdb and waits for a line (monarch_nb.debug)
+    DebuggerOutput    text pdb wrote on a rank
+    DebuggerResumed   a rank left pdb (continued, quit, interrupted, refused)
 """
 
 from __future__ import annotations
@@ -124,17 +129,37 @@ class Heartbeat(Event):
     work_seconds: float
 
 
+@dataclass(frozen=True, slots=True)
+class DebuggerPaused(Event):
+    rank: int
+    prompt: str  # "(Pdb rank 1) "
+    location: str  # "<mesh-cell-3>:2 in <module>"
+
+
+@dataclass(frozen=True, slots=True)
+class DebuggerOutput(Event):
+    rank: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class DebuggerResumed(Event):
+    rank: int
+    how: str  # "continued", "quit", "interrupted", "refused: ..."
+
+
 Observer = Callable[[Any], None]
 
 
 class Subscription:
     """An observer's place on a stream; ``close()`` (or ``with``) removes it."""
 
-    def __init__(self, stream: EventStream, observer: Observer) -> None:
-        self._stream, self._observer = stream, observer
+    def __init__(self, stream: EventStream) -> None:
+        self._stream = stream
 
     def close(self) -> None:
-        self._stream._remove(self._observer)
+        """Remove this subscription (the same observer subscribed twice stays once)."""
+        self._stream._remove(self)
 
     def __enter__(self) -> Subscription:
         return self
@@ -151,8 +176,10 @@ class EventStream:
         self._loop = loop  # the I/O loop that emits: see after_received
         self._lock = threading.Lock()
         self._observers: tuple[Observer, ...] = ()  # replaced, never mutated: emit reads it bare
-        self._kinds: list[tuple[Observer, tuple[type[Event], ...] | None]] = []
+        self._entries: list[tuple[Subscription, Observer, tuple[type[Event], ...] | None]] = []
         self._wanted: frozenset[type[Event]] | None = frozenset()  # None: every kind
+        self._queue: deque[Event] = deque()  # emitted, not yet handed to the observers
+        self._drain_scheduled = False
 
     def __bool__(self) -> bool:
         return bool(self._observers)
@@ -179,23 +206,27 @@ class EventStream:
                 if isinstance(event, wanted):
                     inner(event)
 
+        subscription = Subscription(self)
         with self._lock:
-            self._kinds.append((observer, wanted))
+            self._entries.append((subscription, observer, wanted))
             self._update()
-        return Subscription(self, observer)
+        return subscription
 
-    def _remove(self, observer: Observer) -> None:
+    def _remove(self, subscription: Subscription) -> None:
         with self._lock:
-            self._kinds = [(o, k) for o, k in self._kinds if o is not observer]
+            self._entries = [e for e in self._entries if e[0] is not subscription]
             self._update()
 
     def _update(self) -> None:  # lock held
-        self._observers = tuple(o for o, _ in self._kinds)
-        if any(k is None for _, k in self._kinds):
+        self._observers = tuple(o for _, o, _ in self._entries)
+        if any(k is None for _, _, k in self._entries):
             self._wanted = None
         else:
             self._wanted = frozenset(
-                sub for _, k in self._kinds for kind in k or () for sub in _with_subclasses(kind)
+                sub
+                for _, _, k in self._entries
+                for kind in k or ()
+                for sub in _with_subclasses(kind)
             )
 
     def after_received(self, fn: Callable[[], None]) -> None:
@@ -210,12 +241,41 @@ class EventStream:
         else:
             self._loop.call_soon(fn)
 
+    def post(self, event: Event) -> None:
+        """Queue ``event`` without running observers (safe under any lock); a later
+        :meth:`flush` or :meth:`emit` hands it on, in order."""
+        self._queue.append(event)
+
     def emit(self, event: Event) -> None:
-        for observer in self._observers:
+        """Queue ``event`` and hand the queue to the observers (see the module docstring)."""
+        self._queue.append(event)
+        self.flush()
+
+    def flush(self) -> None:
+        """Hand queued events to the observers: now on the I/O thread, else soon there."""
+        loop = self._loop
+        if loop is None or loop.in_loop_thread:
+            self._drain()
+        elif not self._drain_scheduled:
+            self._drain_scheduled = True
             try:
-                observer(event)
-            except Exception:
-                _log.exception("monarch_nb: an event observer failed on %r", event)
+                loop.call_soon(self._drain)
+            except RuntimeError:  # the controller shut down: nobody is left to tell
+                self._queue.clear()
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        queue = self._queue
+        while queue:
+            try:
+                event = queue.popleft()
+            except IndexError:
+                return
+            for observer in self._observers:
+                try:
+                    observer(event)
+                except Exception:
+                    _log.exception("monarch_nb: an event observer failed on %r", event)
 
 
 def _with_subclasses(kind: type) -> list[type]:

@@ -16,9 +16,9 @@ from . import _cells
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
-from ._events import EventStream, Output, print_output
+from ._events import EventStream, Output, RankState, print_output
 from ._interrupt import wait_for
-from ._process_group import Failed, ProcGroup, check_gpus
+from ._process_group import Failed, ProcGroup, check_gpus, describe_exit
 from ._status import MeshState, MeshStatus
 
 A = TypeVar("A", bound=Actor)
@@ -89,10 +89,32 @@ class ProcMesh:
         return self._group.status(self._shape.ranks)
 
     def stacks(self, timeout: float = 5.0) -> dict[int, str]:
-        """Each live rank's main-thread Python stack, answered by its wire thread even
-        while it is busy: where is rank 3 stuck?"""
-        replies = self._group.query(self._shape.ranks).get(timeout=timeout)
-        return {rank: replies[rank].stack for rank in sorted(replies)}
+        """Each rank's main-thread Python stack, answered by its wire thread even while
+        it is busy (and on a failed mesh's survivors): where is rank 3 stuck?
+
+        A rank that does not answer within ``timeout`` s (dead, stopped, or its
+        Python held by C code) is listed with why there is no stack.
+        """
+        group = self._group
+        future = group.query(self._shape.ranks)
+        try:
+            replies = future.get(timeout=timeout)
+        except TimeoutError:
+            replies = group.end_query(future)
+        stacks = {}
+        for rank in self._shape.ranks:
+            reply = replies.get(rank)
+            if reply is not None:
+                stacks[rank] = reply.stack
+            else:
+                worker = group.workers[rank]
+                why = (
+                    f"the process {describe_exit(worker.returncode)}"
+                    if worker.returncode is not None
+                    else f"no answer within {timeout} s (stopped, or stuck in C holding the GIL)"
+                )
+                stacks[rank] = f"<no stack: {why}>"
+        return stacks
 
     def output_tail(self, rank: int) -> list[Output]:
         """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""
@@ -100,9 +122,10 @@ class ProcMesh:
         return self._group.output_tail(rank)
 
     def busy_ranks(self) -> list[int]:
-        """Ranks of this view with calls or cells in flight."""
-        load = self._group.controller.outstanding
-        return [r for r in self._shape.ranks if load.get((self._group.id, r), 0) > 0]
+        """Ranks of this view running something: calls or cells in flight, or (by
+        their heartbeat) a broadcast or a call whose future was cancelled."""
+        active = (RankState.BUSY, RankState.PAUSED)
+        return [r for r in self._shape.ranks if self._group.rank_state(r) in active]
 
     def interrupt(self, ranks: Iterable[int] | None = None) -> list[int]:
         """Raise KeyboardInterrupt in the user code running on ``ranks`` (default:

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,11 @@ from .._common._errors import MeshFailure, MeshUsageError, RemoteError
 from .._common._future import Future
 from .._common._messages import (
     BroadcastFailure,
+    DebugEnded,
+    DebugInput,
+    DebugOutput,
+    DebugPrompt,
+    DebugRefused,
     Display,
     Heartbeat,
     Hello,
@@ -60,6 +65,18 @@ HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
 STOP_GRACE_S = 5.0
 _STDERR_TAIL_LINES = 20
 OUTPUT_TAIL_LINES = 200  # per rank, for status views of what a rank printed last
+# Modules every worker started from now on imports first and calls
+# ``install_on_worker(worker)`` of: how layers above the core (the debugger)
+# get onto the ranks without the core importing them.
+WORKER_IMPORTS: list[str] = []
+# Makes the object that serves a group's pdb prompts (it subscribes to the
+# group's Debugger* events); set by monarch_nb.debug.install().
+DEBUGGER_FOR: Callable[[ProcGroup], object] | None = None
+NO_DEBUGGER = (
+    "breakpoint() on a rank needs a debugger prompt on the controller, and none is "
+    "attached: in a notebook run %load_ext monarch_nb before %mesh start; in a script "
+    "call monarch_nb.debug.install() before spawn_procs()"
+)
 
 
 @dataclass(frozen=True)
@@ -172,6 +189,9 @@ class ProcGroup:
         self.actor_failures: dict[int, MeshFailure] = {}
         self.ready_ranks: set[int] = set()  # ranks of this generation that said hello
         self._all_ready = threading.Event()
+        self.debugger: object | None = None  # see DEBUGGER_FOR
+        self.paused: set[int] = set()  # ranks stopped in pdb, waiting for a line
+        self.idle_since: dict[int, float] = {}  # rank -> when its last call in flight ended
 
     # -- starting -------------------------------------------------------------
 
@@ -181,6 +201,8 @@ class ProcGroup:
         self.state = Starting()
         self.actor_failures.clear()
         self.rank_failures.clear()
+        self.paused.clear()
+        self.idle_since.clear()
         self.hosts = {}
         self.workers = []  # the new generation's, once launched
         key = self._key = new_key()
@@ -250,6 +272,7 @@ class ProcGroup:
             "controller_pid": os.getpid(),
             "mesh": self.name,
             "heartbeat_s": HEARTBEAT_S,
+            "imports": list(WORKER_IMPORTS),
         }
         assert popen.stdin is not None
         popen.stdin.write(json.dumps(bootstrap).encode() + b"\n")
@@ -286,6 +309,12 @@ class ProcGroup:
                     f"process mesh {self.name!r} was stopped; start a new one or call restart()",
                     ranks=ranks,
                 )
+            case Starting():
+                return MeshFailure(
+                    f"process mesh {self.name!r} is starting (or restarting); call again once "
+                    "spawn_procs() or restart() has returned",
+                    ranks=ranks,
+                )
         return None
 
     def encode(self, message: Message, payload: Any = None) -> Encoded:
@@ -293,9 +322,46 @@ class ProcGroup:
         return self.signer.encode(message, payload)
 
     def note_failure(self, rank: int, cause: str) -> None:
+        """``rank`` raised: it shows FAILED once it has no other call in flight."""
         self.rank_failures[rank] = cause
-        if self.events:
-            self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.FAILED, cause))
+
+    def rank_settled(self, rank: int) -> None:
+        """``rank`` has no call in flight any more: say what it is now (any thread)."""
+        events = self.events
+        if not events or not events.wants(ev.RankStateChanged):
+            return
+        state = self.rank_state(rank)
+        if state in (ev.RankState.IDLE, ev.RankState.FAILED):  # DEAD, STOPPED: said on exit
+            detail = self.rank_failures.get(rank, "") if state is ev.RankState.FAILED else ""
+            events.emit(ev.RankStateChanged(self.name, rank, state, detail))
+
+    def rank_state(self, rank: int) -> ev.RankState:
+        """What ``rank`` is doing now: the one rule behind events and ``status()``."""
+        worker = self.workers[rank] if rank < len(self.workers) else None
+        stopped = isinstance(self.state, Stopped)
+        if worker is None:
+            return ev.RankState.STOPPED if stopped else ev.RankState.STARTING
+        if worker.returncode is not None:
+            return ev.RankState.STOPPED if stopped else ev.RankState.DEAD
+        if stopped:
+            return ev.RankState.STOPPED
+        if rank not in self.ready_ranks:
+            return ev.RankState.STARTING
+        if rank in self.paused:
+            return ev.RankState.PAUSED
+        if self.controller.outstanding.get((self.id, rank), 0) > 0 or self._heartbeat_busy(
+            worker, rank
+        ):
+            return ev.RankState.BUSY
+        if rank in self.rank_failures:
+            return ev.RankState.FAILED
+        return ev.RankState.IDLE
+
+    def _heartbeat_busy(self, worker: WorkerProcess, rank: int) -> bool:
+        """The rank said it runs something (a broadcast, a cancelled call) after it
+        last went idle as far as calls are concerned."""
+        beat = worker.heartbeat
+        return bool(worker.work) and beat is not None and beat[0] > self.idle_since.get(rank, 0.0)
 
     def on_worker_message(self, rank: int, message: Message, frames: list[Any]) -> None:
         """A worker's message other than a call's reply (I/O thread)."""
@@ -357,6 +423,8 @@ class ProcGroup:
                         cause=text,
                     )
                 )
+            case DebugPrompt() | DebugOutput() | DebugEnded():
+                self._on_debug(rank, message)
             case ProtocolError(detail):
                 _log.error("monarch_nb: rank %d of %r: %s", rank, self.name, detail)
             case _:
@@ -366,6 +434,35 @@ class ProcGroup:
                     self.name,
                     type(message).__name__,
                 )
+
+    def _on_debug(self, rank: int, message: DebugPrompt | DebugOutput | DebugEnded) -> None:
+        # The prompt side (monarch_nb.debug) observes these events. Without one the
+        # rank would wait for input forever, so it is told to raise instead.
+        if self.debugger is None:
+            if DEBUGGER_FOR is None:
+                if isinstance(message, DebugPrompt):
+                    self.send_debug(rank, DebugRefused(NO_DEBUGGER))
+                return
+            self.debugger = DEBUGGER_FOR(self)
+        match message:
+            case DebugPrompt(prompt, location):
+                self.paused.add(rank)
+                self.events.emit(
+                    ev.RankStateChanged(self.name, rank, ev.RankState.PAUSED, location)
+                )
+                self.events.emit(ev.DebuggerPaused(self.name, rank, prompt, location))
+            case DebugOutput(text):
+                self.events.emit(ev.DebuggerOutput(self.name, rank, text))
+            case DebugEnded(how):
+                self.paused.discard(rank)
+                self.events.emit(ev.DebuggerResumed(self.name, rank, how))
+                self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.BUSY, how))
+
+    def send_debug(self, rank: int, message: DebugInput | DebugRefused) -> None:
+        """Answer ``rank``'s pdb prompt (any thread); sent even to a failed mesh, whose
+        other ranks may still be paused."""
+        if self.workers[rank].returncode is None:
+            self.controller.send(self, (rank,), self.encode(message), even_if_failed=True)
 
     def _on_output(self, worker: WorkerProcess, stream: str, pipe: Any) -> None:
         try:
@@ -453,9 +550,9 @@ class ProcGroup:
 
     def fail(self, error: MeshFailure) -> None:
         """Mark the group failed and fail every call in flight to it (I/O thread)."""
-        if isinstance(self.state, Failed | Stopped):
-            return
-        failed_calls = self.controller.end_group(self, Failed(error), error)
+        failed_calls = self.controller.end_group(self, Failed(error), error, unless_ended=True)
+        if failed_calls is None:
+            return  # already failed, or stopped on purpose
         self._all_ready.set()
         if not failed_calls:
             _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
@@ -526,12 +623,15 @@ class ProcGroup:
 
     # -- control and observation (any thread) ---------------------------------------
 
-    def interrupt(self, ranks: Iterable[int]) -> None:
-        """KeyboardInterrupt in the user code running on ``ranks`` (through their wire
-        threads, so it works on any host and while the rank is busy)."""
+    def interrupt(self, ranks: Iterable[int], call_id: int = 0) -> None:
+        """Stop call ``call_id`` on ``ranks`` (0: whatever user code runs there): a
+        KeyboardInterrupt if it runs, answered as interrupted if still queued.
+        Through the ranks' wire threads, so it works while they are busy, on any
+        host, and on a failed mesh's surviving ranks."""
         live = tuple(r for r in ranks if self.workers[r].returncode is None)
         if live:
-            self.controller.send(self, live, self.signer.encode(Interrupt()))
+            message = self.signer.encode(Interrupt(call_id))
+            self.controller.send(self, live, message, even_if_failed=True)
 
     def kill_ranks(self, ranks: Iterable[int]) -> None:
         """SIGKILL ``ranks`` (a rank stuck in C ignores interrupts); the mesh fails."""
@@ -553,8 +653,17 @@ class ProcGroup:
             return future
         query_id = next(self._query_ids)
         self._queries[query_id] = (future, {}, len(live))
-        self.controller.send(self, live, self.signer.encode(StatusQuery(query_id)))
+        message = self.signer.encode(StatusQuery(query_id))
+        self.controller.send(self, live, message, even_if_failed=True)
         return future
+
+    def end_query(self, future: Future[dict[int, StatusReply]]) -> dict[int, StatusReply]:
+        """Give up on a query: the replies that did arrive (the rest never will)."""
+        for query_id, (pending, replies, _) in list(self._queries.items()):
+            if pending is future:
+                del self._queries[query_id]
+                return dict(replies)
+        return future.get(timeout=0) if future.done() else {}
 
     def _on_status_reply(self, rank: int, reply: StatusReply) -> None:
         entry = self._queries.get(reply.query_id)
@@ -569,14 +678,13 @@ class ProcGroup:
     def status(self, ranks: tuple[int, ...]) -> MeshStatus:
         """A snapshot of ``ranks`` (any thread; see :mod:`._status`)."""
         now = time.monotonic()
-        load = self.controller.outstanding
         mesh_state, failure = self._mesh_state()
         rows = []
         for rank in ranks:
             worker = self.workers[rank] if rank < len(self.workers) else None
             if worker is None:
                 continue
-            rows.append(self._rank_status(rank, worker, mesh_state, load, now))
+            rows.append(self._rank_status(rank, worker, now))
         return MeshStatus(
             self.name,
             mesh_state,
@@ -599,31 +707,20 @@ class ProcGroup:
                 return MeshState.STOPPED, None
         raise AssertionError(self.state)
 
-    def _rank_status(
-        self, rank: int, worker: WorkerProcess, mesh_state: MeshState, load: Any, now: float
-    ) -> RankStatus:
-        busy = load.get((self.id, rank), 0) > 0
+    def _rank_status(self, rank: int, worker: WorkerProcess, now: float) -> RankStatus:
+        state = self.rank_state(rank)
         failure = self.rank_failures.get(rank)
         if worker.returncode is not None:
-            state = ev.RankState.STOPPED if mesh_state is MeshState.STOPPED else ev.RankState.DEAD
             failure = failure or describe_exit(worker.returncode)
-        elif mesh_state is MeshState.STOPPED:
-            state = ev.RankState.STOPPED
-        elif rank not in self.ready_ranks:
-            state = ev.RankState.STARTING
-        elif busy:
-            state = ev.RankState.BUSY
-        elif failure is not None:
-            state = ev.RankState.FAILED
-        else:
-            state = ev.RankState.IDLE
         beat, before = worker.heartbeat, worker.previous_heartbeat
         sample = beat[1] if beat else None
         cpu = None
-        if beat and before and beat[0] > before[0]:
-            cpu = 100.0 * (beat[1].cpu_seconds - before[1].cpu_seconds) / (beat[0] - before[0])
+        if beat and before:  # the rank's own clock: a late delivery does not skew it
+            elapsed = beat[1].sampled_at - before[1].sampled_at
+            if elapsed > 0.05:
+                cpu = 100.0 * (beat[1].cpu_seconds - before[1].cpu_seconds) / elapsed
         work, work_seconds = "", 0.0
-        if state is ev.RankState.BUSY:
+        if state in (ev.RankState.BUSY, ev.RankState.PAUSED):
             if beat and worker.work:  # the rank's own word, aged by the time since it said it
                 work, work_seconds = worker.work, worker.work_seconds + (now - beat[0])
             else:

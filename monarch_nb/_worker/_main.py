@@ -10,6 +10,7 @@ from this thread directly.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import os
@@ -17,6 +18,7 @@ import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -63,6 +65,16 @@ class _LiveActor:
         self.label = type(instance).__name__
 
 
+def _call_id_of(message: Message) -> int:
+    """The call a work message answers (0 for a broadcast or a non-call)."""
+    match message:
+        case Call(call_id, _, _, True) | Spawn(call_id) | RunCell(call_id) | Push(call_id):
+            return call_id
+        case Pull(call_id):
+            return call_id
+    return 0
+
+
 class _Failed:
     """Stands in for a payload that could not be unpickled (already reported)."""
 
@@ -93,8 +105,9 @@ class Worker:
         self.wire = WireThread(
             sock,
             self.signer,
-            deliver=lambda message, frames: self._inbox.put((message, frames)),
+            deliver=self._deliver,
             busy=self.busy,
+            interrupt=self.interrupt,
             controller_pid=boot["controller_pid"],
             heartbeat_s=float(boot.get("heartbeat_s", DEFAULT_HEARTBEAT_S)),
         )
@@ -103,16 +116,71 @@ class Worker:
         self._loop: Any = None  # an asyncio loop, made for the first async endpoint
         self.namespace: Any = None  # a _namespace.RankNamespace once a cell runs
         self._in_user_code = False
-        self._work = ""  # what the main thread runs now, for heartbeats and status
-        self._work_since = 0.0
+        # What the main thread runs now and since when, for heartbeats and status:
+        # one tuple, so the wire thread never reads a label with another's start.
+        self._work: tuple[str, float] = ("", 0.0)
+        # Which calls are queued, which runs, which to skip: interrupts target
+        # one call (wire thread) while the main thread moves through the queue.
+        self._calls_lock = threading.Lock()
+        self._queued: set[int] = set()
+        self._running = 0
+        self._interrupted = 0  # the running call, once an interrupt for it arrived
+        self._skip: set[int] = set()
         signal.signal(signal.SIGINT, self._on_sigint)
         _context.set_supervision_hook(self._on_child_failure)
 
     # -- what the main thread is doing (read by the wire thread) ----------------------
 
     def busy(self) -> tuple[str, float]:
-        work = self._work
-        return (work, time.monotonic() - self._work_since) if work else ("", 0.0)
+        label, since = self._work
+        return (label, time.monotonic() - since) if label else ("", 0.0)
+
+    # -- interrupts of one call (wire thread) -----------------------------------------
+
+    def _deliver(self, message: Message, frames: list[Any]) -> None:
+        call_id = _call_id_of(message)
+        if call_id:
+            with self._calls_lock:
+                self._queued.add(call_id)
+        self._inbox.put((message, frames))
+
+    def interrupt(self, call_id: int) -> None:
+        """Stop ``call_id`` (0: whatever runs): signal it if it runs; if it is still
+        queued, answer it as interrupted now and skip it when its turn comes."""
+        with self._calls_lock:
+            if call_id and call_id in self._queued:
+                self._queued.discard(call_id)
+                self._skip.add(call_id)
+                queued = True
+            elif call_id == 0 or call_id == self._running:
+                self._interrupted = self._running
+                queued = False
+            else:
+                return  # already answered: nothing to stop
+        if queued:
+            failure = RemoteFailure(
+                self.rank, "KeyboardInterrupt", "interrupted before it started on this rank", ""
+            )
+            self.send(Failure(call_id, failure, False))
+        else:
+            self.wire.interrupt_main()
+
+    def _start(self, call_id: int) -> bool:
+        """Main thread: ``call_id`` reaches the front; False if it was skipped."""
+        if not call_id:
+            return True
+        with self._calls_lock:
+            self._queued.discard(call_id)
+            if call_id in self._skip:
+                self._skip.discard(call_id)
+                return False
+            self._running = call_id
+            self._interrupted = 0
+        return True
+
+    def _finish(self) -> None:
+        with self._calls_lock:
+            self._running = self._interrupted = 0
 
     def reply_value(self, call_id: int, value: Any) -> None:
         try:
@@ -136,13 +204,15 @@ class Worker:
 
     def user_code(self, label: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn()`` with interrupts enabled (main thread), labelled for status."""
-        self._work, self._work_since = label, time.monotonic()
+        self._work = (label, time.monotonic())
         self._in_user_code = True
         try:
+            if self._interrupted and self._interrupted == self._running:
+                raise KeyboardInterrupt  # it came while the arguments were unpickled
             return fn()
         finally:
             self._in_user_code = False
-            self._work = ""
+            self._work = ("", 0.0)
 
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
@@ -163,6 +233,14 @@ class Worker:
 
     def handle(self, message: Message, frames: list[Any]) -> bool:
         """Handle one work message; False means shut down."""
+        if not self._start(_call_id_of(message)):
+            return True  # interrupted while queued: already answered
+        try:
+            return self._handle(message, frames)
+        finally:
+            self._finish()
+
+    def _handle(self, message: Message, frames: list[Any]) -> bool:
         match message:
             case Call():
                 self.on_call(message, frames)
@@ -178,7 +256,9 @@ class Worker:
                 self.send(ProtocolError(f"a worker does not handle {type(message).__name__}"))
         return True
 
-    def _decode_or_fail(self, call_id: int, reply: bool, label: str, frames: list[Any]) -> Any:
+    def _decode_or_fail(
+        self, call_id: int, reply: bool, label: str, frames: list[Any], actor_id: int = 0
+    ) -> Any:
         try:
             return decode_payload(frames)
         except Exception as exc:
@@ -189,7 +269,7 @@ class Worker:
                 "(is the module that defines them importable on the workers?)",
                 "",
             )
-            self._report(call_id, reply, 0, label, failure, serialization=True)
+            self._report(call_id, reply, actor_id, label, failure, serialization=True)
             return _FAILED
 
     def on_spawn(self, message: Spawn, frames: list[Any]) -> None:
@@ -222,7 +302,7 @@ class Worker:
         )
         live = self.actors.get(actor_id)
         label = f"{live.label if live else 'actor'}.{endpoint}"
-        decoded = self._decode_or_fail(call_id, reply, label, frames)
+        decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id)
         if decoded is _FAILED:
             return
         if live is None:
@@ -301,18 +381,36 @@ class Worker:
         return result
 
     def run_async(self, awaitable: Any) -> Any:
-        if self._loop is None:
-            import asyncio
+        import asyncio
 
+        if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(awaitable)
+        task = asyncio.ensure_future(awaitable, loop=self._loop)
+        try:
+            return self._loop.run_until_complete(task)
+        except BaseException:
+            # Interrupted (or failed) mid-await: unwind the coroutine now, so it
+            # does not resume inside a later call on this loop.
+            if not task.done():
+                task.cancel()
+                try:
+                    self._loop.run_until_complete(task)
+                except BaseException:
+                    pass
+            raise
 
     def failure_of(self, exc: BaseException) -> RemoteFailure:
+        # Kept where pdb.pm() looks, for post-mortem debugging on the rank.
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in _DISPATCH_FILES:
             tb = tb.tb_next
         text = "".join(traceback.format_exception(type(exc), exc, tb))
-        return RemoteFailure(self.rank, type(exc).__name__, str(exc), text)
+        try:
+            message = str(exc)
+        except Exception as broken:  # a user exception whose __str__ raises
+            message = f"<str() of the exception failed: {type(broken).__name__}: {broken}>"
+        return RemoteFailure(self.rank, type(exc).__name__, message, text)
 
     # -- supervision of meshes our actors started -------------------------------------
 
@@ -355,12 +453,20 @@ def main() -> None:
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
     worker = Worker(boot)
+    # Layers above the core that must be in place before user code runs (the
+    # debugger's breakpoint hook): each module's install_on_worker(worker).
+    for name in boot.get("imports", ()):
+        importlib.import_module(name).install_on_worker(worker)
+    code = 0
     try:
         worker.run()
+    except BaseException:
+        traceback.print_exc()  # a bug in the loop itself: say it, and exit non-zero
+        code = 70
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         worker.wire.stop()
         with worker.wire.lock:
             worker.socket.close()
-        os._exit(0)
+        os._exit(code)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from .._common._messages import ResourceSample
 
@@ -40,6 +41,7 @@ def sample() -> ResourceSample:
     return ResourceSample(
         cpu_seconds=times.user + times.system,
         rss_bytes=rss_bytes(),
+        sampled_at=time.monotonic(),
         gpu_memory_allocated=allocated,
         gpu_memory_reserved=reserved,
         gpu_utilization=utilization,

@@ -57,6 +57,7 @@ class WireThread:
         *,
         deliver: Callable[[Message, list[Any]], None],
         busy: Callable[[], tuple[str, float]],
+        interrupt: Callable[[int], None],
         controller_pid: int,
         heartbeat_s: float,
     ) -> None:
@@ -65,6 +66,7 @@ class WireThread:
         self.lock = threading.Lock()
         self._deliver = deliver  # hands work to the main thread
         self._busy = busy  # (what the main thread runs, since when), "" when idle
+        self._interrupt = interrupt  # stop one call (or whatever runs): the worker decides
         self._controller_pid = controller_pid
         self._heartbeat_s = heartbeat_s
         self._window = ReplayWindow()
@@ -72,6 +74,9 @@ class WireThread:
         self._main_ident = threading.main_thread().ident
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="monarch_nb-wire", daemon=True)
+        # Message type -> handler run here on the wire thread, for layers above the
+        # core (the debugger feeds pdb's input while the main thread waits in it).
+        self.control_handlers: dict[type[Message], Callable[[Message], None]] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -95,6 +100,17 @@ class WireThread:
     # -- the wire thread --------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException:
+            # Without its wire thread a rank is deaf: a crash here ends the process,
+            # which the controller sees at once (pidfd), rather than a silent zombie.
+            if not self._stopping:
+                traceback.print_exc()
+                sys.stderr.flush()
+                os._exit(71)
+
+    def _loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.socket.getsockopt(zmq.FD), zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
@@ -140,15 +156,19 @@ class WireThread:
             if message is None:
                 continue
             match message:
-                case Interrupt():
-                    self._interrupt_main()
+                case Interrupt(call_id):
+                    self._interrupt(call_id)
                 case StatusQuery(query_id):
                     work, seconds = self._busy()
                     self.send(StatusReply(query_id, work, seconds, self._main_stack()))
                 case _:
-                    self._deliver(message, frames)
+                    handler = self.control_handlers.get(type(message))
+                    if handler is not None:
+                        handler(message)
+                    else:
+                        self._deliver(message, frames)
 
-    def _interrupt_main(self) -> None:
+    def interrupt_main(self) -> None:
         # A real signal, not _thread.interrupt_main(): it also breaks a sleep or
         # a blocking read. The main thread's handler raises only in user code.
         if self._main_ident is not None:

@@ -1,0 +1,103 @@
+"""The mesh-level commands typed at a ``(Pdb rank N)`` prompt; every other line is pdb's.
+
+::
+
+    ranks             which ranks are paused, and where
+    attach R          send the next lines to rank R
+    cast 0-3 p loss   run one pdb command on several ranks, outputs grouped
+    continue all      continue every paused rank (also: c all, cont all)
+    help              this list (pdb's own help: h)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HELP = """\
+Mesh commands (anything else goes to pdb on the attached rank):
+  ranks             which ranks are paused, and where
+  attach R          send the next commands to rank R
+  cast RANKS CMD    run one pdb command on several ranks (RANKS: 0-3, 1,3 or all)
+  continue all      continue every paused rank (c all)
+  help              this list; pdb's own help is `h`
+"""
+
+
+class CommandError(ValueError):
+    """A mesh command that does not parse; its message says the right form."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    pass
+
+
+@dataclass(frozen=True)
+class Attach:
+    rank: int
+
+
+@dataclass(frozen=True)
+class Cast:
+    ranks: tuple[int, ...] | None  # None: every paused rank
+    line: str
+
+
+@dataclass(frozen=True)
+class ContinueAll:
+    pass
+
+
+@dataclass(frozen=True)
+class Help:
+    pass
+
+
+@dataclass(frozen=True)
+class PdbLine:
+    line: str  # for pdb on the attached rank
+
+
+Command = Ranks | Attach | Cast | ContinueAll | Help | PdbLine
+
+
+def parse_ranks(text: str) -> tuple[int, ...] | None:
+    """``"0-3"`` -> (0, 1, 2, 3); ``"1,3,5-6"``; ``"all"`` -> None (every paused rank)."""
+    if text == "all":
+        return None
+    ranks: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.partition("-")
+        try:
+            first = int(low)
+            last = int(high) if dash else first
+        except ValueError:
+            raise CommandError(f"{text!r} is not a rank set; write e.g. 0-3, 1,3 or all") from None
+        if first < 0 or last < first:
+            raise CommandError(f"{part!r} is not a rank range; write low-high, e.g. 0-3")
+        ranks.extend(range(first, last + 1))
+    return tuple(sorted(set(ranks)))
+
+
+def parse(line: str) -> Command:
+    """What ``line`` asks for; raises :class:`CommandError` for a malformed mesh command."""
+    stripped = line.strip()
+    word, _, rest = stripped.partition(" ")
+    rest = rest.strip()
+    match word:
+        case "ranks" if not rest:
+            return Ranks()
+        case "help" if not rest:
+            return Help()
+        case "attach":
+            if not rest.isdigit():
+                raise CommandError(f"attach needs one rank number, e.g. `attach 1`; got {rest!r}")
+            return Attach(int(rest))
+        case "cast":
+            targets, _, command = rest.partition(" ")
+            if not targets or not command.strip():
+                raise CommandError("cast needs ranks and a pdb command, e.g. `cast 0-3 p loss`")
+            return Cast(parse_ranks(targets), command.strip())
+        case "continue" | "c" | "cont" if rest == "all":
+            return ContinueAll()
+    return PdbLine(line.rstrip("\n"))

@@ -1,0 +1,58 @@
+"""Actors for tests/test_worker.py, importable by workers by reference."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from monarch_nb import Actor, endpoint
+
+
+class Sleeper(Actor):
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    @endpoint
+    def sleep(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "slept"
+
+    @endpoint
+    async def slow(self) -> None:
+        print("slow started", flush=True)
+        try:
+            await asyncio.sleep(30)
+        finally:
+            self.log.append("slow unwound")
+        self.log.append("slow resumed after its interrupt")
+
+    @endpoint
+    async def other(self) -> list[str]:
+        await asyncio.sleep(0.05)
+        return list(self.log)
+
+    @endpoint
+    def take(self, value: object) -> object:
+        return value
+
+
+class BrokenStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no str for you")
+
+
+class Raiser(Actor):
+    @endpoint
+    def boom(self) -> None:
+        raise BrokenStr()
+
+
+class Unpicklable:
+    """Pickles on the controller, fails to unpickle on a rank."""
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise RuntimeError("cannot be rebuilt here")
