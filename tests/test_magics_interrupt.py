@@ -1,4 +1,5 @@
-"""magics/_interrupt.py: the kernel's interrupt and --timeout reach the ranks."""
+"""The kernel's interrupt and %%mesh --timeout reach the ranks (through the runtime's
+interrupt handling, which the magics only wire to the kernel)."""
 
 from __future__ import annotations
 

@@ -193,9 +193,7 @@ class Endpoint(Generic[R]):
     def stream(self, *args: Any, **kwargs: Any) -> ReplyStream:
         """Call every actor; iterate ``(point, value)`` as each reply arrives."""
         call = self._send(self._mesh._shape, "stream", args, kwargs)
-        if not call.stream_futures:  # failed before sending
-            return ReplyStream([call.future])
-        return ReplyStream(call.stream_futures)
+        return ReplyStream(call.stream_futures)  # failed before sending: each item raises
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Call every actor without waiting. An exception it raises is not lost:

@@ -232,14 +232,20 @@ class EventStream:
     def after_received(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread once the events already received are emitted.
 
-        A rank writes its output before it sends its reply, and the I/O thread
-        reads both in one poll batch; a callback queued now runs after that
-        batch, so ``fn`` sees every line the rank printed before it replied.
+        A rank writes its output before it sends its reply; ``fn`` runs after the
+        I/O thread's next poll, which reads whatever its pipes hold by then, and
+        after the events queued before it, so ``fn`` sees every line the rank
+        printed before it replied.
         """
         if self._loop is None:
             fn()
         else:
-            self._loop.call_soon(fn)
+
+            def after() -> None:
+                self.flush()
+                fn()
+
+            self._loop.call_after_poll(after)
 
     def post(self, event: Event) -> None:
         """Queue ``event`` without running observers (safe under any lock); a later

@@ -31,6 +31,8 @@ class IOLoop:
     def __init__(self, name: str = "monarch_nb-io") -> None:
         self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pending: deque[Callback] = deque()
+        self._after_poll: deque[Callback] = deque()
+        self._after_poll_lock = threading.Lock()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poller = zmq.Poller()
         self._poller.register(self._wake_fd, zmq.POLLIN)
@@ -94,8 +96,17 @@ class IOLoop:
         finally:
             os.close(self._wake_fd)
 
+    def call_after_poll(self, callback: Callback) -> None:
+        """Run ``callback()`` on the I/O thread after the next poll has been handled:
+        whatever was readable by then (a rank's last output lines) is read first."""
+        with self._after_poll_lock:
+            self._after_poll.append(callback)
+        self.call_soon(lambda: None)  # wakes the loop for that poll
+
     def _poll_once(self) -> None:
-        timeout_ms = 0 if self._pending else None
+        with self._after_poll_lock:
+            after_poll, self._after_poll = self._after_poll, deque()
+        timeout_ms = 0 if self._pending or after_poll else None
         for item, _ in self._poller.poll(timeout_ms):
             if item == self._wake_fd:
                 try:
@@ -107,6 +118,8 @@ class IOLoop:
                 callback = self._fds.get(item)
                 if callback is not None:
                     _safely(callback)
+        while after_poll:
+            _safely(after_poll.popleft())
         while self._pending:
             _safely(self._pending.popleft())
 

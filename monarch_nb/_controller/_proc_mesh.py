@@ -128,9 +128,11 @@ class ProcMesh:
         return [r for r in self._shape.ranks if self._group.rank_state(r) in active]
 
     def interrupt(self, ranks: Iterable[int] | None = None) -> list[int]:
-        """Raise KeyboardInterrupt in the user code running on ``ranks`` (default:
-        the busy ones); returns the ranks interrupted. Python code stops at once;
-        code stuck in C does not, see :meth:`kill`.
+        """Raise KeyboardInterrupt in whatever user code runs on ``ranks`` (default:
+        :meth:`busy_ranks`); returns the ranks interrupted. Python code stops at
+        its next bytecode (a sleep or a blocking read is broken too); code stuck
+        in C holding the GIL does not, see :meth:`kill`. To stop one call only
+        (queued or running), use its future's ``interrupt()``.
         """
         targets = self.busy_ranks() if ranks is None else list(ranks)
         self._group.interrupt(targets)

@@ -9,7 +9,6 @@ failures), which the event stream reports as it changes.
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass
 
 from .._common._public import publish
@@ -72,10 +71,6 @@ class MeshStatus:
 
     def ranks_in(self, state: RankState) -> list[int]:
         return [r.rank for r in self.ranks if r.state is state]
-
-
-def now() -> float:
-    return time.monotonic()
 
 
 publish(globals())
