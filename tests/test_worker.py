@@ -47,6 +47,7 @@ def test_an_exception_whose_str_raises_is_reported_not_fatal(procs2):
 def test_a_broadcast_whose_arguments_cannot_be_unpickled_fails_its_actor_mesh(procs2):
     sleepers = procs2.spawn("bcast", Sleeper)
     sleepers.take.broadcast(Unpicklable())
+
     def next_call_error() -> BaseException | None:
         return sleepers.take.call(1).exception(timeout=10)
 

@@ -52,8 +52,8 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
     group = call.group if call is not None else None
     label = future.label
     busy = future.waiting_ranks()
-    if group is not None and busy:
-        group.interrupt(busy)
+    if group is not None and busy and call is not None:
+        group.interrupt(busy, call.call_id)  # this call only, queued or running
     killed: list[int] = []
     try:
         future.exception(timeout=grace)
