@@ -1,14 +1,26 @@
-"""Build hook for the optional C extension; all metadata lives in pyproject.toml.
+"""Build hooks for the optional C extension and JupyterLab panel; metadata is in pyproject.toml.
 
-The extension is optional: if it cannot be compiled (no C compiler, not Linux),
-installation still succeeds and ``monarch_nb.native.RDMABuffer`` raises an
-error that says why the native data plane is unavailable.
+The C extension is optional: if it cannot be compiled (no C compiler, not
+Linux), installation still succeeds and ``monarch_nb.native.RDMABuffer`` raises
+an error that says why the native data plane is unavailable.
+
+The JupyterLab "Mesh" panel (``labextension/``) is optional too: when Node.js
+and npm are on PATH, building a wheel (``pip install .``, ``pip install -e .``)
+builds it into ``monarch_nb/labextension/`` and installs it where JupyterLab
+finds prebuilt extensions (``share/jupyter/labextensions/monarch-nb``);
+without them it says so and installs without the panel.
+``MONARCH_NB_REQUIRE_LABEXTENSION=1`` makes a missing or failed build an error.
 """
 
+import os
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.editable_wheel import editable_wheel
 
 
 class OptionalBuildExt(build_ext):
@@ -34,7 +46,111 @@ class OptionalBuildExt(build_ext):
         )
 
 
+class EditableWheelWithData(editable_wheel):
+    """``pip install -e .`` that also installs ``data_files`` (the built panel).
+
+    setuptools' editable_wheel asks the distribution for ``has_data()``, which
+    does not exist (it is ``has_data_files()``), so data files are silently
+    left out of editable installs; install them as a regular wheel would.
+    """
+
+    def _run_install(self, category: str) -> None:
+        super()._run_install(category)
+        if category == "data" and self.distribution.has_data_files():
+            self.run_command("install_data")  # once: distutils skips a command already run
+
+
+HERE = Path(__file__).parent
+LABEXTENSION_NAME = "monarch-nb"  # "name" in labextension/package.json
+LABEXTENSION_SOURCE = HERE / "labextension"
+LABEXTENSION_OUTPUT = HERE / "monarch_nb" / "labextension"  # "outputDir" there
+LABEXTENSION_TIMEOUT_S = 600
+# Commands that produce an installable tree; metadata-only runs (egg_info) build nothing.
+_BUILDS = {"build", "build_py", "bdist_wheel", "editable_wheel", "develop", "install"}
+
+
+def _labextension_inputs() -> list[Path]:
+    source = LABEXTENSION_SOURCE
+    return [
+        source / "package.json",
+        source / "package-lock.json",
+        source / "tsconfig.json",
+        *(source / "src").rglob("*"),
+        *(source / "style").rglob("*"),
+    ]
+
+
+def _labextension_up_to_date() -> bool:
+    built = LABEXTENSION_OUTPUT / "package.json"
+    if not built.exists():
+        return False
+    newest_input = max(p.stat().st_mtime for p in _labextension_inputs() if p.is_file())
+    return built.stat().st_mtime >= newest_input
+
+
+def build_labextension() -> None:
+    """Build the JupyterLab panel with npm, or say why it is not built."""
+    required = os.environ.get("MONARCH_NB_REQUIRE_LABEXTENSION", "") not in ("", "0")
+    npm = shutil.which("npm")
+    if not (LABEXTENSION_SOURCE / "package.json").exists():
+        return  # a tree without the panel's sources: install what was built, if anything
+    if npm is None or shutil.which("node") is None:
+        if (LABEXTENSION_OUTPUT / "package.json").exists():
+            outcome = "installing the one built earlier in monarch_nb/labextension/"
+        else:
+            outcome = "everything else works; install Node.js >= 18 and reinstall to get it"
+        message = f"Node.js/npm not found: not building the JupyterLab Mesh panel; {outcome}"
+        if required:
+            sys.exit(f"error: {message}")
+        print(f"warning: {message}", file=sys.stderr)
+        return
+    if _labextension_up_to_date():
+        return
+    try:
+        installed = LABEXTENSION_SOURCE / "node_modules" / ".package-lock.json"
+        lockfile = LABEXTENSION_SOURCE / "package-lock.json"
+        if not installed.exists() or installed.stat().st_mtime < lockfile.stat().st_mtime:
+            try:
+                _npm(npm, "ci", "--no-audit", "--no-fund")
+            except subprocess.CalledProcessError:
+                # npm ci refuses a lockfile that lacks optional packages of other
+                # platforms (a registry mirror without them); install resolves the
+                # same pinned versions and takes what this platform needs.
+                _npm(npm, "install", "--no-audit", "--no-fund")
+        _npm(npm, "run", "build")
+    except (OSError, subprocess.SubprocessError) as exc:
+        message = f"building the JupyterLab Mesh panel failed ({exc}); installing without it"
+        if required:
+            sys.exit(f"error: {message}")
+        print(f"warning: {message}", file=sys.stderr)
+
+
+def _npm(npm: str, *args: str) -> None:
+    print(f"monarch_nb: npm {' '.join(args)} in labextension/", file=sys.stderr)
+    subprocess.run(
+        [npm, *args], cwd=LABEXTENSION_SOURCE, check=True, timeout=LABEXTENSION_TIMEOUT_S
+    )
+
+
+def labextension_data_files() -> list[tuple[str, list[str]]]:
+    """The built panel, placed where JupyterLab looks for prebuilt extensions."""
+    if not (LABEXTENSION_OUTPUT / "package.json").exists():
+        return []
+    target = Path("share", "jupyter", "labextensions", LABEXTENSION_NAME)
+    by_folder: dict[str, list[str]] = {}
+    for path in sorted(LABEXTENSION_OUTPUT.rglob("*")):
+        if path.is_file():
+            folder = target / path.parent.relative_to(LABEXTENSION_OUTPUT)
+            by_folder.setdefault(str(folder), []).append(str(path.relative_to(HERE)))
+    by_folder[str(target)].append(str((LABEXTENSION_SOURCE / "install.json").relative_to(HERE)))
+    return sorted(by_folder.items())
+
+
+if _BUILDS & set(sys.argv[1:]):
+    build_labextension()
+
 setup(
+    data_files=labextension_data_files(),
     ext_modules=[
         Extension(
             "monarch_nb.native._memory",
@@ -44,5 +160,5 @@ setup(
             optional=True,
         )
     ],
-    cmdclass={"build_ext": OptionalBuildExt},
+    cmdclass={"build_ext": OptionalBuildExt, "editable_wheel": EditableWheelWithData},
 )

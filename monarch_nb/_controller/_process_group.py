@@ -568,13 +568,13 @@ class ProcGroup:
         workers = self.workers
         message = self.signer.encode(Shutdown())
         live = tuple(w.rank for w in workers if w.returncode is None)
-
-        self.controller.send(self, live, message, even_if_failed=True)
+        # Stopped first: a worker that exits on the shutdown must not look like a crash.
         self.controller.end_group(
             self,
             Stopped(),
             MeshFailure(f"process mesh {self.name!r} was stopped", ranks=self.shape.ranks),
         )
+        self.controller.send(self, live, message, even_if_failed=True)
         deadline = time.monotonic() + grace
         for w in workers:
             try:

@@ -15,9 +15,10 @@ from IPython.display import display
 
 from .._common._errors import CallTimeout, MeshUsageError, RemoteError
 from .._common._value_mesh import ValueMesh
-from . import _options, _render
+from . import _debug_magic, _options, _render
 from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
+from ._panel import register_panel
 from ._registry import REGISTRY, CellHandle, NotebookMesh
 
 
@@ -27,7 +28,7 @@ def _usage(exc: MeshUsageError) -> UsageError:
 
 @magics_class
 class MeshMagics(Magics):
-    """``%mesh`` (start, stop, restart, status, push, pull, on, off) and ``%%mesh``."""
+    """``%mesh`` (start, stop, restart, status, dashboard, push, pull, on, off) and ``%%mesh``."""
 
     shell: Any  # the InteractiveShell: set by Magics.__init__, never None once loaded
 
@@ -46,6 +47,8 @@ class MeshMagics(Magics):
                 return self._status(_options.parse(_options.status_options, "--all"))
             display(_render.Notice(_options.line_help()))
             return None
+        if command == "debug":  # the pdb bridge: see _debug_magic
+            return _debug_magic.debug_line(rest)
         if command in ("help", "-h", "--help"):
             display(_render.Notice(_options.line_help()))
             return None
@@ -76,7 +79,13 @@ class MeshMagics(Magics):
             env=_options.parse_env(args.env),
             ordered=args.ordered,
         )
-        display(_render.StatusView([mesh.status()]))
+        if args.no_dashboard:
+            display(_render.StatusView([mesh.status()]))
+        else:
+            display(mesh.dashboard())
+
+    def _dashboard(self, args: Any) -> None:
+        display(self.registry.get(args.mesh).dashboard())
 
     def _stop(self, args: Any) -> None:
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
@@ -249,6 +258,8 @@ def load_ipython_extension(shell: Any) -> None:
     REGISTRY.router.frontend = IPythonFrontend(shell)
     _loaded[id(shell)] = magics
     atexit.register(REGISTRY.stop_all)
+    register_panel(shell)  # the JupyterLab Mesh panel's comm (labextension/)
+    _debug_magic.install()  # breakpoint() on a rank prompts in the waiting cell
 
 
 def unload_ipython_extension(shell: Any) -> None:

@@ -35,6 +35,11 @@ def _selection_options(func: Any) -> Any:
 
 
 @magic_arguments(name="mesh start")
+@argument(
+    "--no-dashboard",
+    action="store_true",
+    help="show the status table instead of the live dashboard",
+)
 @argument("--ordered", action="store_true", help="order every cell's output by rank")
 @argument(
     "--env", metavar="K=V", nargs="+", default=[], help="extra environment variables of the ranks"
@@ -50,7 +55,7 @@ def _selection_options(func: Any) -> Any:
 @argument("--gpus", type=int, metavar="N", help="N ranks, one GPU each")
 @argument("--procs", type=int, metavar="N", help="N CPU ranks")
 def start_options() -> None:
-    """Start a mesh of worker processes on this host and show its status.
+    """Start a mesh of worker processes on this host and show its live dashboard.
 
     The last started mesh is the default of every other command.
     """
@@ -74,6 +79,13 @@ def restart_options() -> None:
 @_mesh_option
 def status_options() -> None:
     """A table of ranks: host, pid, state and current work."""
+
+
+@magic_arguments(name="mesh dashboard")
+@_mesh_option
+def dashboard_options() -> None:
+    """A live dashboard: a tile per rank (state, work, CPU, memory, heartbeat),
+    failures as they happen, and any rank's last lines of output."""
 
 
 @magic_arguments(name="mesh push")
@@ -109,6 +121,7 @@ SUBCOMMANDS = {
     "stop": stop_options,
     "restart": restart_options,
     "status": status_options,
+    "dashboard": dashboard_options,
     "push": push_options,
     "pull": pull_options,
     "on": on_options,
@@ -166,6 +179,7 @@ def line_help() -> str:
         "Start, inspect and drive meshes of worker processes.\n\n"
         "  %mesh start --procs 4 --dist gloo   start 4 CPU ranks\n"
         "  %mesh status                        what each rank is doing\n"
+        "  %mesh dashboard                     the same, live, with failures\n"
         "  %mesh push lr=0.1 / %mesh pull x    move values to / from the ranks\n"
         "  %mesh on / %mesh off                run plain cells on the mesh\n"
         "  %mesh stop / %mesh restart\n"

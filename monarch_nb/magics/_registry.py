@@ -32,9 +32,10 @@ from .._common._future import Future
 from .._common._value_mesh import ValueMesh
 from .._controller._actor_mesh import ActorMesh
 from .._controller._calls import CallFuture
-from .._controller._events import DisplayData, Output
+from .._controller._events import DisplayData, Output, RankFailed
 from .._controller._interrupt import wait_for
 from .._controller._proc_mesh import ProcMesh, this_host
+from ..widgets._model import FailureLog
 from . import _render
 from ._output import CellOutput, OutputRouter
 from ._selection import select
@@ -102,6 +103,10 @@ class NotebookMesh:
         self._subscription = procs.events.subscribe(
             registry.router.on_event, kinds=(Output, DisplayData)
         )
+        # Kept from the start, so a dashboard opened after a crash still lists it.
+        self.failures = FailureLog()
+        self._failure_subscription = procs.events.subscribe(self.failures, kinds=(RankFailed,))
+        self._dashboards: list[Any] = []
 
     @property
     def name(self) -> str:
@@ -191,6 +196,10 @@ class NotebookMesh:
             self.procs.stop()
         finally:
             self._subscription.close()
+            self._failure_subscription.close()
+            for dashboard in self._dashboards:
+                dashboard.finish()  # its last picture: every rank stopped
+            self._dashboards.clear()
             self.registry._forget(self)
 
     def restart(self) -> None:
@@ -203,6 +212,19 @@ class NotebookMesh:
         busy = self.procs.busy_ranks()
         self.procs.interrupt(busy)
         return busy
+
+    def dashboard(self) -> Any:
+        """The live dashboard of this mesh (display it, or make it a cell's last line).
+
+        A tile per rank (state, work, resources, heartbeat), failures as they
+        happen and a rank's last output; updated while cells run. Where no
+        widget front end exists (plain IPython, nbval) it shows as text.
+        """
+        from ..widgets._dashboard import show_dashboard
+
+        dashboard = show_dashboard(self)
+        self._dashboards = [d for d in self._dashboards if not d.finished] + [dashboard]
+        return dashboard
 
     def status(self) -> _render.NotebookMeshStatus:
         """A snapshot (``ProcMesh.status()``) with what the notebook adds: the

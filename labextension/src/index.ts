@@ -1,0 +1,26 @@
+import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { INotebookTracker } from '@jupyterlab/notebook';
+
+import { CellBadges } from './badges';
+import { MeshPanel } from './panel';
+
+/** The Mesh panel in the left sidebar, and badges on %%mesh cells. */
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: 'monarch-nb:panel',
+  description: 'The meshes of the current kernel (monarch_nb), their ranks and controls',
+  autoStart: true,
+  requires: [INotebookTracker],
+  optional: [ILayoutRestorer],
+  activate: (
+    app: JupyterFrontEnd,
+    tracker: INotebookTracker,
+    restorer: ILayoutRestorer | null
+  ) => {
+    const panel = new MeshPanel(tracker);
+    app.shell.add(panel, 'left', { rank: 650 });
+    restorer?.add(panel, panel.id);
+    new CellBadges(tracker);
+  }
+};
+
+export default plugin;

@@ -1,0 +1,290 @@
+/**
+ * The "Mesh" side panel: every mesh of the current notebook's kernel, its
+ * ranks' states, its failures, and stop / restart / interrupt buttons.
+ *
+ * It talks to the kernel over a comm to target `monarch_nb.panel` (served by
+ * `monarch_nb/magics/_panel.py` once `%load_ext monarch_nb` ran): the kernel
+ * sends snapshots, the panel sends actions. The panel opens the comm when it
+ * meets a kernel; a kernel that loads the extension later opens one to us.
+ */
+import type { ISessionContext } from '@jupyterlab/apputils';
+import type { Kernel, KernelMessage } from '@jupyterlab/services';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { LabIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
+
+export const COMM_TARGET = 'monarch_nb.panel';
+export const PANEL_ID = 'monarch-nb-panel';
+
+const GRID_SVG = `<svg xmlns="http://www.w3.org/2000/svg" width="16" height="16" viewBox="0 0 16 16">
+<g class="jp-icon3" fill="#616161">
+<circle cx="3" cy="3" r="1.8"/><circle cx="8" cy="3" r="1.8"/><circle cx="13" cy="3" r="1.8"/>
+<circle cx="3" cy="8" r="1.8"/><circle cx="8" cy="8" r="1.8"/><circle cx="13" cy="8" r="1.8"/>
+<circle cx="3" cy="13" r="1.8"/><circle cx="8" cy="13" r="1.8"/><circle cx="13" cy="13" r="1.8"/>
+</g></svg>`;
+
+export const meshIcon = new LabIcon({ name: 'monarch-nb:mesh', svgstr: GRID_SVG });
+
+/** One rank in a snapshot (see `panel_snapshot()` in the kernel). */
+interface IRank {
+  rank: number;
+  host: string;
+  pid: number;
+  state: string;
+  work_text: string;
+  cpu_percent: number | null;
+  rss_bytes: number | null;
+  heartbeat_age: number | null;
+  returncode: number | null;
+  failure: string | null;
+}
+
+interface IMesh {
+  name: string;
+  state: string;
+  failure: string | null;
+  dist: string | null;
+  default: boolean;
+  shape: Record<string, number>;
+  ranks: IRank[];
+}
+
+interface IFailure {
+  mesh: string;
+  rank: number | null;
+  failure: string;
+  returncode: number | null;
+}
+
+interface ISnapshot {
+  type: 'snapshot';
+  taken_at: number;
+  meshes: IMesh[];
+  failures: IFailure[];
+}
+
+interface IResult {
+  type: 'result';
+  action: string;
+  mesh: string;
+  ok: boolean;
+  message: string;
+}
+
+function escape(text: unknown): string {
+  const div = document.createElement('div');
+  div.textContent = String(text ?? '');
+  return div.innerHTML;
+}
+
+function mebibytes(n: number | null): string {
+  return n === null ? '-' : `${Math.round(n / 2 ** 20)} MiB`;
+}
+
+/** A kernel's comm and what it last said. */
+interface IConnection {
+  comm: Kernel.IComm | null;
+  snapshot: ISnapshot | null;
+}
+
+export class MeshPanel extends Widget {
+  private _connections = new Map<Kernel.IKernelConnection, IConnection>();
+  private _session: ISessionContext | null = null;
+  private _message = '';
+
+  constructor(tracker: INotebookTracker) {
+    super();
+    this.id = PANEL_ID;
+    this.addClass('jp-MonarchNbPanel');
+    this.title.icon = meshIcon;
+    this.title.caption = 'Mesh (monarch_nb)';
+    this.node.addEventListener('click', event => this._onClick(event));
+    tracker.currentChanged.connect((_, panel) => this._follow(panel));
+    this._follow(tracker.currentWidget);
+  }
+
+  /** The kernel of the notebook in focus, if any. */
+  get kernel(): Kernel.IKernelConnection | null {
+    return this._session?.session?.kernel ?? null;
+  }
+
+  private _follow(panel: NotebookPanel | null): void {
+    this._session?.kernelChanged.disconnect(this._onKernelChanged, this);
+    this._session = panel?.sessionContext ?? null;
+    this._session?.kernelChanged.connect(this._onKernelChanged, this);
+    this._message = '';
+    if (this._session) {
+      void this._session.ready.then(() => this._connect(this.kernel));
+    }
+    this._connect(this.kernel);
+  }
+
+  private _onKernelChanged(): void {
+    this._connect(this.kernel);
+  }
+
+  private _connect(kernel: Kernel.IKernelConnection | null): void {
+    if (kernel && !this._connections.has(kernel)) {
+      const connection: IConnection = { comm: null, snapshot: null };
+      this._connections.set(kernel, connection);
+      kernel.registerCommTarget(COMM_TARGET, comm => this._answer(kernel, comm));
+      kernel.statusChanged.connect((_, status) => {
+        if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+          connection.comm = null;
+          connection.snapshot = null;
+          this._render();
+        }
+      });
+      kernel.disposed.connect(() => this._connections.delete(kernel));
+      this._open(kernel);
+    }
+    this._render();
+  }
+
+  /** Ask the kernel for a comm; it closes it at once if monarch_nb is not loaded. */
+  private _open(kernel: Kernel.IKernelConnection): void {
+    try {
+      const comm = kernel.createComm(COMM_TARGET);
+      this._adopt(kernel, comm);
+      comm.open({});
+    } catch (error) {
+      console.warn('monarch_nb: could not open the panel comm', error);
+    }
+  }
+
+  /** A comm the kernel opened (`%load_ext monarch_nb` ran): say we are here. */
+  private _answer(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): void {
+    this._adopt(kernel, comm);
+    comm.send({ action: 'refresh', mesh: '' });
+  }
+
+  private _adopt(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): void {
+    const connection = this._connections.get(kernel);
+    if (!connection) {
+      return;
+    }
+    connection.comm = comm;
+    comm.onMsg = (msg: KernelMessage.ICommMsgMsg) => {
+      const data = msg.content.data as unknown as ISnapshot | IResult;
+      if (data.type === 'snapshot') {
+        connection.snapshot = data;
+      } else if (data.type === 'result' && data.action !== 'refresh') {
+        this._message = data.message;
+      }
+      if (kernel === this.kernel) {
+        this._render();
+      }
+    };
+    comm.onClose = () => {
+      if (connection.comm === comm) {
+        connection.comm = null;
+        this._render();
+      }
+    };
+  }
+
+  private _onClick(event: MouseEvent): void {
+    const button = (event.target as HTMLElement).closest<HTMLButtonElement>(
+      'button[data-action]'
+    );
+    const kernel = this.kernel;
+    const comm = kernel ? this._connections.get(kernel)?.comm : null;
+    if (!button || !kernel || !comm) {
+      return;
+    }
+    const action = button.dataset.action!;
+    const mesh = button.dataset.mesh!;
+    if (action === 'interrupt' && kernel.status === 'busy') {
+      // The kernel runs a cell: the comm would wait for it. The kernel's own
+      // interrupt reaches every busy rank of every mesh.
+      void kernel.interrupt();
+      this._message = 'interrupted the kernel (every busy rank gets KeyboardInterrupt)';
+    } else {
+      comm.send({ action, mesh });
+      this._message =
+        kernel.status === 'busy'
+          ? `${action} of '${mesh}' runs when the current cell ends`
+          : `${action} of '${mesh}'...`;
+    }
+    this._render();
+  }
+
+  private _render(): void {
+    const kernel = this.kernel;
+    const connection = kernel ? this._connections.get(kernel) : undefined;
+    const parts: string[] = ['<div class="jp-MonarchNb-title">Mesh</div>'];
+    if (!kernel) {
+      parts.push('<p class="jp-MonarchNb-note">Open a notebook to see its meshes.</p>');
+    } else if (!connection?.comm) {
+      parts.push(
+        '<p class="jp-MonarchNb-note jp-MonarchNb-disconnected">This kernel has not loaded ' +
+          'monarch_nb: run <code>%load_ext monarch_nb</code>.</p>'
+      );
+    } else if (!connection.snapshot || connection.snapshot.meshes.length === 0) {
+      parts.push(
+        '<p class="jp-MonarchNb-note jp-MonarchNb-empty">No mesh is running in this kernel: ' +
+          '<code>%mesh start --procs 4</code> starts one.</p>'
+      );
+    } else {
+      for (const mesh of connection.snapshot.meshes) {
+        parts.push(this._renderMesh(mesh));
+      }
+    }
+    const failures = connection?.comm ? connection.snapshot?.failures ?? [] : [];
+    if (failures.length) {
+      parts.push('<div class="jp-MonarchNb-failures"><div class="jp-MonarchNb-subtitle">Failures</div><ul>');
+      for (const f of failures) {
+        const where = f.rank === null ? `mesh '${f.mesh}'` : `'${f.mesh}' rank ${f.rank}`;
+        parts.push(`<li data-mesh="${escape(f.mesh)}"><b>${escape(where)}</b>: ${escape(f.failure)}</li>`);
+      }
+      parts.push('</ul></div>');
+    }
+    if (this._message) {
+      parts.push(`<p class="jp-MonarchNb-message">${escape(this._message)}</p>`);
+    }
+    this.node.innerHTML = parts.join('');
+  }
+
+  private _renderMesh(mesh: IMesh): string {
+    const facts = [
+      `<span class="jp-MonarchNb-state" data-state="${escape(mesh.state)}">${escape(mesh.state)}</span>`,
+      `${mesh.ranks.length} ranks`,
+      Object.entries(mesh.shape)
+        .map(([k, v]) => `${escape(k)}: ${v}`)
+        .join(', ')
+    ];
+    if (mesh.dist) {
+      facts.push(escape(mesh.dist));
+    }
+    if (mesh.default) {
+      facts.push('default');
+    }
+    const button = (action: string, title: string) =>
+      `<button class="jp-Button jp-mod-styled jp-MonarchNb-action" data-action="${action}" ` +
+      `data-mesh="${escape(mesh.name)}" title="${escape(title)}">${action}</button>`;
+    const rows = mesh.ranks
+      .map(
+        r =>
+          `<tr class="jp-MonarchNb-rank" data-rank="${r.rank}" data-state="${escape(r.state)}"` +
+          ` title="${escape(`${r.host} pid ${r.pid}` + (r.failure ? `\n${r.failure}` : ''))}">` +
+          `<td>${r.rank}</td><td class="jp-MonarchNb-rankState">${escape(r.state)}</td>` +
+          `<td class="jp-MonarchNb-work" title="${escape(r.work_text)}">` +
+          `${escape(r.work_text.replace(/^%%mesh /, ''))}</td>` +
+          `<td>${r.cpu_percent === null ? '-' : Math.round(r.cpu_percent) + '%'}</td>` +
+          `<td>${mebibytes(r.rss_bytes)}</td><td>${r.pid}</td></tr>`
+      )
+      .join('');
+    return (
+      `<div class="jp-MonarchNb-mesh" data-mesh="${escape(mesh.name)}" data-state="${escape(mesh.state)}">` +
+      `<div class="jp-MonarchNb-meshHeader"><b class="jp-MonarchNb-meshName">${escape(mesh.name)}</b> ` +
+      `${facts.join(' · ')}</div>` +
+      (mesh.failure ? `<pre class="jp-MonarchNb-meshFailure">${escape(mesh.failure)}</pre>` : '') +
+      `<div class="jp-MonarchNb-actions">` +
+      button('interrupt', 'KeyboardInterrupt in every busy rank') +
+      button('restart', 'fresh processes (namespaces start empty)') +
+      button('stop', 'stop the processes and forget this mesh') +
+      `</div><table class="jp-MonarchNb-ranks"><thead><tr><th>rank</th><th>state</th>` +
+      `<th>work</th><th>cpu</th><th>rss</th><th>pid</th></tr></thead><tbody>${rows}</tbody></table></div>`
+    );
+  }
+}

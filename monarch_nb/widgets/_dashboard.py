@@ -1,0 +1,243 @@
+"""The dashboard: header, tiles and failure panel, redrawn by its own thread.
+
+The mesh's observer (on the controller's I/O thread) only records and sets a
+flag (:class:`~._model.DashboardFeed`); a daemon thread per dashboard takes a
+status snapshot when something changed, at most every ``MIN_INTERVAL_S``
+(urgent changes) or every ``REFRESH_S`` (heartbeats), and applies it to the
+widgets. ipykernel sends comm messages from any thread, so the dashboard
+moves while a cell keeps the kernel's main thread busy.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from .._controller._events import (
+    CallFinished,
+    CallStarted,
+    Heartbeat,
+    MeshFailed,
+    Output,
+    RankFailed,
+    RankStateChanged,
+)
+from .._controller._status import MeshState
+from ..magics._render import NotebookMeshStatus, render_status_html
+from ._model import DashboardFeed, FailureLog, FailureRecord, Progress, Throttle
+from ._text import as_notebook_status, failures_html, render_text
+
+MIN_INTERVAL_S = 0.1  # at most ~10 redraws a second
+REFRESH_S = 1.0  # heartbeat ages and resources, even when no event is urgent
+_WATCHED = (RankStateChanged, RankFailed, MeshFailed, CallStarted, CallFinished, Output, Heartbeat)
+
+
+def _heartbeat_s() -> float:
+    return float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
+
+
+class TextDashboard:
+    """The dashboard where no widget front end exists: its text summary, as of display."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.mesh = mesh
+
+    def text(self) -> str:
+        log: FailureLog | None = getattr(self.mesh, "failures", None)
+        return render_text(self.mesh.status(), log.records() if log else ())
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    finished = True
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Dashboard:
+    """A live view of one mesh: a tile per rank, failures, and a rank's last output.
+
+    ``mesh`` is a notebook mesh (``.procs``, ``.status()``, ``.failures``).
+    Display it (the last expression of a cell, or ``display(d)``); it shows
+    as text where widgets cannot render. It stops updating when the mesh
+    stops, or on :meth:`close`.
+    """
+
+    def __init__(self, mesh: Any) -> None:
+        import ipywidgets as w
+
+        from ._failures import FailurePanel
+        from ._tiles import TileGrid
+
+        self.mesh = mesh
+        procs = mesh.procs
+        self.feed = DashboardFeed()
+        self.throttle = Throttle(MIN_INTERVAL_S, REFRESH_S)
+        self.header = w.HTML()
+        self.grid = TileGrid(procs.shape, heartbeat_s=_heartbeat_s())
+        self.failures = FailurePanel(
+            procs.shape.ranks, lambda rank: [o.line for o in procs.output_tail(rank)]
+        )
+        self.widget = w.VBox([self.header, self.grid.widget, self.failures.widget])
+        self.widget.add_class("mnb-dashboard")
+        self.draws = 0
+        self.status: NotebookMeshStatus | None = None
+        self.progress: dict[int, Progress] = {}
+        self.failure_records: tuple[FailureRecord, ...] = ()
+        self._drawn = threading.Condition()
+        self._closed = threading.Event()
+        self._draw()  # complete before it is displayed
+        self._subscription = procs.events.subscribe(self.feed, kinds=_WATCHED)
+        self._thread = threading.Thread(
+            target=self._run, name=f"monarch_nb dashboard {procs.name}", daemon=True
+        )
+        self._thread.start()
+
+    # -- what it shows ------------------------------------------------------------------
+
+    def _failure_log(self) -> tuple[FailureRecord, ...]:
+        log: FailureLog | None = getattr(self.mesh, "failures", None)
+        return log.records() if log is not None else ()
+
+    def text(self) -> str:
+        """The text summary of what the dashboard shows now."""
+        status = self.status or as_notebook_status(self.mesh.status())
+        return render_text(status, self.failure_records, self.progress)
+
+    def _headline(self, status: NotebookMeshStatus) -> str:
+        counts = Counter(str(r.state) for r in status.ranks)
+        states = " · ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        failure = ""
+        if status.status.failure:
+            failure = (
+                f"<br><small style='color:#b71c1c'>{html.escape(status.status.failure)}</small>"
+            )
+        return (
+            f'<div class="mnb-header"><b>{html.escape(status.headline())}</b> · '
+            f"{html.escape(states)}{failure}</div>"
+        )
+
+    def _draw(self) -> None:
+        _, _, progress = self.feed.take()
+        status = as_notebook_status(self.mesh.status())
+        failures = self._failure_log()
+        headline = self._headline(status)
+        with self.widget.hold_sync():
+            if self.header.value != headline:
+                self.header.value = headline
+            self.grid.update(status.ranks, progress)
+            self.failures.update(failures)
+        with self._drawn:
+            self.status, self.progress, self.failure_records = status, progress, failures
+            self.draws += 1
+            self.throttle.drew(time.monotonic())
+            self._drawn.notify_all()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            urgent = self.feed.wake.is_set()
+            wait = self.throttle.next_wait(time.monotonic(), urgent)
+            if wait > 0:
+                # Urgent: coalesce whatever else comes in the rest of the interval.
+                (self._closed if urgent else self.feed.wake).wait(wait)
+                continue
+            try:
+                self._draw()
+            except Exception:  # a closed comm, a kernel going away: stop quietly
+                break
+            if self.status is not None and self.status.status.state is MeshState.STOPPED:
+                break
+        self._subscription.close()
+
+    # -- for callers and tests ------------------------------------------------------------
+
+    def wait_until(self, predicate: Callable[[Dashboard], bool], timeout: float = 5.0) -> bool:
+        """Block until ``predicate(self)`` holds after a redraw; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._drawn:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._drawn.wait(left)
+            return True
+
+    def show_output(self, rank: int) -> None:
+        """Show ``rank``'s last lines of output under the failure panel."""
+        self.failures.select(rank)
+
+    def close(self) -> None:
+        """Stop updating and remove the widgets."""
+        self._closed.set()
+        self.feed.wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self._subscription.close()
+        self.failures.close()
+        self.grid.close()
+        self.header.close()
+        self.widget.close()
+
+    @property
+    def finished(self) -> bool:
+        return self._closed.is_set() or not self._thread.is_alive()
+
+    def finish(self) -> None:
+        """Draw once more (the mesh stopped) and stop updating; the widgets stay."""
+        self._closed.set()
+        self.feed.wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(5)
+        try:
+            self._draw()
+        except Exception:
+            pass  # the kernel is going away: nothing left to show it to
+        self._subscription.close()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        # The widget for front ends that render it; for the others (nbval, a
+        # static HTML export) the same text and HTML table as %mesh status.
+        bundle = dict(self.widget._repr_mimebundle_(**kwargs) or {})
+        status = self.status or as_notebook_status(self.mesh.status())
+        bundle["text/plain"] = self.text()
+        table = render_status_html([status])
+        if self.failure_records:
+            table += failures_html(self.failure_records)
+        bundle["text/html"] = table
+        return bundle
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+def widgets_available(shell: Any = None) -> bool:
+    """Whether widgets can render: an IPython kernel (not a terminal) with ipywidgets."""
+    if shell is None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def show_dashboard(mesh: Any, shell: Any = None) -> Dashboard | TextDashboard:
+    """A live Dashboard in a kernel with ipywidgets, else the text summary."""
+    if widgets_available(shell):
+        return Dashboard(mesh)
+    return TextDashboard(mesh)

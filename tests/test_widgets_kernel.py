@@ -1,0 +1,178 @@
+"""The dashboard through a real kernel (jupyter_client): what a front end receives.
+
+The kernel's iopub channel carries the dashboard's display bundle and then
+its widget updates (``comm_msg``), which must keep coming while a cell holds
+the kernel's main thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kernel_utils import Kernel, plain
+
+pytestmark = pytest.mark.timeout(90)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.fixture(scope="module")
+def kernel_session() -> Iterator[Kernel]:
+    with Kernel() as k:
+        k.ok("%load_ext monarch_nb")
+        yield k
+
+
+@pytest.fixture
+def kernel(kernel_session: Kernel) -> Iterator[Kernel]:
+    """The module's kernel; every mesh a test started is stopped after it, pass or fail."""
+    yield kernel_session
+    kernel_session.ok("%mesh stop --all")
+
+
+def run_collecting_comms(kernel: Kernel, code: str, timeout: float = 30) -> tuple[Any, list]:
+    """Run ``code``; its Reply and every widget update seen on iopub meanwhile,
+    each as ``(seconds since the request, state)``. Updates come from the
+    dashboard's own thread, so they are matched by type, not by parent."""
+    client = kernel.client
+    start = time.monotonic()
+    msg_id = client.execute(code, store_history=False)
+    updates, outputs, reply, idle = [], [], None, False
+    deadline = start + timeout
+    while not (idle and reply is not None):
+        assert time.monotonic() < deadline, f"no reply within {timeout} s"
+        if reply is None:
+            try:
+                msg = client.get_shell_msg(timeout=0.01)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    reply = msg
+            except queue.Empty:
+                pass
+        try:
+            msg = client.get_iopub_msg(timeout=0.05)
+        except queue.Empty:
+            continue
+        kind = msg["msg_type"]
+        if kind == "comm_msg" and msg["content"]["data"].get("method") == "update":
+            updates.append((time.monotonic() - start, msg["content"]["data"]["state"]))
+        elif msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        elif kind == "status":
+            idle = msg["content"]["execution_state"] == "idle"
+        elif kind in ("stream", "display_data", "execute_result", "error"):
+            outputs.append(msg)
+    return reply, outputs, updates
+
+
+def displays(outputs: list) -> list[dict]:
+    return [m["content"]["data"] for m in outputs if m["msg_type"] == "display_data"]
+
+
+def test_start_shows_the_dashboard_with_the_status_table_as_fallback(kernel: Kernel) -> None:
+    reply = kernel.ok("%mesh start --procs 2 --name dash")
+    [bundle] = [d for d in reply.displays() if WIDGET_VIEW in d["data"]]
+    text = bundle["data"]["text/plain"]
+    assert text.startswith("mesh 'dash' · running · 2 ranks · default")
+    assert text.splitlines()[1].split() == [
+        "rank",
+        "host",
+        "pid",
+        "state",
+        "current",
+        "work",
+        "cpu",
+        "rss",
+    ]
+    assert "<table>" in bundle["data"]["text/html"]  # static exports show the table
+
+    again = kernel.ok("%mesh dashboard")
+    [bundle] = again.displays()
+    assert WIDGET_VIEW in bundle["data"]
+    assert bundle["data"]["text/plain"].startswith("mesh 'dash' · running")
+
+
+def test_no_dashboard_shows_the_plain_status_table(kernel: Kernel) -> None:
+    reply = kernel.ok("%mesh start --procs 1 --name table --no-dashboard")
+    [bundle] = reply.displays()
+    assert WIDGET_VIEW not in bundle["data"]
+    assert bundle["data"]["text/plain"].startswith("mesh 'table' · running · 1 ranks")
+
+
+def test_updates_flow_while_a_cell_runs_with_progress_not_text(kernel: Kernel) -> None:
+    kernel.ok("%mesh start --procs 2 --name live")
+    # Ranks draw a tqdm-style bar for ~1.5 s while the kernel's main thread waits on them.
+    cell = (
+        "%%mesh\nimport sys, time\n"
+        "for i in range(1, 6):\n"
+        "    sys.stderr.write(f'\\r{i * 20}%|' + '#' * i + f'| {i}/5'); sys.stderr.flush()\n"
+        "    time.sleep(0.3)\n"
+    )
+    reply, _, updates = run_collecting_comms(kernel, cell)
+    assert reply["content"]["status"] == "ok"
+    values = [state["value"] for _, state in updates if "value" in state]
+    busy = [v for v in values if "mnb-busy" in v]
+    assert busy, f"no busy tile was sent while the cell ran: {values!r}"
+    assert any("| 3/5" in v or "width:60%" in v for v in busy)  # progress in the tile
+    # Throttled: a few redraws a second, not one per event.
+    elapsed = max(t for t, _ in updates) - min(t for t, _ in updates) + 0.1
+    assert len(updates) / elapsed < 40
+
+
+def test_a_killed_rank_shows_dead_with_its_signal_within_a_second(kernel: Kernel) -> None:
+    kernel.ok("%mesh start --procs 2 --name crash")
+    code = (
+        "from monarch_nb import current_mesh\n"
+        "from monarch_nb.events import EventLog, RankFailed\n"
+        "import time\n"
+        "mesh = current_mesh()\n"
+        "d = mesh.dashboard()\n"
+        "log = EventLog()\n"
+        "with mesh.procs.events.subscribe(log, kinds=(RankFailed,)):\n"
+        "    mesh.procs.kill([1])\n"
+        "    event = log.wait_for(RankFailed, timeout=10)\n"
+        "shown = d.wait_until(lambda d: d.status.status.rank(1).state == 'dead'\n"
+        "                     and 'SIGKILL' in d.grid.tile(1), timeout=5)\n"
+        "print(shown, round(time.time() - event.at, 3))\n"
+        "print(d.text())\n"
+    )
+    reply, outputs, updates = run_collecting_comms(kernel, code)
+    assert reply["content"]["status"] == "ok"
+    out = plain(
+        "".join(
+            m["content"]["text"]
+            for m in outputs
+            if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+        )
+    )
+    first, *summary = out.splitlines()
+    shown, delay = first.split()
+    assert shown == "True"
+    assert float(delay) < 1.0
+    text = "\n".join(summary)
+    assert "1     vm" in text or " dead " in text
+    assert [line.split()[3] for line in summary if line.startswith("1 ")] == ["dead"]
+    assert "rank 1 · " in text
+    assert text.rstrip().endswith("was killed by signal SIGKILL")
+    # The browser was sent the same: rank 1's tile, red, naming the signal.
+    dead_tiles = [s["value"] for _, s in updates if "mnb-dead" in s.get("value", "")]
+    assert dead_tiles
+    assert "SIGKILL" in dead_tiles[-1]
+
+
+def test_plain_ipython_shows_the_text_summary() -> None:
+    source = "%load_ext monarch_nb\n%mesh start --procs 1 --name term\n%mesh dashboard\n%mesh stop"
+    result = subprocess.run(
+        [sys.executable, "-m", "IPython", "--no-banner", "--colors=NoColor", "-c", source],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("mesh 'term' · running · 1 ranks") == 2
+    assert "mesh 'term' stopped" in result.stdout
+    assert "Widget" not in result.stdout + result.stderr
