@@ -53,3 +53,29 @@ def test_done_callbacks_run_once_even_when_added_late():
     fut.set_result("x")
     fut.add_done_callback(lambda f: seen.append(f.get() + "!"))
     assert seen == ["x", "x!"]
+
+
+def test_ctrl_c_reaching_another_thread_still_stops_a_blocked_get():
+    # The kernel may hand a process's SIGINT to any thread that does not block
+    # it; the thread blocked in get() must still raise KeyboardInterrupt.
+    import signal
+    import time
+
+    fut: Future[int] = Future()
+    safety = threading.Timer(10, fut.set_result, args=(0,))  # never hang the suite
+    safety.start()
+
+    def signal_this_thread() -> None:
+        time.sleep(0.2)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    helper = threading.Thread(target=signal_this_thread)
+    helper.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fut.get()
+        assert time.monotonic() - started < 2
+    finally:
+        helper.join()
+        safety.cancel()

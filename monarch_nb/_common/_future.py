@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _PENDING = object()
+_SIGNAL_CHECK_S = 0.25
 
 
 class Future(Generic[T]):
@@ -52,7 +53,13 @@ class Future(Generic[T]):
     def _wait(self, timeout: float | None) -> bool:
         if self._done:
             return True
-        if not self._latch.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+        if timeout is None:
+            # In slices: Ctrl-C delivered to another of this process's threads only
+            # flags the signal, and a thread blocked in C never looks; between
+            # slices Python runs the handler here, so KeyboardInterrupt is raised.
+            while not self._latch.acquire(timeout=_SIGNAL_CHECK_S):
+                pass
+        elif not self._latch.acquire(timeout=max(0.0, timeout)):
             return False
         self._latch.release()
         return True

@@ -13,7 +13,16 @@ import chaos_actors
 import pytest
 import zmq
 from chaos_actors import Canary, Probe
-from chaos_support import PREFIX_BYTES, envelope, sign_raw, wait_until, wire_stats
+from chaos_support import (
+    META_LEN_BYTES,
+    PREFIX_BYTES,
+    SEQ_BYTES,
+    SIG_BYTES,
+    envelope,
+    sign_raw,
+    wait_until,
+    wire_stats,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -182,10 +191,20 @@ def test_an_impostor_with_a_dead_ranks_identity_is_dropped_unread(
 
 
 def _malformed(frames: list[bytes]) -> bool:
-    """Whether the documented envelope layout makes ``frames`` malformed (too short,
-    or a meta length past the end) rather than merely wrongly signed."""
+    """Whether the documented layout makes ``frames`` malformed (too short, or a
+    meta length past the end) rather than merely wrongly signed. A first frame of
+    exactly the header's size means the body is the next frame."""
+    header = SIG_BYTES + SEQ_BYTES
     first = frames[0]
-    if len(first) < PREFIX_BYTES:
+    if len(first) < header:
         return True
-    meta_length = int.from_bytes(first[PREFIX_BYTES - 4 : PREFIX_BYTES], "little")
-    return PREFIX_BYTES + meta_length > len(first)
+    if len(first) == header:
+        if len(frames) < 2:
+            return True
+        body = frames[1]
+    else:
+        body = first[header:]
+    if len(body) < META_LEN_BYTES:
+        return True
+    meta_length = int.from_bytes(body[:META_LEN_BYTES], "little")
+    return META_LEN_BYTES + meta_length > len(body)
