@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -130,6 +131,10 @@ def test_calls_racing_a_restart_each_complete_and_leave_no_load_behind():
         thread = threading.Thread(target=caller)
         thread.start()
         try:
+            deadline = time.monotonic() + 30
+            while not any(f.done() and f.exception(timeout=0) is None for f in list(futures)):
+                assert time.monotonic() < deadline, "no call returned before the restarts"
+                time.sleep(0.01)
             for _ in range(3):
                 procs.restart()
         finally:

@@ -127,8 +127,13 @@ def test_ctrl_c_on_get_in_a_plain_script_interrupts_the_ranks(tmp_path):
     script.write_text(
         textwrap.dedent(
             """
+            import signal
             import sys
             from monarch_nb import this_host
+
+            # A user's terminal Ctrl-C, whatever the test runner's state was.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
             with this_host().spawn_procs(per_host={"procs": 2}) as procs:
                 print("pids", *procs.pids, flush=True)

@@ -61,6 +61,10 @@ def test_ctrl_c_reaching_another_thread_still_stops_a_blocked_get():
     import signal
     import time
 
+    # Python's own Ctrl-C, whatever an earlier test or the launcher left behind.
+    old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+
     fut: Future[int] = Future()
     safety = threading.Timer(10, fut.set_result, args=(0,))  # never hang the suite
     safety.start()
@@ -79,3 +83,5 @@ def test_ctrl_c_reaching_another_thread_still_stops_a_blocked_get():
     finally:
         helper.join()
         safety.cancel()
+        signal.signal(signal.SIGINT, old_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -447,6 +447,10 @@ _PR_SET_PDEATHSIG = 1
 
 
 def main() -> None:
+    # Interrupts are how calls stop: whatever mask or disposition the process
+    # that launched us had (a blocked or ignored SIGINT is inherited), take
+    # SIGINT back for the main thread.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -66,7 +66,7 @@ def test_no_call_that_returned_is_lost_when_a_rank_dies_mid_stream(procs3):
     per_rank = {r: probe.slice(procs=r) for r in range(3)}
     futures = [(r, i, per_rank[r].echo.call_one(i)) for i in range(200) for r in range(3)]
     last = per_rank[victim].sleep.call_one(30)  # keeps the victim busy until it dies
-    wait_until(lambda: futures[-1][2].done(), 10, "the stream of echoes to finish")
+    wait_until(lambda: all(f.done() for _, _, f in futures), 10, "every echo to return")
     kill_and_time(procs3, victim, last)
 
     for rank, i, future in futures:
