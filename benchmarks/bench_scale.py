@@ -16,7 +16,6 @@ gathered from 512 actors (about 5.1 us per actor).
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 import cloudpickle
 import psutil
 import zmq
+from bench_runtime import median_time
 
 from monarch_nb import Actor, endpoint, this_host
 
@@ -78,17 +78,6 @@ class ScaleRow:
         return self.procs * self.actors_per_proc
 
 
-def median(fn, repeat: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
 class RawGather:
     """``procs`` bare echo processes behind one ROUTER: the floor for a gather."""
 
@@ -135,14 +124,14 @@ def measure_one(procs: int, actors_per_proc: int, repeat: int) -> ScaleRow:
             for future in futures:
                 future.get(timeout=60)
 
-        gather_s = median(gather, repeat)
+        gather_s = median_time(gather, repeat, warmup=3)
         controller_rss = psutil.Process().memory_info().rss
         workers_rss = sum(psutil.Process(pid).memory_info().rss for pid in mesh.pids)
     finally:
         mesh.stop()
     raw = RawGather(procs)
     try:
-        floor_s = median(lambda: raw.gather(actors_per_proc), repeat)
+        floor_s = median_time(lambda: raw.gather(actors_per_proc), repeat, warmup=3)
     finally:
         raw.close()
     return ScaleRow(procs, actors_per_proc, start_s, gather_s, floor_s, controller_rss, workers_rss)

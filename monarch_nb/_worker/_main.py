@@ -99,7 +99,8 @@ class Worker:
         sock.connect(boot["address"])
         self.socket = sock
         self.signer = Signer(bytes.fromhex(boot["key"]), WireStats())
-        self._inbox: queue.SimpleQueue[tuple[Message, list[Any]] | Callable[[], None]] = (
+        # (message, frames, its call id) from the wire thread, or a posted task.
+        self._inbox: queue.SimpleQueue[tuple[Message, list[Any], int] | Callable[[], None]] = (
             queue.SimpleQueue()
         )
         self.wire = WireThread(
@@ -142,7 +143,7 @@ class Worker:
         if call_id:
             with self._calls_lock:
                 self._queued.add(call_id)
-        self._inbox.put((message, frames))
+        self._inbox.put((message, frames, call_id))
 
     def interrupt(self, call_id: int) -> None:
         """Stop ``call_id`` (0: whatever runs): signal it if it runs; if it is still
@@ -231,9 +232,9 @@ class Worker:
             elif not self.handle(*item):
                 return
 
-    def handle(self, message: Message, frames: list[Any]) -> bool:
+    def handle(self, message: Message, frames: list[Any], call_id: int) -> bool:
         """Handle one work message; False means shut down."""
-        if not self._start(_call_id_of(message)):
+        if not self._start(call_id):
             return True  # interrupted while queued: already answered
         try:
             return self._handle(message, frames)
