@@ -119,15 +119,20 @@ class WireStats:
 class Encoded:
     """A message pickled and digested once, ready to seal and send any number of times."""
 
-    __slots__ = ("body", "buffers", "digest", "nbytes", "separate_body", "signer")
+    __slots__ = ("body", "buffers", "copy", "digest", "nbytes", "separate_body", "signer")
 
     def __init__(self, signer: Signer, body: bytes, buffers: list[Any], digest: bytes) -> None:
         self.signer = signer  # whose key and sequence seal it
         self.body = body
         self.buffers = buffers
         self.digest = digest
-        self.nbytes = len(body) + sum(memoryview(b).nbytes for b in buffers)
+        sizes = [memoryview(b).nbytes for b in buffers]
+        self.nbytes = len(body) + sum(sizes)
         self.separate_body = len(body) >= _ZERO_COPY_BYTES
+        # Per frame of a sealed message, whether zmq copies it: decided once here,
+        # not on every send of a cast to many ranks.
+        big = [len(body)] if self.separate_body else []
+        self.copy = [True, *(n < _ZERO_COPY_BYTES for n in big + sizes)]
 
     def seal(self) -> list[Any]:
         """The frames, with the sender's next sequence number and their signature.
@@ -151,9 +156,8 @@ class Encoded:
         if identity is not None:
             send(identity, _SNDMORE)
         last = len(frames) - 1
-        for i, frame in enumerate(frames):
-            big = i > 0 and memoryview(frame).nbytes >= _ZERO_COPY_BYTES
-            send(frame, _SNDMORE if i < last else 0, copy=not big)
+        for i, (frame, copy) in enumerate(zip(frames, self.copy, strict=True)):
+            send(frame, _SNDMORE if i < last else 0, copy=copy)
 
 
 def receive(socket: zmq.Socket) -> list[zmq.Frame] | None:
