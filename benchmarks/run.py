@@ -20,12 +20,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 1 GiB rows")
     parser.add_argument(
         "--only",
-        choices=["runtime", "native", "notebook", "scale", "chaos"],
+        choices=["runtime", "native", "notebook", "scale", "chaos", "multihost"],
         action="append",
         help="run just these",
     )
     args = parser.parse_args(argv)
-    wanted = args.only or ["runtime", "native", "notebook", "scale", "chaos"]
+    wanted = args.only or ["runtime", "native", "notebook", "scale", "chaos", "multihost"]
 
     if "runtime" in wanted:
         runtime = importlib.import_module("bench_runtime")
@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> None:
         chaos = importlib.import_module("bench_chaos")
         print("## Hardening (faults, load, bad input)\n")
         print(chaos.render(chaos.measure(quick=args.quick)), "\n", flush=True)
+    if "multihost" in wanted:
+        multihost = importlib.import_module("bench_multihost")
+        print("## Multi-host (network-namespace hosts through ssh)\n")
+        multihost.main(["--quick"] if args.quick else [])
+        print(flush=True)
 
 
 if __name__ == "__main__":

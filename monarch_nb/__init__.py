@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from ._controller._actor_mesh import ActorMesh, Endpoint
     from ._controller._calls import ReplyStream
     from ._controller._events import RankState
+    from ._controller._launchers import attach, slurm_hosts, ssh_hosts
     from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
     from ._controller._status import MeshState, MeshStatus, RankStatus
     from .debug._remote import breakpoint
@@ -80,10 +81,13 @@ _DEFINED_IN = {
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",
     "ValueMesh": "_common._value_mesh",
+    "attach": "_controller._launchers",
     "breakpoint": "debug._remote",
     "context": "_common._context",
     "current_rank": "_common._context",
     "endpoint": "_common._actors",
+    "slurm_hosts": "_controller._launchers",
+    "ssh_hosts": "_controller._launchers",
     "this_host": "_controller._proc_mesh",
 }
 
@@ -154,11 +158,14 @@ __all__ = [
     "Shape",
     "SpawnError",
     "ValueMesh",
+    "attach",
     "breakpoint",
     "context",
     "current_mesh",
     "current_rank",
     "endpoint",
     "events",
+    "slurm_hosts",
+    "ssh_hosts",
     "this_host",
 ]

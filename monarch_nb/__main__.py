@@ -105,13 +105,33 @@ class _Steps:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:  # its own options, --help included
+        from monarch_nb._agent._main import main as agent_main
+
+        agent_main(argv[1:])
+        return 0
     parser = argparse.ArgumentParser(prog="python -m monarch_nb", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run_demo = sub.add_parser("demo", help="run the quick start headless")
     run_demo.add_argument("--procs", type=int, default=4, help="ranks to start (default 4)")
+    sub.add_parser(
+        "agent",
+        help="run this host's agent (for attach(): --listen tcp://0.0.0.0:PORT --key-file F)",
+    )
+    keygen = sub.add_parser("keygen", help="write a key file for attach() and agents")
+    keygen.add_argument("path", help="where to write it (created readable by you only)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo(args.procs)
+    elif args.command == "keygen":
+        from monarch_nb._common._keys import write_key_file
+
+        try:
+            write_key_file(args.path)
+        except FileExistsError:
+            parser.error(f"{args.path} exists; remove it first or choose another path")
+        print(f"wrote {args.path}: give it to the agents (--key-file) and to attach(key_file=)")
     return 0
 
 

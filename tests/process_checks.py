@@ -19,12 +19,13 @@ LEAK_WAIT_S = 6.0
 
 
 def our_workers() -> dict[int, str]:
-    """pid -> command line of every live monarch_nb worker of this test session."""
+    """pid -> command line of every live monarch_nb worker (or host agent started
+    with our environment) of this test session."""
     found = {}
     for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or ())
-            if "monarch_nb.worker" not in cmdline:
+            if "monarch_nb.worker" not in cmdline and "monarch_nb.agent" not in cmdline:
                 continue
             ours = proc.environ().get(SESSION_MARK) == os.environ[SESSION_MARK]
             if ours and proc.status() != psutil.STATUS_ZOMBIE:

@@ -47,7 +47,7 @@ def test_each_runtime_module_imports_alone_and_the_sides_stay_apart():
     package = pathlib.Path(monarch_nb.__file__).parent
     modules = [
         f"monarch_nb.{side}.{path.stem}"
-        for side in ("_common", "_controller", "_worker")
+        for side in ("_common", "_controller", "_worker", "_agent")
         for path in sorted((package / side).glob("_*.py"))
         if path.stem != "__init__"
     ]
@@ -58,7 +58,7 @@ def test_each_runtime_module_imports_alone_and_the_sides_stay_apart():
         "    before = set(sys.modules)\n"
         "    importlib.import_module(name)\n"
         "    loaded = set(sys.modules) - before\n"
-        "    if '._worker.' in name:\n"
+        "    if '._worker.' in name or '._agent.' in name:\n"
         "        bad = [m for m in loaded if m.startswith('monarch_nb._controller')]\n"
         "        assert not bad, (name, bad)\n"
         "    for m in [m for m in sys.modules if m.startswith('monarch_nb.')]:\n"

@@ -327,3 +327,95 @@ class DebugEnded(Message):
 
     TAG: ClassVar[int] = 51
     how: str
+
+
+# Controller <-> host agent (monarch_nb.agent), signed with the host mesh's
+# agent key. Workers' own messages pass through an agent unchanged (they are
+# signed with their mesh's key); these are the agent's own.
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class AgentHello(Message):
+    """An agent is up: where it runs, and a free port there (for MASTER_PORT)."""
+
+    TAG: ClassVar[int] = 60
+    host_index: int
+    hostname: str
+    address: str  # the address this host reaches the controller from
+    pid: int
+    free_port: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class AgentHeartbeat(Message):
+    """Both ways, every heartbeat period: silence means the other side is gone."""
+
+    TAG: ClassVar[int] = 61
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class LaunchWorkers(Message):
+    """Start workers: ``(identity, env, bootstrap)`` each. ``env`` adds to the agent's
+    environment; ``bootstrap`` (with the mesh key) goes to the worker's stdin."""
+
+    TAG: ClassVar[int] = 62
+    workers: tuple[tuple[str, dict[str, str], dict[str, Any]], ...]
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class KillWorkers(Message):
+    """SIGKILL these workers (identities); their exits are reported as usual."""
+
+    TAG: ClassVar[int] = 63
+    identities: tuple[str, ...]
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class AgentShutdown(Message):
+    """Kill every worker and exit (a launched agent) or wait for the next controller."""
+
+    TAG: ClassVar[int] = 64
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class WorkerStarted(Message):
+    TAG: ClassVar[int] = 65
+    identity: str
+    pid: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class WorkerOutput(Message):
+    """Raw bytes a worker wrote to ``stream`` (lines are split on the controller)."""
+
+    TAG: ClassVar[int] = 66
+    identity: str
+    stream: str
+    data: bytes
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class WorkerExited(Message):
+    """``returncode`` as Popen reports it (negative: killed by that signal)."""
+
+    TAG: ClassVar[int] = 67
+    identity: str
+    returncode: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class AgentAttach(Message):
+    """The controller's first word to an agent it connected to (``attach``), with
+    the address it reached the agent at (what other hosts should use)."""
+
+    TAG: ClassVar[int] = 68
+    address: str

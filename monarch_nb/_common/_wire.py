@@ -59,6 +59,10 @@ from ._messages import Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps, loads
 
 KEY_BYTES = 32
+# Envelopes on a host agent's link (a frame before the message): relay it to the
+# workers named after RELAY, or a message for/from the agent itself.
+RELAY = b"R"
+OWN = b"A"
 _SIG_BYTES = 32
 _SEQ_BYTES = 8
 _META_LEN_BYTES = 4
@@ -146,15 +150,22 @@ class Encoded:
         return [header + self.body, *self.buffers]
 
     def send(
-        self, socket: zmq.Socket, identity: bytes | None = None, frames: list[Any] | None = None
+        self,
+        socket: zmq.Socket,
+        identity: bytes | None = None,
+        frames: list[Any] | None = None,
+        envelope: bytes | None = None,
     ) -> None:
         """Send on ``socket`` (to ``identity`` first, for a ROUTER); seals unless
-        ``frames`` (from :meth:`seal`) are given."""
+        ``frames`` (from :meth:`seal`) are given. ``envelope``, a frame between the
+        identity and the message, tells a host agent what to do with it (relay)."""
         if frames is None:
             frames = self.seal()
         send = socket.send
         if identity is not None:
             send(identity, _SNDMORE)
+        if envelope is not None:
+            send(envelope, _SNDMORE)
         last = len(frames) - 1
         for i, (frame, copy) in enumerate(zip(frames, self.copy, strict=True)):
             send(frame, _SNDMORE if i < last else 0, copy=copy)

@@ -32,13 +32,13 @@ import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import zmq
 
 from .._common._errors import MeshFailure, RemoteFailure
 from .._common._messages import Failure, UnknownMessage, Value
-from .._common._wire import Encoded, ReplayWindow, WireStats, decode_payload, receive
+from .._common._wire import OWN, RELAY, Encoded, ReplayWindow, WireStats, decode_payload, receive
 from ._calls import PendingCall
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
 from ._io_loop import IOLoop
@@ -53,10 +53,17 @@ T = TypeVar("T")
 
 
 class _Peer:
-    __slots__ = ("group", "rank", "window")
+    __slots__ = ("group", "rank", "via", "window")
 
-    def __init__(self, group: ProcGroup, rank: int) -> None:
+    def __init__(self, group: ProcGroup, rank: int, via: bytes | None) -> None:
         self.group, self.rank, self.window = group, rank, ReplayWindow()
+        self.via = via  # the agent that relays for it, or None
+
+
+class AgentPeer(Protocol):
+    """What the controller needs of a host agent (see :mod:`._hosts`)."""
+
+    def on_message(self, frames: list[Any]) -> None: ...
 
 
 class Controller:
@@ -79,6 +86,7 @@ class Controller:
         self.stats = WireStats()
         self.loop = IOLoop()
         self._peers: dict[bytes, _Peer] = {}
+        self._agents: dict[bytes, AgentPeer] = {}  # identity -> a host agent (multi-host)
         self._calls: dict[int, PendingCall] = {}
         self._call_ids = itertools.count(1)
         # Calls in flight per (group id, rank), counted as they are sent, so
@@ -86,6 +94,7 @@ class Controller:
         self.outstanding: Counter[tuple[int, int]] = Counter()
         self._lock = threading.Lock()
         self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
+        self.host_meshes: weakref.WeakSet[Any] = weakref.WeakSet()  # _hosts.HostAgents
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -132,6 +141,11 @@ class Controller:
                 group.kill()
             except Exception:
                 _log.exception("monarch_nb: could not stop %r at exit", group.name)
+        for hosts in list(self.host_meshes):
+            try:
+                hosts.shutdown(grace=2.0)
+            except Exception:
+                _log.exception("monarch_nb: could not stop the agents of a host mesh at exit")
 
         def close() -> None:
             self.loop.remove_fd(int(self.router.getsockopt(zmq.FD)))
@@ -168,7 +182,7 @@ class Controller:
                     ranks=ranks,
                 )
             if failure is None:
-                identities = [group.identity(rank) for rank in ranks]
+                routes = group.routes(ranks)
                 if call is not None:
                     call.group, call.controller = group, self
                     self._calls[call.call_id] = call
@@ -191,8 +205,12 @@ class Controller:
                                 )
                 router = self.router
                 frames = message.seal()  # in send order: see _wire's docstring
-                for identity in identities:
-                    message.send(router, identity, frames)
+                for via, identities in routes:
+                    if via is None:
+                        for identity in identities:
+                            message.send(router, identity, frames)
+                    else:  # once per host: its agent relays to each
+                        message.send(router, via, frames, RELAY + b"\n".join(identities))
                 self.stats.sent += len(ranks)
                 pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
         if failure is not None:
@@ -271,11 +289,62 @@ class Controller:
 
     # -- I/O thread ---------------------------------------------------------------------
 
-    def add_peer(self, identity: bytes, group: ProcGroup, rank: int) -> None:
-        self._peers[identity] = _Peer(group, rank)
+    def add_peer(
+        self, identity: bytes, group: ProcGroup, rank: int, via: bytes | None = None
+    ) -> None:
+        self._peers[identity] = _Peer(group, rank, via)
 
     def remove_peer(self, identity: bytes) -> None:
         self._peers.pop(identity, None)
+
+    def add_agent(self, identity: bytes, agent: AgentPeer) -> None:
+        self._agents[identity] = agent
+
+    def remove_agent(self, identity: bytes) -> None:
+        self._agents.pop(identity, None)
+
+    def send_to_agent(self, identity: bytes, message: Encoded) -> None:
+        """Send an agent's own message (any thread)."""
+        with self._lock:
+            message.send(self.router, identity, None, OWN)
+            pending_input = int(self.router.getsockopt(_EVENTS)) & _POLLIN
+        if pending_input:
+            self.loop.call_soon(self._on_readable)
+
+    def bind_curve(self, host: str, server_public: str, server_secret: str) -> str:
+        """Listen on ``host`` too, CURVE-encrypted with this server key pair (for
+        agents on other hosts); returns the endpoint. I/O thread."""
+        router = self.router
+        # Options are copied into each endpoint when it is made: set, bind, unset.
+        router.curve_server = True
+        router.curve_publickey = server_public.encode()
+        router.curve_secretkey = server_secret.encode()
+        try:
+            port = router.bind_to_random_port(f"tcp://{host}")
+        finally:
+            router.curve_server = False
+        return f"tcp://{host}:{port}"
+
+    def connect_curve(
+        self, address: str, identity: bytes, server_public: str, public: str, secret: str
+    ) -> None:
+        """Connect to an agent listening at ``address`` as a CURVE client. I/O thread."""
+        router = self.router
+        router.setsockopt(zmq.CONNECT_ROUTING_ID, identity)
+        router.curve_serverkey = server_public.encode()
+        router.curve_publickey = public.encode()
+        router.curve_secretkey = secret.encode()
+        try:
+            router.connect(address)
+        finally:
+            router.curve_server = False  # back to no security for later endpoints
+
+    def disconnect(self, address: str) -> None:
+        """Close the connection :meth:`connect_curve` made. I/O thread."""
+        try:
+            self.router.disconnect(address)
+        except zmq.ZMQError:
+            pass  # never connected, or already gone
 
     def _on_readable(self) -> None:
         router = self.router
@@ -290,10 +359,21 @@ class Controller:
                 self._dispatch(frames)
 
     def _dispatch(self, frames: list[Any]) -> None:
-        peer = self._peers.get(frames[0].bytes)
+        sender = frames[0].bytes
+        peer = self._peers.get(sender)
         if peer is None:
-            self.stats.dropped_unknown_peer += 1
-            return
+            agent = self._agents.get(sender)
+            if agent is None or len(frames) < 2:
+                self.stats.dropped_unknown_peer += 1
+                return
+            frames = frames[1:]  # what the agent sent: its own, or a worker's relayed
+            if frames[0].bytes == OWN:
+                agent.on_message(frames[1:])
+                return
+            peer = self._peers.get(frames[0].bytes)
+            if peer is None or peer.via != sender:  # a host speaks for its own ranks only
+                self.stats.dropped_unknown_peer += 1
+                return
         body = frames[1:]
         group = peer.group
         try:

@@ -13,9 +13,12 @@ polls file descriptors, in one ``zmq.Poller``:
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -37,6 +40,9 @@ class IOLoop:
         self._poller = zmq.Poller()
         self._poller.register(self._wake_fd, zmq.POLLIN)
         self._fds: dict[int, Callback] = {}
+        # (when, tie-breaker, callback): timers, touched on the I/O thread only.
+        self._timers: list[tuple[float, int, Callback]] = []
+        self._timer_ids = itertools.count()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -79,6 +85,10 @@ class IOLoop:
 
     # -- registration (I/O thread only) ---------------------------------------
 
+    def call_later(self, delay: float, callback: Callback) -> None:
+        """Run ``callback()`` on the I/O thread in ``delay`` s (call from the I/O thread)."""
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_ids), callback))
+
     def add_fd(self, fd: int, on_readable: Callback) -> None:
         self._fds[fd] = on_readable
         self._poller.register(fd, zmq.POLLIN)
@@ -106,7 +116,9 @@ class IOLoop:
     def _poll_once(self) -> None:
         with self._after_poll_lock:
             after_poll, self._after_poll = self._after_poll, deque()
-        timeout_ms = 0 if self._pending or after_poll else None
+        timeout_ms: int | None = 0 if self._pending or after_poll else None
+        if timeout_ms is None and self._timers:
+            timeout_ms = max(0, int((self._timers[0][0] - time.monotonic()) * 1000) + 1)
         for item, _ in self._poller.poll(timeout_ms):
             if item == self._wake_fd:
                 try:
@@ -122,6 +134,9 @@ class IOLoop:
             _safely(after_poll.popleft())
         while self._pending:
             _safely(self._pending.popleft())
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _safely(heapq.heappop(self._timers)[2])
 
 
 def _safely(callback: Callback) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import socket
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._common._actors import Actor
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
@@ -20,6 +21,9 @@ from ._events import EventStream, Output, RankState, print_output
 from ._interrupt import wait_for
 from ._process_group import Failed, ProcGroup, check_gpus, describe_exit
 from ._status import MeshState, MeshStatus
+
+if TYPE_CHECKING:
+    from ._hosts import HostAgents
 
 A = TypeVar("A", bound=Actor)
 _actor_ids = itertools.count(1)
@@ -229,10 +233,28 @@ class ProcMesh:
 
 
 class HostMesh:
-    """The hosts processes can be started on. ``this_host()`` is the local one."""
+    """The hosts processes can be started on: ``this_host()``, or a multi-host mesh
+    from :func:`~monarch_nb.ssh_hosts`, :func:`~monarch_nb.slurm_hosts` or
+    :func:`~monarch_nb.attach` (one agent per host). Stop a multi-host one with
+    :meth:`shutdown`, or use it as a context manager.
+    """
 
-    def __init__(self, controller: Controller | None = None) -> None:
+    def __init__(self, controller: Controller | None = None, agents: HostAgents | None = None):
         self._controller = controller
+        self._agents = agents
+
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts' names (as given to the launcher, or as SLURM named them)."""
+        if self._agents is None:
+            return [socket.gethostname()]
+        return [agent.label for agent in self._agents.agents]
+
+    def __len__(self) -> int:
+        return 1 if self._agents is None else len(self._agents.agents)
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self.hosts}>"
 
     def spawn_procs(
         self,
@@ -251,6 +273,9 @@ class HostMesh:
         needs no arguments. ``env`` adds variables. With ``echo_output`` (the
         default) what ranks print is printed here, prefixed by rank; without it,
         subscribe to ``procs.events`` for :class:`~monarch_nb.events.Output`.
+
+        On a multi-host mesh the dimensions are ``("hosts", *per_host)``, ranks
+        are numbered host by host, and ``MASTER_ADDR`` is the first host's.
         """
         per_host = dict(per_host or {"procs": 1})
         for dim, size in per_host.items():
@@ -259,18 +284,40 @@ class HostMesh:
                     f"per_host must map dimension names to positive ints, got {dim!r}: {size!r}"
                 )
         gpus = "gpus" in per_host
-        if gpus:
-            check_gpus(per_host["gpus"])
         if env is not None:
             bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
             if bad:
                 raise MeshUsageError(f"env values must be strings; {bad[0]!r} is not")
+        agents = self._agents
+        if agents is None:
+            if gpus:
+                check_gpus(per_host["gpus"])
+            sizes = per_host
+        else:
+            if "hosts" in per_host:
+                raise MeshUsageError('per_host cannot name a "hosts" dimension: it is the hosts')
+            if agents.shut_down:
+                raise MeshUsageError("this host mesh was shut down; start a new one")
+            sizes = {"hosts": len(agents.agents), **per_host}
         controller = self._controller or Controller.get()
-        group = ProcGroup(per_host, controller=controller, env=env, gpus=gpus, name=name)
+        group = ProcGroup(
+            sizes, controller=controller, env=env, gpus=gpus, name=name, agents=agents
+        )
         if echo_output:
             group.events.subscribe(print_output, kinds=(Output,))
         group.start()
         return ProcMesh(group, group.shape)
+
+    def shutdown(self) -> None:
+        """Stop the agents (a multi-host mesh) and every process they run."""
+        if self._agents is not None:
+            self._agents.shutdown()
+
+    def __enter__(self) -> HostMesh:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
 
 
 def this_host(controller: Controller | None = None) -> HostMesh:

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import logging
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._common import _context
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError
@@ -52,10 +50,15 @@ from .._common._messages import (
     StatusReply,
     Supervision,
 )
+from .._common._network import visible_gpus
 from .._common._shape import Shape
+from .._common._spawn import start_worker
 from .._common._wire import Encoded, Signer, decode_payload, new_key
 from . import _events as ev
 from ._client import Controller
+
+if TYPE_CHECKING:
+    from ._hosts import HostAgents
 from ._status import MeshState, MeshStatus, RankStatus
 
 _log = logging.getLogger("monarch_nb")
@@ -63,6 +66,7 @@ _group_ids = itertools.count(1)
 START_TIMEOUT_S = float(os.environ.get("MONARCH_NB_START_TIMEOUT", "60"))
 HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
 STOP_GRACE_S = 5.0
+KILL_WAIT_S = 10.0  # after SIGKILL: at once locally; a remote exit is reported by its agent
 _STDERR_TAIL_LINES = 20
 OUTPUT_TAIL_LINES = 200  # per rank, for status views of what a rank printed last
 # Modules every worker started from now on imports first and calls
@@ -119,33 +123,21 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (no torch import)."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        devices = []
-        for entry in (d.strip() for d in listed.split(",")):
-            if not entry or entry == "-1":
-                break  # CUDA stops at the first invalid entry
-            devices.append(entry)
-        return devices
-    try:
-        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
-    except OSError:
-        return []
-
-
 class WorkerProcess:
-    """One worker: its process, pipes and identity (touched on the I/O thread)."""
+    """One worker as the controller tracks it: identity, exit, output, heartbeats.
 
-    def __init__(self, rank: int, identity: bytes, popen: subprocess.Popen[bytes]) -> None:
+    Touched on the I/O thread. How it is killed and waited for depends on who
+    started it: :class:`LocalWorker` (this process) or a host agent's worker
+    (:class:`~._hosts.RemoteWorker`).
+    """
+
+    def __init__(self, rank: int, identity: bytes, pid: int, host: str) -> None:
         self.rank = rank
         self.identity = identity
-        self.popen = popen
-        self.pid = popen.pid
-        self.host = socket.gethostname()
-        self.pidfd = os.pidfd_open(popen.pid)
+        self.pid = pid
+        self.host = host
         self.returncode: int | None = None
+        self.lost: str | None = None  # why its host stopped answering, if it did
         self.partial = {"stdout": b"", "stderr": b""}
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
         self.output_tail: deque[ev.Output] = deque(maxlen=OUTPUT_TAIL_LINES)
@@ -154,6 +146,39 @@ class WorkerProcess:
         self.previous_heartbeat: tuple[float, ResourceSample] | None = None
         self.work = ""  # as of the last heartbeat
         self.work_seconds = 0.0
+
+    @property
+    def route(self) -> bytes | None:
+        """The agent that relays to this worker, or None if it talks to us directly."""
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL it (any thread); its exit is reported as usual."""
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait until it exited; False if still running after ``timeout`` s."""
+        raise NotImplementedError
+
+
+class LocalWorker(WorkerProcess):
+    """A worker this process started: a child with a pidfd and two pipes."""
+
+    def __init__(self, rank: int, identity: bytes, popen: subprocess.Popen[bytes]) -> None:
+        super().__init__(rank, identity, popen.pid, socket.gethostname())
+        self.popen = popen
+        self.pidfd = os.pidfd_open(popen.pid)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+
+    def wait(self, timeout: float | None) -> bool:
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
 
 class ProcGroup:
@@ -167,8 +192,12 @@ class ProcGroup:
         env: Mapping[str, str] | None = None,
         gpus: bool = False,
         name: str = "procs",
+        agents: HostAgents | None = None,
     ) -> None:
         self.id = next(_group_ids)
+        # Where the workers run: None, children of this process; else the hosts
+        # of a multi-host mesh (the shape's first dimension), through their agents.
+        self.agents = agents
         self.name = name
         self.shape = Shape.from_sizes(sizes)
         self.extra_env = dict(env or {})
@@ -214,14 +243,18 @@ class ProcGroup:
         # Known before any worker exists: a fast worker's hello must not find
         # its identity unknown (and be dropped) while we still start the others.
         self.controller.run(lambda: self._register_peers(identities))
-        base_env = self._base_env(self.controller.bind_host)
-        # Launched from the I/O thread, which lives as long as the controller: a
-        # worker's parent-death signal fires when the *thread* that forked it
-        # ends, and a caller's thread may end long before the mesh does.
-        workers = self.controller.run(
-            lambda: [self._launch(r, identities[r], key, base_env) for r in ranks]
-        )
-        self.controller.run(lambda: self._watch(workers))
+        if self.agents is not None:
+            agents = self.agents
+            self.controller.run(lambda: agents.launch(self, identities, self._bootstrap(key)))
+        else:
+            base_env = self._base_env(self.controller.bind_host)
+            # Launched from the I/O thread, which lives as long as the controller: a
+            # worker's parent-death signal fires when the *thread* that forked it
+            # ends, and a caller's thread may end long before the mesh does.
+            workers = self.controller.run(
+                lambda: [self._launch(r, identities[r], key, base_env) for r in ranks]
+            )
+            self.controller.run(lambda: self._watch(workers))
         if self.events:
             for rank in ranks:
                 self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.STARTING))
@@ -249,42 +282,41 @@ class ProcGroup:
         env.update(self.extra_env)
         return env
 
-    def _launch(
-        self, rank: int, identity: bytes, key: bytes, base_env: dict[str, str]
-    ) -> WorkerProcess:
-        env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = visible_gpus()[rank]
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "monarch_nb.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # a terminal's Ctrl-C reaches the controller only
-        )
-        bootstrap = {
-            "address": self.controller.address,
-            "identity": identity.decode(),
+    def _bootstrap(self, key: bytes) -> dict[str, Any]:
+        """What every worker of this generation reads on stdin (per rank: add
+        ``identity`` and ``rank``; the launcher adds ``address`` and ``controller_pid``)."""
+        return {
             "key": key.hex(),
-            "rank": rank,
             "shape": [list(self.shape.labels), list(self.shape.sizes)],
-            "controller_pid": os.getpid(),
             "mesh": self.name,
             "heartbeat_s": HEARTBEAT_S,
             "imports": list(WORKER_IMPORTS),
         }
-        assert popen.stdin is not None
-        popen.stdin.write(json.dumps(bootstrap).encode() + b"\n")
-        popen.stdin.close()
-        return WorkerProcess(rank, identity, popen)
+
+    def _launch(
+        self, rank: int, identity: bytes, key: bytes, base_env: dict[str, str]
+    ) -> LocalWorker:
+        env = dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank))
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpus()[rank]
+        bootstrap = dict(
+            self._bootstrap(key),
+            address=self.controller.address,
+            identity=identity.decode(),
+            rank=rank,
+            controller_pid=os.getpid(),
+        )
+        popen = start_worker(env, bootstrap)
+        return LocalWorker(rank, identity, popen)
 
     def _register_peers(self, identities: list[bytes]) -> None:
+        agents = self.agents
         for rank, identity in enumerate(identities):
-            self.controller.add_peer(identity, self, rank)
+            via = agents.route_of_rank(self, rank) if agents is not None else None
+            self.controller.add_peer(identity, self, rank, via)
 
-    def _watch(self, workers: list[WorkerProcess]) -> None:
-        self.workers = workers
+    def _watch(self, workers: list[LocalWorker]) -> None:
+        self.workers = list(workers)
         loop = self.controller.loop
         for w in workers:
             loop.add_fd(w.pidfd, functools.partial(self._on_exit, w))
@@ -297,6 +329,18 @@ class ProcGroup:
 
     def identity(self, rank: int) -> bytes:
         return self.workers[rank].identity
+
+    def routes(self, ranks: tuple[int, ...]) -> list[tuple[bytes | None, list[bytes]]]:
+        """``ranks``' identities grouped by the agent that relays to them (None:
+        direct), so a cast is one message per host (under the controller's lock)."""
+        workers = self.workers
+        if self.agents is None:
+            return [(None, [workers[r].identity for r in ranks])]
+        by_route: dict[bytes | None, list[bytes]] = {}
+        for r in ranks:
+            worker = workers[r]
+            by_route.setdefault(worker.route, []).append(worker.identity)
+        return list(by_route.items())
 
     def failure_for(self, ranks: tuple[int, ...]) -> MeshFailure | None:
         """Why ``ranks`` cannot take a call now, or None. Decisive only under the
@@ -367,7 +411,8 @@ class ProcGroup:
         """A worker's message other than a call's reply (I/O thread)."""
         match message:
             case Hello(_, host):
-                self.hosts[rank] = host  # may come before _watch() lists the workers
+                # may come before _watch() lists the workers; an agent's host name wins
+                self.hosts.setdefault(rank, host)
                 self.ready_ranks.add(rank)
                 if self.events:
                     self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.IDLE))
@@ -473,10 +518,18 @@ class ProcGroup:
             chunk = b""
         if not chunk:
             self.controller.loop.remove_fd(pipe.fileno())
-            if worker.partial[stream]:
-                self._emit(worker, stream, worker.partial[stream])
-                worker.partial[stream] = b""
+            self.output_ended(worker, stream)
             return
+        self.on_output(worker, stream, chunk)
+
+    def output_ended(self, worker: WorkerProcess, stream: str) -> None:
+        """``stream`` of ``worker`` reached its end: emit a last unterminated line."""
+        if worker.partial[stream]:
+            self._emit(worker, stream, worker.partial[stream])
+            worker.partial[stream] = b""
+
+    def on_output(self, worker: WorkerProcess, stream: str, chunk: bytes) -> None:
+        """Bytes ``worker`` wrote to ``stream``, split into lines (I/O thread)."""
         data = worker.partial[stream] + chunk
         *lines, partial = data.split(b"\n")
         for line in lines:
@@ -496,7 +549,7 @@ class ProcGroup:
                 worker.stderr_tail.append(line)
         self.events.emit(output)
 
-    def _drain(self, worker: WorkerProcess) -> None:
+    def _drain(self, worker: LocalWorker) -> None:
         for name, pipe in (("stdout", worker.popen.stdout), ("stderr", worker.popen.stderr)):
             if pipe is not None and not pipe.closed:
                 for _ in range(64):  # bounded: a grandchild could hold the pipe open
@@ -505,12 +558,17 @@ class ProcGroup:
                     if worker.partial[name] == before:
                         break
 
-    def _on_exit(self, worker: WorkerProcess) -> None:
+    def _on_exit(self, worker: LocalWorker) -> None:
         self.controller.loop.remove_fd(worker.pidfd)
         os.close(worker.pidfd)
         worker.pidfd = -1
         worker.returncode = worker.popen.wait()
         self._drain(worker)
+        self.worker_exited(worker)
+
+    def worker_exited(self, worker: WorkerProcess) -> None:
+        """``worker`` is gone, its ``returncode`` set and its output read (I/O thread)."""
+        assert worker.returncode is not None
         if worker.identity not in self._identities():
             return  # a process of an earlier generation
         if self.events:
@@ -534,11 +592,35 @@ class ProcGroup:
             )
         )
 
+    def host_lost(self, workers: list[WorkerProcess], host: str, why: str) -> None:
+        """Every rank on ``host`` is gone at once (its agent stopped answering, or its
+        launcher ended): one failure naming exactly those ranks (I/O thread)."""
+        current = self._identities()
+        workers = [w for w in workers if w.identity in current and w.returncode is None]
+        if not workers:
+            return
+        for worker in workers:
+            worker.returncode, worker.lost = -signal.SIGKILL, why
+            if self.events:
+                self._emit_exit(worker)
+        if isinstance(self.state, Stopped | Failed):
+            return
+        ranks = tuple(sorted(w.rank for w in workers))
+        self.fail(
+            MeshFailure(
+                f"host {host} of process mesh {self.name!r} {why}: its ranks "
+                f"{_describe_ranks(ranks)} are lost; the mesh is failed (restart() once "
+                "the host is back, or start a new mesh without it)",
+                ranks=ranks,
+                cause=why,
+            )
+        )
+
     def _emit_exit(self, worker: WorkerProcess) -> None:
         assert worker.returncode is not None
         stopping = isinstance(self.state, Stopped)
         state = ev.RankState.STOPPED if stopping else ev.RankState.DEAD
-        cause = describe_exit(worker.returncode)
+        cause = worker.lost or describe_exit(worker.returncode)
         if not stopping:
             self.events.emit(
                 ev.RankFailed(self.name, worker.rank, cause, returncode=worker.returncode)
@@ -577,11 +659,9 @@ class ProcGroup:
         self.controller.send(self, live, message, even_if_failed=True)
         deadline = time.monotonic() + grace
         for w in workers:
-            try:
-                w.popen.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                w.popen.kill()
-                w.popen.wait()
+            if not w.wait(max(0.0, deadline - time.monotonic())):
+                w.kill()
+                w.wait(KILL_WAIT_S)
         self._forget(workers)
 
     def kill(self) -> None:
@@ -594,16 +674,17 @@ class ProcGroup:
                 MeshFailure(f"process mesh {self.name!r} was killed", ranks=self.shape.ranks),
             )
         for w in self.workers:
-            if w.popen.poll() is None:
-                w.popen.kill()
+            w.kill()
         for w in self.workers:
-            w.popen.wait()
+            w.wait(KILL_WAIT_S)
         self._forget(self.workers)
 
     def _forget(self, workers: list[WorkerProcess]) -> None:
         def forget() -> None:
             for w in workers:
                 self.controller.remove_peer(w.identity)
+                if not isinstance(w, LocalWorker):
+                    continue
                 if w.pidfd >= 0:
                     self.controller.loop.remove_fd(w.pidfd)
                     os.close(w.pidfd)
@@ -638,10 +719,7 @@ class ProcGroup:
         for rank in ranks:
             worker = self.workers[rank]
             if worker.returncode is None:
-                try:
-                    os.kill(worker.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                worker.kill()
 
     def query(self, ranks: tuple[int, ...]) -> Future[dict[int, StatusReply]]:
         """Ask ``ranks`` what their main thread runs, with its stack (answered by the
@@ -711,7 +789,7 @@ class ProcGroup:
         state = self.rank_state(rank)
         failure = self.rank_failures.get(rank)
         if worker.returncode is not None:
-            failure = failure or describe_exit(worker.returncode)
+            failure = failure or worker.lost or describe_exit(worker.returncode)
         beat, before = worker.heartbeat, worker.previous_heartbeat
         sample = beat[1] if beat else None
         cpu = None
@@ -747,6 +825,12 @@ class ProcGroup:
     def output_tail(self, rank: int) -> list[ev.Output]:
         """The last lines ``rank`` wrote (up to ``OUTPUT_TAIL_LINES``), oldest first."""
         return list(self.workers[rank].output_tail)
+
+
+def _describe_ranks(ranks: tuple[int, ...]) -> str:
+    if len(ranks) > 2 and ranks == tuple(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
 
 
 def check_gpus(count: int) -> None:

@@ -78,6 +78,7 @@ class MeshMagics(Magics):
             name=args.name,
             env=_options.parse_env(args.env),
             ordered=args.ordered,
+            hosts=_options.hosts_starter(args),
         )
         if args.no_dashboard:
             display(_render.StatusView([mesh.status()]))

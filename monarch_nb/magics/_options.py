@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -51,11 +52,34 @@ def _selection_options(func: Any) -> Any:
     help="initialise torch.distributed on every rank with this backend; `dist` and "
     "`torch` are then predefined in cells",
 )
+@argument_group("hosts (default: this host)")
+@argument(
+    "--key-file", metavar="FILE", help="with --attach: the key file the agents were started with"
+)
+@argument(
+    "--attach",
+    metavar="ADDRS",
+    help="use agents started elsewhere: tcp://host:port,... (monarch-nb agent --listen)",
+)
+@argument(
+    "--slurm",
+    metavar="SPEC",
+    help="start agents with srun: nodes=2[,partition=P,gpus_per_node=G,time=T,account=A]",
+)
+@argument(
+    "--ssh-option",
+    metavar="OPT",
+    action="append",
+    default=[],
+    help="an argument for ssh, e.g. --ssh-option=-F --ssh-option=cluster.conf (repeatable)",
+)
+@argument("--ssh", metavar="HOSTS", help="start agents over ssh on these hosts: node1,node2")
 @argument_group("size (default: --procs 2)")
 @argument("--gpus", type=int, metavar="N", help="N ranks, one GPU each")
 @argument("--procs", type=int, metavar="N", help="N CPU ranks")
 def start_options() -> None:
-    """Start a mesh of worker processes on this host and show its live dashboard.
+    """Start a mesh of worker processes on this host (or, with --ssh, --slurm or
+    --attach, the given size on every host) and show its live dashboard.
 
     The last started mesh is the default of every other command.
     """
@@ -241,6 +265,59 @@ def _is_expression(text: str) -> bool:
     except SyntaxError:
         return False
     return True
+
+
+_SLURM_KEYS = {
+    "nodes": int,
+    "partition": str,
+    "gpus_per_node": int,
+    "time": str,
+    "account": str,
+}
+
+
+def parse_slurm(spec: str) -> dict[str, Any]:
+    """``nodes=2,partition=gpu`` -> keyword arguments of ``slurm_hosts``."""
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, spec.split(",")):
+        key, eq, value = item.partition("=")
+        convert = _SLURM_KEYS.get(key.strip())
+        if not eq or convert is None:
+            raise UsageError(
+                f"--slurm {spec!r}: write KEY=VALUE with KEY one of {', '.join(_SLURM_KEYS)}"
+            )
+        try:
+            kwargs["time_limit" if key == "time" else key.strip()] = convert(value.strip())
+        except ValueError:
+            raise UsageError(f"--slurm {key}={value!r}: not a number") from None
+    if "nodes" not in kwargs:
+        raise UsageError(f"--slurm {spec!r}: say how many nodes, e.g. --slurm nodes=2")
+    return kwargs
+
+
+def hosts_starter(args: Any) -> Callable[[], Any] | None:
+    """What starts the hosts ``%mesh start`` asked for, or None for this host only."""
+    from .._controller import _launchers
+
+    chosen = [o for o in ("ssh", "slurm", "attach") if getattr(args, o)]
+    if len(chosen) > 1:
+        raise UsageError(f"give one of --ssh, --slurm, --attach, not {' and '.join(chosen)}")
+    if args.key_file and not args.attach:
+        raise UsageError("--key-file goes with --attach")
+    if args.ssh_option and not args.ssh:
+        raise UsageError("--ssh-option goes with --ssh")
+    if args.ssh:
+        hosts, options = args.ssh, list(args.ssh_option)
+        return lambda: _launchers.ssh_hosts(hosts, ssh_options=options)
+    if args.slurm:
+        kwargs = parse_slurm(args.slurm)
+        return lambda: _launchers.slurm_hosts(**kwargs)
+    if args.attach:
+        if not args.key_file:
+            raise UsageError("--attach needs --key-file (the file the agents were started with)")
+        addresses, key_file = args.attach.split(","), args.key_file
+        return lambda: _launchers.attach(addresses, key_file=key_file)
+    return None
 
 
 def parse_env(items: list[str]) -> dict[str, str]:

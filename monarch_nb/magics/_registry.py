@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from .._common._actors import Actor
@@ -34,7 +34,7 @@ from .._controller._actor_mesh import ActorMesh
 from .._controller._calls import CallFuture
 from .._controller._events import DisplayData, Output, RankFailed
 from .._controller._interrupt import wait_for
-from .._controller._proc_mesh import ProcMesh, this_host
+from .._controller._proc_mesh import HostMesh, ProcMesh, this_host
 from ..widgets._model import FailureLog
 from . import _render
 from ._output import CellOutput, OutputRouter
@@ -95,9 +95,11 @@ class NotebookMesh:
         *,
         dist: str | None,
         ordered: bool,
+        hosts: HostMesh | None = None,
     ) -> None:
         self.registry = registry
         self.procs = procs
+        self.hosts = hosts  # the multi-host mesh this notebook started for it, if any
         self.dist = dist
         self.ordered = ordered
         self._subscription = procs.events.subscribe(
@@ -194,6 +196,8 @@ class NotebookMesh:
         """Stop the processes and forget this mesh."""
         try:
             self.procs.stop()
+            if self.hosts is not None:
+                self.hosts.shutdown()
         finally:
             self._subscription.close()
             self._failure_subscription.close()
@@ -274,8 +278,10 @@ class MeshRegistry:
         name: str | None = None,
         env: Mapping[str, str] | None = None,
         ordered: bool = False,
+        hosts: Callable[[], HostMesh] | None = None,
     ) -> NotebookMesh:
-        """Start a mesh of ``procs`` CPU ranks or ``gpus`` GPU ranks on this host."""
+        """Start a mesh of ``procs`` CPU ranks or ``gpus`` GPU ranks on this host, or
+        per host of what ``hosts()`` starts (``--ssh``, ``--slurm``, ``--attach``)."""
         if procs is not None and gpus is not None:
             raise MeshUsageError("give procs or gpus, not both")
         if dist is not None and dist not in DIST_BACKENDS:
@@ -288,14 +294,16 @@ class MeshRegistry:
                 "or choose another name"
             )
         per_host = {"gpus": gpus} if gpus is not None else {"procs": procs or 2}
-        mesh = NotebookMesh(
-            self,
-            this_host().spawn_procs(
+        host_mesh = hosts() if hosts is not None else None
+        try:
+            procs_mesh = (host_mesh or this_host()).spawn_procs(
                 per_host=per_host, env=dict(env or {}), name=name, echo_output=False
-            ),
-            dist=dist,
-            ordered=ordered,
-        )
+            )
+        except BaseException:
+            if host_mesh is not None:
+                host_mesh.shutdown()
+            raise
+        mesh = NotebookMesh(self, procs_mesh, dist=dist, ordered=ordered, hosts=host_mesh)
         self._meshes[name] = mesh
         self.default = mesh
         try:

@@ -47,16 +47,19 @@ def layout(dtype: str | None, shape: tuple[int, ...]) -> str:
 
 @functools.cache
 def host_key() -> str:
-    """Identify this kernel and pid namespace: equal keys mean pids are shared.
+    """Identify this kernel, pid and network namespace: equal keys mean one host.
 
     Two processes may use the cross-memory (local) transport only if they see
     the same pids, i.e. they run on the same booted kernel in the same pid
-    namespace. The hostname alone is not enough (containers copy it).
+    namespace. The hostname alone is not enough (containers copy it). A
+    separate network namespace counts as another host too: that is how hosts
+    are made on one machine in tests, and such peers are reached over TCP.
     """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
         pidns = os.readlink("/proc/self/ns/pid")
+        netns = os.readlink("/proc/self/ns/net")
     except OSError:
         return f"host:{socket.gethostname()}:unknown"
-    return f"{boot}/{pidns}"
+    return f"{boot}/{pidns}/{netns}"

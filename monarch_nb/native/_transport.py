@@ -456,7 +456,11 @@ def _diagnose(op: CopyOp, what: str, status: int, err: int) -> RDMAError:
     h = op.handle
     try:
         now, _ = request(h, m.OP_QUERY)
-    except RDMAOwnerGoneError:
+    except (RDMAOwnerGoneError, ConnectionError):
+        now = m.ST_EOF
+    if now in (m.ST_EOF, m.ST_IO_ERROR):
+        # It could not answer a query either: a dying owner's kernel may still
+        # accept the connection, then reset it.
         return RDMAOwnerGoneError(
             f"{what} failed: the owning process has exited (or became unreachable)",
             handle=h,

@@ -1,0 +1,363 @@
+"""A host agent: starts and watches one host's workers, and relays their messages.
+
+One agent runs on each host of a multi-host mesh (``python -m monarch_nb.agent``,
+or ``monarch-nb agent``). It is a single thread around one ``zmq.Poller``:
+
+- **up**, a DEALER to the controller, CURVE-encrypted: the controller's casts
+  arrive once per host with an envelope naming the local workers to relay them
+  to (frame ``R`` + identities), or as the agent's own messages (frame ``A``,
+  signed with the host mesh's agent key);
+- **down**, a ROUTER on 127.0.0.1 that this host's workers connect to; what
+  they send goes up unchanged (it is signed with their mesh's key, which the
+  agent does not need to check: the controller does);
+- a pidfd per worker (an exit is reported the instant it happens, with its code
+  or signal) and its stdout/stderr pipes, forwarded as raw chunks;
+- stdin (a launched agent): end of file means the launcher's channel is gone
+  (the ssh connection dropped, srun ended), so the agent stops.
+
+Liveness both ways: the agent sends a heartbeat every period, and when it
+hears nothing from the controller for ``timeout_s`` it kills its workers (a
+launched agent then exits; an attached one waits for the next controller).
+Workers die with the agent (parent-death signal), so no rank outlives it.
+
+Two ways to start:
+
+``launched``  (ssh, SLURM) the bootstrap arrives as one JSON line on stdin:
+              the controller's address and CURVE public key, this agent's
+              CURVE key pair and agent key. Never on a command line.
+``listen``    (``--listen tcp://0.0.0.0:PORT --key-file F``, for agents started
+              by other tools, e.g. Kubernetes): the agent binds, and a
+              controller calling ``attach()`` connects with the keys from the
+              same key file (readable by its owner only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from .._common import _keys, _network
+from .._common._messages import (
+    AgentAttach,
+    AgentHeartbeat,
+    AgentHello,
+    AgentShutdown,
+    KillWorkers,
+    LaunchWorkers,
+    Message,
+    UnknownMessage,
+    WorkerExited,
+    WorkerOutput,
+    WorkerStarted,
+)
+from .._common._spawn import start_worker
+from .._common._wire import OWN, RELAY, ReplayWindow, Signer, WireStats
+
+_log = logging.getLogger("monarch_nb.agent")
+_CHUNK = 65536
+
+
+@dataclass
+class _Child:
+    identity: bytes
+    popen: subprocess.Popen[bytes]
+    pidfd: int
+    pipes: dict[int, str] = field(default_factory=dict)  # fd -> "stdout" / "stderr"
+
+
+class Agent:
+    """One host's agent (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any], *, listen: str | None = None) -> None:
+        self.config = config
+        self.host_index = int(config.get("host_index", 0))
+        self.heartbeat_s = float(config.get("heartbeat_s", 1.0))
+        self.timeout_s = float(config.get("timeout_s", 5.0))
+        self.listen = listen
+        self.signer = Signer(bytes.fromhex(config["key"]), WireStats())
+        self.window = ReplayWindow()
+        self.context = zmq.Context()
+        self.poller = zmq.Poller()
+        self.children: dict[bytes, _Child] = {}
+        self._fd_owner: dict[int, _Child] = {}
+        self.stopping = False
+        self.last_heard = time.monotonic()
+        self.connected = listen is None  # an attached agent waits for a controller
+        self.down = self.context.socket(zmq.ROUTER)
+        self.down.setsockopt(zmq.LINGER, 0)
+        self.down.setsockopt(zmq.SNDHWM, 0)
+        self.down.setsockopt(zmq.RCVHWM, 0)
+        self.down.bind("tcp://127.0.0.1:*")
+        self.down_address = self.down.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.up = self._open_up()
+        self.poller.register(self.up, zmq.POLLIN)
+        self.poller.register(self.down, zmq.POLLIN)
+
+    # -- sockets ------------------------------------------------------------------
+
+    def _open_up(self) -> zmq.Socket:
+        up = self.context.socket(zmq.DEALER)
+        up.setsockopt(zmq.LINGER, 0)
+        up.setsockopt(zmq.SNDHWM, 0)
+        up.setsockopt(zmq.RCVHWM, 0)
+        up.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # notice a dead TCP peer at the zmq level too
+        keys = self.config["curve"]
+        if self.listen is None:
+            up.setsockopt(zmq.ROUTING_ID, self.config["identity"].encode())
+            up.curve_serverkey = keys["server_public"].encode()
+            up.curve_publickey = keys["client_public"].encode()
+            up.curve_secretkey = keys["client_secret"].encode()
+            up.connect(self.config["controller"])
+        else:
+            _keys.allow_only(self.context, keys["client_public"])
+            up.curve_server = True
+            up.curve_publickey = keys["server_public"].encode()
+            up.curve_secretkey = keys["server_secret"].encode()
+            up.bind(self.listen)
+        return up
+
+    def send_own(self, message: Message) -> None:
+        self.signer.encode(message).send(self.up, envelope=OWN)
+
+    def hello(self, address: str) -> None:
+        self.address = address
+        self.send_own(
+            AgentHello(
+                self.host_index, socket.gethostname(), address, os.getpid(), _network.free_port()
+            )
+        )
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.listen is None:
+            self.hello(_network.source_address_towards(self.config["controller"]))
+        if self.config.get("watch_stdin"):
+            self.poller.register(sys.stdin.fileno(), zmq.POLLIN)
+        next_beat = time.monotonic() + self.heartbeat_s
+        while not self.stopping:
+            timeout = max(0.0, next_beat - time.monotonic())
+            for item, _ in self.poller.poll(int(timeout * 1000) + 1):
+                if item is self.up:
+                    self._from_controller()
+                elif item is self.down:
+                    self._from_workers()
+                elif item == sys.stdin.fileno() and self.config.get("watch_stdin"):
+                    if not os.read(item, 4096):
+                        _log.info("agent %d: launcher channel closed; stopping", self.host_index)
+                        self.stopping = True
+                else:
+                    self._on_fd(item)
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self.heartbeat_s
+                if self.connected:
+                    self.send_own(AgentHeartbeat())
+            if self.connected and now - self.last_heard > self.timeout_s:
+                self._controller_gone(now - self.last_heard)
+        self.kill_all()
+        self.context.destroy(linger=0)
+
+    def _controller_gone(self, silent_for: float) -> None:
+        _log.warning(
+            "agent %d: nothing from the controller for %.1f s; killing %d workers",
+            self.host_index,
+            silent_for,
+            len(self.children),
+        )
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        """This controller is done: a launched agent exits, an attached one waits for
+        the next (whose sequence numbers start afresh)."""
+        self.kill_all()
+        if self.listen is None:
+            self.stopping = True
+        else:
+            self.connected = False
+            self.window = ReplayWindow()
+
+    # -- messages -------------------------------------------------------------------
+
+    def _from_controller(self) -> None:
+        while True:
+            try:
+                frames = self.up.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            envelope = frames[0].bytes
+            if envelope.startswith(RELAY):
+                body = frames[1:]
+                for identity in envelope[1:].split(b"\n"):
+                    self.down.send_multipart([identity, *body], copy=False)
+                self.last_heard = time.monotonic()
+            elif envelope == OWN:
+                try:
+                    message = self.signer.verify(frames[1:], self.window)
+                except UnknownMessage as exc:
+                    _log.error("agent %d: %s", self.host_index, exc)
+                    continue
+                if message is not None:
+                    self.last_heard = time.monotonic()
+                    self._handle(message)
+
+    def _handle(self, message: Message) -> None:
+        match message:
+            case AgentHeartbeat():
+                pass
+            case AgentAttach(address):
+                self.connected = True
+                self.hello(address)
+            case LaunchWorkers(workers):
+                for identity, env, bootstrap in workers:
+                    self._launch(identity, env, bootstrap)
+            case KillWorkers(identities):
+                for identity in identities:
+                    child = self.children.get(identity.encode())
+                    if child is not None and child.popen.poll() is None:
+                        child.popen.kill()
+            case AgentShutdown():
+                self._disconnect()
+            case _:
+                _log.error("agent %d: unexpected %s", self.host_index, type(message).__name__)
+
+    def _from_workers(self) -> None:
+        while True:
+            try:
+                frames = self.down.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            child = self.children.get(frames[0].bytes)
+            if child is not None:  # what it printed before this reply goes first
+                for fd in list(child.pipes):
+                    while fd in self._fd_owner and self._read_pipe(child, fd, drain=True):
+                        pass
+            self.up.send_multipart(frames, copy=False)
+
+    # -- workers ----------------------------------------------------------------------
+
+    def _launch(self, identity: str, env: dict[str, str], bootstrap: dict[str, Any]) -> None:
+        full_env = dict(os.environ)
+        full_env.update(_network.worker_env(self.address, env))
+        local_gpu = full_env.pop("MONARCH_NB_LOCAL_GPU", None)
+        if local_gpu is not None:  # this host's GPUs, as this host's agent sees them
+            full_env["CUDA_VISIBLE_DEVICES"] = _network.visible_gpus()[int(local_gpu)]
+        boot = dict(bootstrap, address=self.down_address, controller_pid=os.getpid())
+        popen = start_worker(full_env, boot)
+        child = _Child(identity.encode(), popen, os.pidfd_open(popen.pid))
+        self.children[child.identity] = child
+        self._fd_owner[child.pidfd] = child
+        self.poller.register(child.pidfd, zmq.POLLIN)
+        for name, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            child.pipes[pipe.fileno()] = name
+            self._fd_owner[pipe.fileno()] = child
+            self.poller.register(pipe.fileno(), zmq.POLLIN)
+        self.send_own(WorkerStarted(identity, popen.pid))
+
+    def _on_fd(self, fd: int) -> None:
+        child = self._fd_owner.get(fd)
+        if child is None:
+            return
+        if fd == child.pidfd:
+            self._on_exit(child)
+        else:
+            self._read_pipe(child, fd)
+
+    def _read_pipe(self, child: _Child, fd: int, drain: bool = False) -> bool:
+        """Forward what the pipe has; False once it reached end of file (or, when
+        ``drain``ing, once nothing is left to read now)."""
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return not drain
+        except OSError:
+            data = b""
+        if not data:
+            self.poller.unregister(fd)
+            self._fd_owner.pop(fd, None)
+            return False
+        self.send_own(WorkerOutput(child.identity.decode(), child.pipes[fd], data))
+        return True
+
+    def _on_exit(self, child: _Child) -> None:
+        self.poller.unregister(child.pidfd)
+        self._fd_owner.pop(child.pidfd, None)
+        os.close(child.pidfd)
+        returncode = child.popen.wait()
+        for fd in list(child.pipes):  # its last words first
+            for _ in range(64):
+                if fd not in self._fd_owner or not self._read_pipe(child, fd):
+                    break
+        for fd in child.pipes:
+            if fd in self._fd_owner:
+                self.poller.unregister(fd)
+                self._fd_owner.pop(fd, None)
+        for pipe in (child.popen.stdout, child.popen.stderr):
+            if pipe is not None:
+                pipe.close()
+        del self.children[child.identity]
+        self.send_own(WorkerExited(child.identity.decode(), returncode))
+
+    def kill_all(self) -> None:
+        children = list(self.children.values())
+        for child in children:
+            if child.popen.poll() is None:
+                child.popen.kill()
+        for child in children:
+            child.popen.wait()
+            if child.identity in self.children:
+                self._on_exit(child)
+
+
+def _read_launched_config() -> dict[str, Any]:
+    line = sys.stdin.buffer.readline()
+    if not line:
+        raise SystemExit("monarch_nb agent: no bootstrap on stdin (start it with a launcher)")
+    config = json.loads(line)
+    if config.get("host_index") is None:  # SLURM: one bootstrap for all, index by node
+        node = os.environ.get("SLURM_NODEID", os.environ.get("SLURM_PROCID", "0"))
+        config["host_index"] = int(node)
+        config["identity"] = f"{config['identity']}{config['host_index']}"
+    config["watch_stdin"] = config.get("watch_stdin", True)
+    return config
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="monarch-nb agent",
+        description="Run this host's monarch_nb agent. Started by ssh_hosts()/slurm_hosts() "
+        "with its keys on stdin, or by any tool with --listen and --key-file for attach().",
+    )
+    parser.add_argument("--listen", help="bind here and wait for attach(), e.g. tcp://0.0.0.0:7000")
+    parser.add_argument("--key-file", help="keys shared with the controller (monarch-nb keygen)")
+    parser.add_argument("--host-index", type=int, default=0, help="this host's index (listen)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    # SIGTERM from a launcher (scancel, an ssh hang-up) ends the agent cleanly.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(0))
+    if args.listen:
+        if not args.key_file:
+            parser.error("--listen needs --key-file (make one with: monarch-nb keygen FILE)")
+        config = _keys.agent_config_from_file(args.key_file)
+        config["host_index"] = args.host_index
+        agent = Agent(config, listen=args.listen)
+    else:
+        agent = Agent(_read_launched_config())
+    try:
+        agent.run()
+    finally:
+        agent.kill_all()

@@ -1,0 +1,79 @@
+"""Which address and interface this host uses, for the workers' environment."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+from urllib.parse import urlsplit
+
+_SIOCGIFADDR = 0x8915
+
+
+def source_address_towards(url: str) -> str:
+    """The local address packets to ``tcp://host:port`` leave from (no packet is sent)."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((parts.hostname, parts.port or 9))
+        except OSError:
+            return "127.0.0.1"
+        return s.getsockname()[0]
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface holding IPv4 ``address`` (Linux), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                request = struct.pack("256s", name[:15].encode())
+                packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, request)
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == address:
+                return name
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(address: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus what ranks on this host need to reach other hosts: the data plane
+    and gloo/NCCL on the interface the controller is reached through (unless the
+    user chose already)."""
+    out = dict(env)
+    if address and not address.startswith("127."):
+        out.setdefault("MONARCH_NB_RDMA_HOST", address)
+        interface = interface_of(address)
+        if interface is not None:
+            out.setdefault("GLOO_SOCKET_IFNAME", interface)
+            out.setdefault("NCCL_SOCKET_IFNAME", interface)
+    return out
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (no torch import)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        devices = []
+        for entry in (d.strip() for d in listed.split(",")):
+            if not entry or entry == "-1":
+                break  # CUDA stops at the first invalid entry
+            devices.append(entry)
+        return devices
+    try:
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+    except OSError:
+        return []
+
+
+def default_address() -> str:
+    """This machine's address on its default route (no packet is sent)."""
+    return source_address_towards("tcp://192.0.2.1:9")  # TEST-NET-1: never answered

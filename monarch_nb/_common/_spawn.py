@@ -1,0 +1,30 @@
+"""Starting a worker process: the one way, for the controller and host agents alike."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+
+def start_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+    """``python -m monarch_nb.worker`` with ``env``; ``bootstrap`` (the signing key
+    included) goes to its stdin, never on a command line. Its stdout and stderr
+    are pipes for the caller to watch; it runs in a session of its own, so a
+    terminal's Ctrl-C reaches the controller only. Call from the thread that
+    lives as long as the worker should: its parent-death signal fires when the
+    thread that forked it ends."""
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "monarch_nb.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(env),
+        start_new_session=True,
+    )
+    assert popen.stdin is not None
+    popen.stdin.write(json.dumps(dict(bootstrap)).encode() + b"\n")
+    popen.stdin.close()
+    return popen

@@ -1,0 +1,195 @@
+"""Launchers: start one agent per host with the tools people already have.
+
+Each is a thin adapter: it runs ``ssh`` or ``srun`` (or connects to agents
+someone else started) and hands the agents their keys through that tool's own
+channel, stdin, which stays open for the mesh's life (its end stops them).
+None is a scheduler of ours.
+
+::
+
+    hosts = ssh_hosts(["node1", "node2"])              # ssh node1 python -m monarch_nb.agent
+    hosts = slurm_hosts(nodes=2, partition="gpu", gpus_per_node=8)    # one srun
+    hosts = attach(["tcp://10.0.0.5:7000"], key_file="~/.monarch_nb/agent.key")
+    procs = hosts.spawn_procs(per_host={"gpus": 8})    # dims (hosts, gpus)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from .._common import _keys, _network
+from .._common._errors import MeshUsageError
+from .._common._messages import AgentAttach
+from .._common._public import publish
+from ._client import Controller
+from ._hosts import HOST_TIMEOUT_S, HostAgents
+from ._proc_mesh import HostMesh
+from ._process_group import START_TIMEOUT_S
+
+DEFAULT_SSH = ("ssh", "-T", "-o", "BatchMode=yes")
+
+
+def ssh_hosts(
+    hosts: Sequence[str],
+    *,
+    python: str | None = None,
+    ssh: Sequence[str] = DEFAULT_SSH,
+    ssh_options: Sequence[str] = (),
+    bind: str | None = None,
+    heartbeat_timeout: float = HOST_TIMEOUT_S,
+    timeout: float = START_TIMEOUT_S,
+    controller: Controller | None = None,
+) -> HostMesh:
+    """Start an agent on each of ``hosts`` over ssh; a HostMesh of them.
+
+    ``python``: the interpreter on the hosts (default: this one's path, as on a
+    shared file system); ``ssh_options``: e.g. ``["-F", "cluster.conf"]``;
+    ``bind``: this machine's address the hosts connect back to (default: the one
+    it reaches the first host from); ``heartbeat_timeout``: seconds of silence
+    after which a host counts as lost (default 5, or ``MONARCH_NB_HOST_TIMEOUT``).
+    Blocks until every agent reported, or raises naming the host and what ssh said.
+    """
+    hosts = _host_list(hosts, "ssh_hosts")
+    controller = controller or Controller.get()
+    bind = bind or _network.source_address_towards(f"tcp://{_hostname(hosts[0])}:22")
+    agents = HostAgents(controller, hosts, timeout_s=heartbeat_timeout)
+    endpoint = agents.listen(bind)
+    remote = shlex.join([python or sys.executable, "-m", "monarch_nb.agent"])
+    try:
+        for agent in agents.agents:
+            boot = json.dumps(agents.bootstrap(endpoint, agent)).encode() + b"\n"
+            argv = [*ssh, *ssh_options, agent.label, remote]
+            agents.start_process(f"ssh to {agent.label}", argv, [boot], [agent])
+    except BaseException:
+        agents.shutdown()
+        raise
+    agents.wait_ready(timeout)
+    return HostMesh(controller, agents)
+
+
+def slurm_hosts(
+    nodes: int,
+    *,
+    partition: str | None = None,
+    gpus_per_node: int | None = None,
+    time_limit: str | None = None,
+    account: str | None = None,
+    srun: Sequence[str] = ("srun",),
+    srun_args: Sequence[str] = (),
+    python: str | None = None,
+    bind: str | None = None,
+    heartbeat_timeout: float = HOST_TIMEOUT_S,
+    timeout: float = START_TIMEOUT_S,
+    controller: Controller | None = None,
+) -> HostMesh:
+    """Start an agent on each of ``nodes`` SLURM nodes with one ``srun``.
+
+    Inside an allocation (``salloc``, ``sbatch``) srun uses it; outside, srun
+    asks for one (``partition``, ``gpus_per_node``, ``time_limit``, ``account``,
+    anything else in ``srun_args``) and waits for it, up to ``timeout`` s. The
+    keys go to every agent on srun's stdin. ``bind``: this machine's address
+    the nodes connect back to (default: the address of its default route).
+    """
+    if not isinstance(nodes, int) or nodes < 1:
+        raise MeshUsageError(f"slurm_hosts(nodes=...) needs a positive int, got {nodes!r}")
+    controller = controller or Controller.get()
+    bind = bind or _network.default_address()
+    agents = HostAgents(
+        controller, [f"agent {i}" for i in range(nodes)], timeout_s=heartbeat_timeout
+    )
+    endpoint = agents.listen(bind)
+    argv = [
+        *srun,
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
+        "--ntasks-per-node=1",
+        "--input=all",  # every agent reads the bootstrap
+        "--job-name=monarch_nb",
+    ]
+    for flag, value in (
+        ("--partition", partition),
+        ("--gpus-per-node", gpus_per_node),
+        ("--time", time_limit),
+        ("--account", account),
+    ):
+        if value is not None:
+            argv.append(f"{flag}={value}")
+    argv += [*srun_args, python or sys.executable, "-m", "monarch_nb.agent"]
+    boot = json.dumps(agents.bootstrap(endpoint, None)).encode() + b"\n"
+    try:
+        agents.start_process("srun", argv, [boot], agents.agents)
+    except BaseException:
+        agents.shutdown()
+        raise
+    agents.wait_ready(timeout)
+    return HostMesh(controller, agents)
+
+
+def attach(
+    addresses: Sequence[str],
+    *,
+    key_file: str,
+    heartbeat_timeout: float = HOST_TIMEOUT_S,
+    timeout: float = START_TIMEOUT_S,
+    controller: Controller | None = None,
+) -> HostMesh:
+    """Use agents started by any other tool (``monarch-nb agent --listen
+    tcp://0.0.0.0:7000 --key-file F``, e.g. in Kubernetes pods): connect to each
+    of ``addresses`` (``tcp://host:port``) with the keys in ``key_file`` (made by
+    ``monarch-nb keygen F``, readable by its owner only, the same file the agents
+    read)."""
+    addresses = _host_list(addresses, "attach")
+    for address in addresses:
+        parts = urlsplit(address)
+        if parts.scheme != "tcp" or not parts.hostname or not parts.port:
+            raise MeshUsageError(f"attach() needs tcp://host:port addresses, got {address!r}")
+    keys = _keys.read_key_file(os.path.expanduser(key_file))
+    controller = controller or Controller.get()
+    agents = HostAgents(controller, addresses, keys=keys, timeout_s=heartbeat_timeout)
+    curve = keys["curve"]
+    try:
+        for agent in agents.agents:
+            host = socket.gethostbyname(urlsplit(agent.label).hostname or "")
+
+            def connect(agent=agent) -> None:
+                controller.connect_curve(
+                    agent.label,
+                    agent.identity,
+                    curve["server_public"],
+                    curve["client_public"],
+                    curve["client_secret"],
+                )
+
+            controller.run(connect)
+            agent.connected_to = agent.label
+            agents.send(agent, AgentAttach(host))
+    except BaseException:
+        agents.shutdown()
+        raise
+    agents.wait_ready(timeout)
+    return HostMesh(controller, agents)
+
+
+def _host_list(hosts: Sequence[str], what: str) -> list[str]:
+    if isinstance(hosts, str):
+        hosts = [h for h in hosts.split(",") if h]
+    hosts = list(hosts)
+    if not hosts or not all(isinstance(h, str) and h for h in hosts):
+        raise MeshUsageError(f"{what}() needs a non-empty list of host names, got {hosts!r}")
+    if len(set(hosts)) != len(hosts):
+        raise MeshUsageError(f"{what}() got a host twice: {hosts!r}")
+    return hosts
+
+
+def _hostname(host: str) -> str:
+    """``user@node1`` -> ``node1``."""
+    return host.rpartition("@")[2]
+
+
+publish(globals())

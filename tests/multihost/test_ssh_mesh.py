@@ -1,0 +1,169 @@
+"""Meshes across real hosts: each host a network namespace with its own sshd
+(cluster.py), the mesh started through the ssh launcher with real ssh, and faults
+made the way they happen: a pulled cable, a killed machine."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+from process_checks import wait_for_exit
+
+from monarch_nb import MeshFailure, RankState, ssh_hosts
+
+HEARTBEAT_TIMEOUT_S = 2.0
+
+
+def start_hosts(cluster, **kwargs):
+    return ssh_hosts(
+        cluster.hosts,
+        ssh_options=cluster.ssh_options,
+        bind=cluster.controller_address,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def hosts(cluster2):
+    hosts = start_hosts(cluster2)
+    yield hosts
+    hosts.shutdown()
+
+
+def test_a_mesh_spans_the_hosts_through_ssh(cluster2, hosts) -> None:
+    with hosts.spawn_procs({"procs": 2}) as procs:
+        seen = procs.run(
+            "import os, socket\n"
+            "(socket.gethostname(), os.environ['MASTER_ADDR'], os.environ['GLOO_SOCKET_IFNAME'])"
+        )
+        names = [name for name, _, _ in seen.values()]
+        assert names == [cluster2.hostnames[0]] * 2 + [cluster2.hostnames[1]] * 2
+        assert {master for _, master, _ in seen.values()} == {cluster2.hosts[0]}
+        assert [r.host for r in procs.status().ranks] == [cluster2.hosts[0]] * 2 + [
+            cluster2.hosts[1]
+        ] * 2
+        # Each agent runs in its host's namespace, not in ours.
+        for i, agent in enumerate(hosts._agents.agents):
+            assert agent.pid in cluster2.pids(i)
+            assert agent.address == cluster2.hosts[i]
+
+
+def test_gloo_across_hosts(hosts) -> None:
+    pytest.importorskip("torch")
+    with hosts.spawn_procs({"procs": 2}) as procs:
+        result = procs.run(
+            textwrap.dedent(
+                """
+                import torch, torch.distributed as dist
+                dist.init_process_group("gloo")
+                t = torch.full((3,), float(rank + 1))
+                dist.all_reduce(t)
+                dist.destroy_process_group()
+                t.tolist()
+                """
+            )
+        )
+        assert list(result.values()) == [[10.0] * 3] * 4
+
+
+def test_rdma_between_hosts_goes_over_tcp(hosts) -> None:
+    pytest.importorskip("torch")
+    with hosts.spawn_procs({"procs": 1}) as procs:
+        owner, reader = procs.slice(hosts=0), procs.slice(hosts=1)
+        owner.run(
+            "import torch\n"
+            "from monarch_nb.native import RDMABuffer\n"
+            "weights = torch.arange(1 << 18, dtype=torch.float32)\n"
+            "buf = RDMABuffer(weights)"
+        )
+        handle = owner.pull("buf")[0]
+        reader.push(handle=handle)
+        total = reader.run(
+            "import torch\n"
+            "try:\n"
+            "    handle.read_into(torch.empty(1 << 18), transport='local').get()\n"
+            "    local = 'allowed'\n"
+            "except ValueError as exc:\n"
+            "    local = str(exc)\n"
+            "dst = torch.empty(1 << 18)\n"
+            "handle.read_into(dst).get(timeout=30)\n"
+            "(float(dst.sum()), local)"
+        )[1]
+        assert total[0] == float(sum(range(1 << 18)))
+        assert "another host" in total[1]  # cross-memory attach is not offered across hosts
+
+
+def test_a_cut_cable_fails_exactly_that_hosts_ranks_and_its_agent_cleans_up(
+    netns_cluster,
+) -> None:
+    cluster = netns_cluster(2)
+    hosts = start_hosts(cluster, heartbeat_timeout=HEARTBEAT_TIMEOUT_S)
+    try:
+        procs = hosts.spawn_procs({"procs": 2})
+        call = procs.exec("import time; time.sleep(60)")
+        cluster.cut_link(1)
+        started = time.monotonic()
+        with pytest.raises(MeshFailure, match=rf"host {cluster.hosts[1]} .*stopped answering"):
+            call.get(timeout=30)
+        assert time.monotonic() - started <= HEARTBEAT_TIMEOUT_S + 1.5
+        assert procs.failure.ranks == (2, 3)
+        states = [r.state for r in procs.status().ranks]
+        assert states[2:] == [RankState.DEAD, RankState.DEAD]
+        assert RankState.DEAD not in states[:2]
+        # On the far side of the cut, the agent heard nothing from us either: it
+        # kills its workers and exits by itself. Only sshd (and the ssh session's
+        # server side, which waits for the cable) may remain there.
+        agent_pid = hosts._agents.agents[1].pid
+        assert not wait_for_exit({agent_pid}, HEARTBEAT_TIMEOUT_S + 5)
+        procs.stop()
+    finally:
+        hosts.shutdown()
+        cluster.restore_link(1)
+
+
+def test_a_killed_host_fails_its_ranks_at_once(netns_cluster) -> None:
+    cluster = netns_cluster(2)
+    hosts = start_hosts(cluster, heartbeat_timeout=30.0)  # so only the ssh end can tell
+    try:
+        procs = hosts.spawn_procs({"procs": 1})
+        call = procs.exec("import time; time.sleep(60)")
+        killed = cluster.kill_host(0)  # the agent and its workers, as in a power cut
+        assert hosts._agents.agents[0].pid in killed
+        started = time.monotonic()
+        with pytest.raises(MeshFailure, match=rf"host {cluster.hosts[0]} .*lost its agent"):
+            call.get(timeout=30)
+        assert time.monotonic() - started < 3.0
+        assert procs.failure.ranks == (0,)
+        procs.stop()
+    finally:
+        hosts.shutdown()
+
+
+def test_notebook_start_over_ssh(cluster2) -> None:
+    from kernel_utils import Kernel, plain
+
+    with Kernel() as kernel:
+        kernel.ok("%load_ext monarch_nb")
+        options = " ".join(f"--ssh-option={o}" for o in cluster2.ssh_options)
+        kernel.ok(
+            f"%mesh start --ssh {','.join(cluster2.hosts)} {options} --procs 1 --no-dashboard",
+            timeout=120,
+        )
+        reply = kernel.ok("%%mesh\nimport socket\nsocket.gethostname()")
+        text = plain(reply.text())
+        for name in cluster2.hostnames:
+            assert name in text
+        kernel.ok("%mesh stop")
+        agents = kernel.ok("import psutil, os\n[p.pid for p in psutil.Process().children()]")
+        assert "monarch_nb.agent" not in str(agents.text())
+
+
+def test_the_agent_runs_the_remote_python(cluster2) -> None:
+    # python= chooses the interpreter on the hosts; a wrong one fails with what
+    # the host said.
+    with pytest.raises(MeshFailure, match=r"(?s)ssh to .* ended .*(No such file|not found)"):
+        start_hosts(cluster2, python="/nonexistent/python3", timeout=30)
+    assert os.path.exists(sys.executable)

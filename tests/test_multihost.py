@@ -1,0 +1,327 @@
+"""Multi-host meshes on this machine: real agents, real CURVE links, real faults.
+
+Here every "host" is this machine and "ssh" runs the agent's command locally
+(``LOCAL_SSH``), so these tests need no root; tests/multihost/ runs the same
+code through real sshd servers in network namespaces.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import zmq
+from process_checks import wait_for_exit
+
+from monarch_nb import MeshFailure, MeshUsageError, RankState, attach, ssh_hosts
+from monarch_nb._common._wire import OWN, Signer, WireStats
+
+# "ssh HOST COMMAND" without ssh: run COMMAND here, with a shell, as sshd would.
+LOCAL_SSH = (sys.executable, "-c", "import os,sys; os.execvp('sh', ['sh', '-c', sys.argv[2]])")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def local_hosts(n: int = 2, **kwargs):
+    return ssh_hosts([f"host{i}" for i in range(n)], ssh=LOCAL_SSH, bind="127.0.0.1", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def hosts2():
+    hosts = local_hosts(2)
+    yield hosts
+    hosts.shutdown()
+
+
+def test_ranks_span_hosts_with_torchrun_environment(hosts2) -> None:
+    with hosts2.spawn_procs({"procs": 2}) as procs:
+        assert procs.shape.labels == ("hosts", "procs")
+        assert procs.shape.sizes == (2, 2)
+        env = procs.run(
+            "import os\n"
+            "tuple(os.environ[k] for k in "
+            "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK'))"
+        )
+        assert list(env.values()) == [
+            ("0", "0", "4", "2", "0"),
+            ("1", "1", "4", "2", "0"),
+            ("2", "0", "4", "2", "1"),
+            ("3", "1", "4", "2", "1"),
+        ]
+        master = procs.run("import os; (os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'])")
+        assert len(set(master.values())) == 1  # every rank agrees on rank 0's address
+        status = procs.status()
+        assert [r.host for r in status.ranks] == ["host0", "host0", "host1", "host1"]
+        assert all(r.pid > 0 and r.state is RankState.IDLE for r in status.ranks)
+        assert hosts2.hosts == ["host0", "host1"]
+
+
+def test_a_cast_is_one_message_per_host(hosts2) -> None:
+    with hosts2.spawn_procs({"procs": 3}) as procs:
+        group = procs._group
+        routes = group.routes(procs.shape.ranks)
+        assert len(routes) == 2  # two hosts: two sends, each naming its three ranks
+        assert sorted(len(identities) for _, identities in routes) == [3, 3]
+        assert list(procs.run("rank * 2").values()) == [0, 2, 4, 6, 8, 10]
+
+
+def test_output_and_errors_come_back_by_rank(hosts2, capfd) -> None:
+    with hosts2.spawn_procs({"procs": 1}) as procs:
+        procs.run("print(f'line from rank {rank}')")
+        tails = {r: [o.line for o in procs.output_tail(r)] for r in range(2)}
+        assert tails == {0: ["line from rank 0"], 1: ["line from rank 1"]}
+        with pytest.raises(Exception, match="ZeroDivisionError") as info:
+            procs.run("1 / (rank - 1)")
+        assert "rank 1" in str(info.value)
+        assert list(procs.run("'still here'").values()) == ["still here"] * 2
+
+
+def test_gloo_all_reduce_across_hosts(hosts2) -> None:
+    pytest.importorskip("torch")
+    with hosts2.spawn_procs({"procs": 2}) as procs:
+        result = procs.run(
+            textwrap.dedent(
+                """
+                import torch, torch.distributed as dist
+                dist.init_process_group("gloo")
+                t = torch.full((2,), float(rank))
+                dist.all_reduce(t)
+                dist.destroy_process_group()
+                t.tolist()
+                """
+            )
+        )
+        assert list(result.values()) == [[6.0, 6.0]] * 4
+
+
+def test_a_killed_remote_rank_fails_the_mesh_naming_it_and_restart_works(hosts2) -> None:
+    with hosts2.spawn_procs({"procs": 2}) as procs:
+        victim = procs.pids[3]
+        call = procs.exec("import time; time.sleep(30)")
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(MeshFailure, match=r"rank 3 \(pid \d+\).*SIGKILL") as info:
+            call.get(timeout=10)
+        assert info.value.ranks == (3,)
+        procs.restart()
+        assert list(procs.run("rank").values()) == [0, 1, 2, 3]
+
+
+def test_a_silent_host_is_lost_within_the_timeout_and_only_its_ranks_fail() -> None:
+    hosts = local_hosts(2, heartbeat_timeout=2.0)
+    try:
+        procs = hosts.spawn_procs({"procs": 2})
+        frozen = hosts._agents.agents[1].pid
+        worker_pids = procs.pids
+        call = procs.exec("import time; time.sleep(30)")
+        os.kill(frozen, signal.SIGSTOP)  # a host that stops answering, as a cut cable
+        started = time.monotonic()
+        with pytest.raises(MeshFailure, match=r"host host1 .* stopped answering") as info:
+            call.get(timeout=15)
+        assert time.monotonic() - started < 2.0 + 1.5
+        assert info.value.ranks == (2, 3)
+        states = {r.rank: r.state for r in procs.status().ranks}
+        assert states[2] is RankState.DEAD
+        assert states[3] is RankState.DEAD
+        assert states[0] is not RankState.DEAD
+        os.kill(frozen, signal.SIGCONT)
+        # The agent heard nothing for longer than its timeout: it kills its
+        # workers and exits by itself.
+        assert not wait_for_exit({frozen, worker_pids[2], worker_pids[3]}, 10)
+        procs.stop()
+    finally:
+        hosts.shutdown()
+
+
+def test_a_killed_agent_fails_its_host_at_once() -> None:
+    hosts = local_hosts(2)
+    try:
+        procs = hosts.spawn_procs({"procs": 1})
+        call = procs.exec("import time; time.sleep(30)")
+        os.kill(hosts._agents.agents[0].pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(MeshFailure, match=r"host host0 .* lost its agent") as info:
+            call.get(timeout=10)
+        assert time.monotonic() - started < 2.0  # seen by the launcher's exit, not a timeout
+        assert info.value.ranks == (0,)
+        with pytest.raises(MeshFailure, match="host host0 is lost"):
+            procs.restart()
+    finally:
+        hosts.shutdown()
+
+
+def test_workers_exit_when_their_controller_dies(tmp_path) -> None:
+    script = tmp_path / "controller.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, sys
+            from monarch_nb import ssh_hosts
+            hosts = ssh_hosts(["a", "b"], ssh={LOCAL_SSH!r}, bind="127.0.0.1",
+                              heartbeat_timeout=2.0)
+            procs = hosts.spawn_procs({{"procs": 2}})
+            agents = [agent.pid for agent in hosts._agents.agents]
+            print(" ".join(map(str, procs.pids + agents)), flush=True)
+            os._exit(0)  # no shutdown: the agents must notice on their own
+            """
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=True
+    )
+    pids = {int(p) for p in out.stdout.split()}
+    assert len(pids) == 6  # 4 workers, 2 agents
+    assert not wait_for_exit(pids, 10)
+
+
+def test_the_host_link_is_encrypted_and_takes_only_our_agents(hosts2) -> None:
+    agents = hosts2._agents
+    argv = " ".join(map(str, agents.launchers[0].popen.args))
+    assert "monarch_nb.agent" in argv
+    assert agents.keys["key"] not in argv  # keys go on stdin, never the command line
+    assert agents.keys["curve"]["client_secret"] not in argv
+    address = agents.endpoint
+    stats = agents.controller.stats
+    curve = agents.keys["curve"]
+
+    def drops() -> tuple[int, int, int]:
+        return stats.dropped_bad_signature, stats.dropped_malformed, stats.dropped_unknown_peer
+
+    def send_forged(sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, b"agent-impostor")
+        sock.connect(address)
+        Signer(bytes(32), WireStats()).encode(_heartbeat()).send(sock, envelope=OWN)
+
+    before = drops()
+    context = zmq.Context()
+    try:
+        # 1. no CURVE at all: the handshake fails, nothing is delivered
+        plain = context.socket(zmq.DEALER)
+        send_forged(plain)
+        # 2. CURVE with the right server key but a key pair the mesh never issued (ZAP)
+        stranger = context.socket(zmq.DEALER)
+        stranger.curve_serverkey = curve["server_public"].encode()
+        stranger.curve_publickey, stranger.curve_secretkey = zmq.curve_keypair()
+        send_forged(stranger)
+        time.sleep(1.0)
+        assert drops() == before
+        # The control: with the mesh's own client keys the frame does get through,
+        # and is dropped, counted, for its unknown identity.
+        insider = context.socket(zmq.DEALER)
+        insider.curve_serverkey = curve["server_public"].encode()
+        insider.curve_publickey = curve["client_public"].encode()
+        insider.curve_secretkey = curve["client_secret"].encode()
+        send_forged(insider)
+        deadline = time.monotonic() + 5
+        while drops() == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert drops()[2] == before[2] + 1
+    finally:
+        for sock in (plain, stranger, insider):
+            sock.close(0)
+        context.term()
+    with hosts2.spawn_procs({"procs": 1}) as procs:  # the real agents still work
+        assert list(procs.run("rank").values()) == [0, 1]
+
+
+def test_attach_to_agents_started_elsewhere(tmp_path) -> None:
+    key_file = tmp_path / "agent.key"
+    subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
+    assert (key_file.stat().st_mode & 0o777) == 0o600
+    ports = [_free_port(), _free_port()]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "monarch_nb.agent",
+                "--listen",
+                f"tcp://127.0.0.1:{port}",
+                "--key-file",
+                str(key_file),
+                "--host-index",
+                str(i),
+            ]
+        )
+        for i, port in enumerate(ports)
+    ]
+    try:
+        addresses = [f"tcp://127.0.0.1:{p}" for p in ports]
+        for _ in range(2):  # a second controller session finds the agents free again
+            hosts = _attach_when_listening(addresses, str(key_file))
+            with hosts.spawn_procs({"procs": 1}) as procs:
+                assert list(procs.run("rank + 100").values()) == [100, 101]
+            hosts.shutdown()
+        assert all(agent.poll() is None for agent in agents)  # they wait for the next
+    finally:
+        for agent in agents:
+            agent.terminate()
+            agent.wait(10)
+
+
+def test_attach_refuses_a_key_file_others_can_read(tmp_path) -> None:
+    key_file = tmp_path / "agent.key"
+    subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
+    key_file.chmod(0o644)
+    with pytest.raises(PermissionError, match="chmod 600"):
+        attach(["tcp://127.0.0.1:1"], key_file=str(key_file))
+
+
+def test_ssh_failure_is_reported_with_what_ssh_said() -> None:
+    fake = (sys.executable, "-c", "import sys; sys.exit('ssh: connect to host nowhere: refused')")
+    with pytest.raises(MeshFailure, match=r"(?s)ssh to nowhere ended .*connect to host nowhere"):
+        ssh_hosts(["nowhere"], ssh=fake, bind="127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("hosts", "match"),
+    [([], "non-empty list"), (["a", "a"], "host twice"), ([""], "non-empty")],
+)
+def test_bad_host_lists_are_refused(hosts, match) -> None:
+    with pytest.raises(MeshUsageError, match=match):
+        ssh_hosts(hosts, ssh=LOCAL_SSH)
+
+
+def test_per_host_cannot_name_hosts(hosts2) -> None:
+    with pytest.raises(MeshUsageError, match='cannot name a "hosts" dimension'):
+        hosts2.spawn_procs({"hosts": 2})
+
+
+def test_a_shut_down_host_mesh_refuses_new_meshes() -> None:
+    hosts = local_hosts(1)
+    hosts.shutdown()
+    with pytest.raises(MeshUsageError, match="shut down"):
+        hosts.spawn_procs({"procs": 1})
+    assert not wait_for_exit({a.pid for a in hosts._agents.agents}, 10)
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def _heartbeat():
+    from monarch_nb._common._messages import AgentHeartbeat
+
+    return AgentHeartbeat()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _attach_when_listening(addresses: list[str], key_file: str):
+    for address in addresses:  # the agents bind just after they start
+        port = int(address.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+    return attach(addresses, key_file=key_file)
