@@ -11,7 +11,7 @@ import pytest
 from slurm import SlurmCluster, remove_stale_slurm_clusters, slurm_unavailable_reason
 from system import pid_alive, run_then_sigkill_itself
 
-from monarch_nb import slurm_hosts
+from monarch_nb import MeshFailure, RankState, slurm_hosts
 
 
 def test_srun_runs_this_interpreter_on_both_hosts(slurm_cluster: SlurmCluster) -> None:
@@ -58,6 +58,36 @@ def test_slurm_mesh_ranks_run_on_their_nodes(
         time.sleep(0.1)
     assert left == []
     assert slurm_cluster.run(["squeue", "-h"]).stdout == ""
+
+
+def test_scancel_of_the_mesh_job_fails_every_rank_at_once(
+    slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert slurm_cluster.hosts is not None
+    for name, value in slurm_cluster.env.items():
+        monkeypatch.setenv(name, value)
+    hosts = slurm_hosts(
+        2, partition=slurm_cluster.partition, bind=slurm_cluster.hosts.controller_address
+    )
+    try:
+        procs = hosts.spawn_procs({"procs": 1})
+        call = procs.exec("import time; time.sleep(60)")
+        slurm_cluster.run(["scancel", "-n", "monarch_nb"], check=True)
+        started = time.monotonic()
+        # scancel signals every process of the job: a rank's SIGTERM or its
+        # agent's end (srun exits) is seen first, whichever wins.
+        with pytest.raises(MeshFailure, match=r"SIGTERM|lost its agent: srun ended"):
+            call.get(timeout=30)
+        deadline = started + 10
+        while time.monotonic() < deadline:
+            states = {r.rank: r.state for r in procs.status().ranks}
+            if states == {0: RankState.DEAD, 1: RankState.DEAD}:
+                break
+            time.sleep(0.1)
+        assert states == {0: RankState.DEAD, 1: RankState.DEAD}
+        procs.stop()
+    finally:
+        hosts.shutdown()
 
 
 def test_sbatch_and_salloc(slurm_cluster: SlurmCluster) -> None:
