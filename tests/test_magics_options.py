@@ -54,3 +54,39 @@ def test_parse_env():
     assert _options.parse_env(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
     with pytest.raises(UsageError, match="--env 'A'"):
         _options.parse_env(["A"])
+
+
+def test_slurm_spec_parses_to_launcher_arguments():
+    spec = "nodes=2,partition=gpu,gpus_per_node=8,time=1:00:00,account=ml"
+    assert _options.parse_slurm(spec) == {
+        "nodes": 2,
+        "partition": "gpu",
+        "gpus_per_node": 8,
+        "time_limit": "1:00:00",
+        "account": "ml",
+    }
+    with pytest.raises(UsageError, match="say how many nodes"):
+        _options.parse_slurm("partition=gpu")
+    with pytest.raises(UsageError, match="KEY one of nodes, partition"):
+        _options.parse_slurm("nodes=2,queue=gpu")
+    with pytest.raises(UsageError, match="not a number"):
+        _options.parse_slurm("nodes=two")
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("--ssh a,b --slurm nodes=2", "one of --ssh, --slurm, --attach, not ssh and slurm"),
+        ("--attach tcp://h:1", "--attach needs --key-file"),
+        ("--key-file k", "--key-file goes with --attach"),
+        ("--ssh-option=-v", "--ssh-option goes with --ssh"),
+    ],
+)
+def test_host_options_that_do_not_go_together(line, match):
+    args = _options.parse(_options.start_options, line)
+    with pytest.raises(UsageError, match=match):
+        _options.hosts_starter(args)
+
+
+def test_no_host_option_means_this_host():
+    assert _options.hosts_starter(_options.parse(_options.start_options, "--procs 2")) is None
