@@ -12,6 +12,8 @@ Layering (each layer imports only those below it)::
                                  pickling, shapes, per-rank values, errors,
                                  the one Future type
     native/                      the one-sided tensor data plane (C extension)
+    tensor/                      the tensor engine (imports torch): mesh tensors,
+                                 reached from the core only by ProcMesh.activate()
 
 ``_controller`` and ``_worker`` never import each other. The runtime never
 imports IPython, ipywidgets or torch: it works from a plain Python script, and
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
     from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
     from ._controller._status import MeshState, MeshStatus, RankStatus
     from .debug._remote import breakpoint
+    from .tensor._api import distribute, inspect, module_to_mesh, show
+    from .tensor._tensor import MeshTensor
 
 # Public name -> the private module that defines it. Imported on first use
 # (PEP 562), so a worker process, which imports this package first, loads
@@ -68,6 +72,7 @@ _DEFINED_IN = {
     "MeshFailure": "_common._errors",
     "MeshState": "_controller._status",
     "MeshStatus": "_controller._status",
+    "MeshTensor": "tensor._tensor",
     "MeshUsageError": "_common._errors",
     "MonarchNbError": "_common._errors",
     "Point": "_common._shape",
@@ -85,7 +90,11 @@ _DEFINED_IN = {
     "breakpoint": "debug._remote",
     "context": "_common._context",
     "current_rank": "_common._context",
+    "distribute": "tensor._api",
     "endpoint": "_common._actors",
+    "inspect": "tensor._api",
+    "module_to_mesh": "tensor._api",
+    "show": "tensor._api",
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
     "this_host": "_controller._proc_mesh",
@@ -145,6 +154,7 @@ __all__ = [
     "MeshFailure",
     "MeshState",
     "MeshStatus",
+    "MeshTensor",
     "MeshUsageError",
     "MonarchNbError",
     "Point",
@@ -163,8 +173,12 @@ __all__ = [
     "context",
     "current_mesh",
     "current_rank",
+    "distribute",
     "endpoint",
     "events",
+    "inspect",
+    "module_to_mesh",
+    "show",
     "slurm_hosts",
     "ssh_hosts",
     "this_host",

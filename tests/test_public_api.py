@@ -5,7 +5,7 @@ import monarch_nb
 
 # Module-level names of the package that are not API: submodules, typing helpers.
 _NOT_API = {"annotations", "importlib", "magics", "native", "worker", "Any", "TYPE_CHECKING"}
-_NOT_API |= {"debug", "widgets"}  # subpackages, attributes once imported
+_NOT_API |= {"debug", "tensor", "widgets"}  # subpackages, attributes once imported
 _EXTENSION_HOOKS = {"load_ipython_extension", "unload_ipython_extension"}
 
 
@@ -67,3 +67,34 @@ def test_each_runtime_module_imports_alone_and_the_sides_stay_apart():
     for name in modules:
         out = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True)
         assert out.returncode == 0, f"{name}: {out.stderr[-2000:]}"
+
+
+def test_the_tensor_engine_sits_above_the_core():
+    # A worker unpickles the tensor engine's rank-side actor: that loads neither
+    # controller code nor torch (its __init__ does). Importing the package is
+    # cheap; each module imports alone; the core never imports the engine.
+    import pathlib
+
+    package = pathlib.Path(monarch_nb.__file__).parent
+    code = (
+        "import sys, monarch_nb.tensor._worker, monarch_nb.tensor\n"
+        "print(sorted(m for m in sys.modules if m.startswith('monarch_nb._controller')"
+        " or m == 'torch'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    modules = [f"monarch_nb.tensor.{p.stem}" for p in sorted((package / "tensor").glob("_*.py"))]
+    code = (
+        "import importlib, sys, torch\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "    for m in [m for m in sys.modules if m.startswith('monarch_nb.')]:\n"
+        "        del sys.modules[m]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    core = [package / side for side in ("_common", "_controller", "_worker")]
+    for path in [f for side in core for f in side.glob("*.py")]:
+        text = path.read_text()
+        assert "from ..tensor" not in text, path
+        assert "monarch_nb.tensor" not in text or path.name == "_proc_mesh.py", path

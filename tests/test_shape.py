@@ -60,3 +60,18 @@ def test_shapes_and_points_pickle():
     assert pickle.loads(pickle.dumps(shape)) == shape
     point = shape.point_of_rank(5)
     assert pickle.loads(pickle.dumps(point)) == point
+
+
+def test_rename_and_split_keep_the_ranks_in_order():
+    shape = Shape.from_sizes({"hosts": 2, "gpus": 4})
+    assert shape.rename(gpus="tp").extent == {"hosts": 2, "tp": 4}
+    grid = shape.split(gpus={"dp": 2, "tp": 2})
+    assert grid.extent == {"hosts": 2, "dp": 2, "tp": 2}
+    assert grid.ranks == shape.ranks
+    assert grid.slice(tp=1, hosts=1).ranks == (5, 7)
+    with pytest.raises(MeshUsageError, match=r"cannot rename 'procs'.*\['hosts', 'gpus'\]"):
+        shape.rename(procs="x")
+    with pytest.raises(MeshUsageError, match=r"split 'gpus' \(size 4\) into \{'dp': 3\}"):
+        shape.split(gpus={"dp": 3})
+    with pytest.raises(MeshUsageError, match=r"dimension names must be distinct"):
+        shape.rename(gpus="hosts")

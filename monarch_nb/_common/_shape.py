@@ -8,7 +8,7 @@ mesh view shares processes with its parent.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from ._errors import MeshUsageError, format_ranks
 from ._public import publish
@@ -165,6 +165,13 @@ class Shape:
         """The global rank at ``point``."""
         return self.ranks[self.index_of_point(point)]
 
+    def _check_dims(self, verb: str, names: Iterable[str]) -> None:
+        unknown = [d for d in names if d not in self.labels]
+        if unknown:
+            raise MeshUsageError(
+                f"cannot {verb} {unknown[0]!r}: this mesh's dimensions are {list(self.labels)!r}"
+            )
+
     # -- slicing --------------------------------------------------------------
 
     def slice(self, **selection: Selector) -> Shape:
@@ -173,11 +180,7 @@ class Shape:
         Example: ``Shape.from_sizes({"hosts": 2, "gpus": 4}).slice(gpus=0)`` has
         dimension ``hosts`` only, over ranks 0 and 4.
         """
-        unknown = [d for d in selection if d not in self.labels]
-        if unknown:
-            raise MeshUsageError(
-                f"cannot slice by {unknown[0]!r}: this mesh's dimensions are {list(self.labels)!r}"
-            )
+        self._check_dims("slice by", selection)
         kept_labels: list[str] = []
         kept_sizes: list[int] = []
         per_dim: list[list[int]] = []
@@ -195,6 +198,39 @@ class Shape:
             for combo in itertools.product(*per_dim)
         ]
         return Shape(kept_labels, kept_sizes, ranks)
+
+    # -- reshaping (same ranks, same order) -------------------------------------
+
+    def rename(self, **new_names: str) -> Shape:
+        """The same points with dimensions renamed: ``shape.rename(procs="dp")``."""
+        self._check_dims("rename", new_names)
+        labels = [new_names.get(label, label) for label in self.labels]
+        return Shape(labels, self.sizes, self.ranks)
+
+    def split(self, **dims: Mapping[str, int]) -> Shape:
+        """The same points with a dimension split into several (row-major):
+        ``Shape.from_sizes({"procs": 4}).split(procs={"dp": 2, "tp": 2})``.
+        """
+        self._check_dims("split", dims)
+        labels: list[str] = []
+        sizes: list[int] = []
+        for label, size in zip(self.labels, self.sizes, strict=True):
+            parts = dims.get(label)
+            if parts is None:
+                labels.append(label)
+                sizes.append(size)
+                continue
+            total = 1
+            for part in parts.values():
+                total *= part if isinstance(part, int) else 0
+            if not parts or total != size:
+                raise MeshUsageError(
+                    f"cannot split {label!r} (size {size}) into {dict(parts)!r}: "
+                    f"the sizes must multiply to {size}"
+                )
+            labels.extend(parts)
+            sizes.extend(parts.values())
+        return Shape(labels, sizes, self.ranks)
 
 
 def _resolve(label: str, size: int, sel: Selector) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import socket
 from collections.abc import Iterable, Mapping
@@ -59,6 +60,24 @@ class ProcMesh:
     def slice(self, **selection: Selector) -> ProcMesh:
         """A view of the selected processes: ``procs.slice(procs=slice(0, 2))``."""
         return ProcMesh(self._group, self._shape.slice(**selection))
+
+    def rename(self, **new_names: str) -> ProcMesh:
+        """A view with dimensions renamed: ``procs.rename(procs="dp")``."""
+        return ProcMesh(self._group, self._shape.rename(**new_names))
+
+    def split(self, **dims: Mapping[str, int]) -> ProcMesh:
+        """A view with a dimension split into several (row-major), for data, tensor
+        and pipeline parallelism: ``procs.split(procs={"dp": 2, "tp": 2})``."""
+        return ProcMesh(self._group, self._shape.split(**dims))
+
+    def activate(self) -> Any:
+        """Run torch on this mesh: inside ``with procs.activate():`` factory functions
+        and ops on mesh tensors run on every rank, and return
+        :class:`~monarch_nb.MeshTensor` handles (see :mod:`monarch_nb.tensor`).
+        """
+        # The one hook from the core into the tensor engine, resolved on use (as
+        # monarch_nb.breakpoint is), so the core never imports torch.
+        return importlib.import_module("monarch_nb.tensor").activate(self)
 
     def point_of_rank(self, rank: int) -> Point:
         return self._shape.point_of_rank(rank)

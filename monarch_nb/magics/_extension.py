@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .._common._errors import CallTimeout, MeshUsageError, RemoteError
+from .._common._errors import CallTimeout, MeshFailure, MeshUsageError, RemoteError
 from .._common._value_mesh import ValueMesh
 from . import _debug_magic, _options, _render
 from ._autorun import AutoRun
@@ -28,7 +28,8 @@ def _usage(exc: MeshUsageError) -> UsageError:
 
 @magics_class
 class MeshMagics(Magics):
-    """``%mesh`` (start, stop, restart, status, dashboard, push, pull, on, off) and ``%%mesh``."""
+    """``%mesh`` (start, stop, restart, status, dashboard, push, pull, on, off, activate,
+    deactivate) and ``%%mesh``."""
 
     shell: Any  # the InteractiveShell: set by Magics.__init__, never None once loaded
 
@@ -36,6 +37,7 @@ class MeshMagics(Magics):
         super().__init__(shell)
         self.registry = REGISTRY
         self.autorun: AutoRun | None = None
+        self.activation: Any = None  # monarch_nb.tensor's Activation, while %mesh activate
 
     # -- %mesh ------------------------------------------------------------------------
 
@@ -49,6 +51,8 @@ class MeshMagics(Magics):
             return None
         if command == "debug":  # the pdb bridge: see _debug_magic
             return _debug_magic.debug_line(rest)
+        if command in ("activate", "deactivate"):  # the tensor engine: ProcMesh.activate()
+            return self._activate(command, rest.strip())
         if command in ("help", "-h", "--help"):
             display(_render.Notice(_options.line_help()))
             return None
@@ -65,6 +69,28 @@ class MeshMagics(Magics):
             return getattr(self, f"_{command}")(args)
         except MeshUsageError as exc:
             raise _usage(exc) from None
+
+    def _activate(self, command: str, name: str) -> None:
+        """``%mesh activate [NAME]``: torch in the cells that follow runs on that mesh
+        (as inside ``with procs.activate():``) until ``%mesh deactivate``."""
+        activation, self.activation = self.activation, None
+        if activation is not None:
+            activation.exit()  # sends what is pending; raises if the mesh failed
+        if command == "deactivate":
+            display(_render.Notice("%mesh deactivate: torch runs in this kernel again"))
+            return
+        try:
+            mesh = self.registry.get(name or None)
+        except MeshUsageError as exc:
+            raise _usage(exc) from None
+        self.activation = mesh.procs.activate()
+        self.activation.enter()
+        display(
+            _render.Notice(
+                f"%mesh activate: torch now runs on mesh {mesh.name!r} "
+                "(monarch_nb.inspect(t, ...) reads values); %mesh deactivate to stop"
+            )
+        )
 
     def _start(self, args: Any) -> None:
         for option in ("procs", "gpus"):
@@ -90,6 +116,11 @@ class MeshMagics(Magics):
 
     def _stop(self, args: Any) -> None:
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
+        if self.activation is not None and self.activation.procs.name in {m.name for m in meshes}:
+            try:
+                self._activate("deactivate", "")
+            except MeshFailure:
+                pass  # a failed mesh is stopped all the same
         for mesh in meshes:
             mesh.stop()
             display(_render.Notice(f"mesh {mesh.name!r} stopped"))
@@ -268,6 +299,8 @@ def unload_ipython_extension(shell: Any) -> None:
     if magics is None:
         return
     magics._off(None)
+    if magics.activation is not None:
+        magics.activation.exit()
     REGISTRY.stop_all()
     atexit.unregister(REGISTRY.stop_all)
     for kind in ("line", "cell"):

@@ -1,0 +1,185 @@
+"""The public functions of the tensor engine: activate a mesh, put values on it, read them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._common._errors import MeshUsageError, format_ranks
+from .._common._fold import fold
+from .._common._public import publish
+from .._common._shape import Selector
+from .._common._value_mesh import ValueMesh
+from .._controller._proc_mesh import ProcMesh
+from ._engine import View, engine_for, source_line
+from ._tensor import MeshTensor, _constant, dispatch
+
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+class _MeshMode(TorchDispatchMode):
+    """Inside ``activate()``: factories make mesh tensors, mesh ops go to the ranks."""
+
+    def __init__(self, view: View) -> None:
+        super().__init__()
+        self.view = view
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return dispatch(func, args, kwargs or {}, self.view)
+
+
+class Activation:
+    """What ``procs.activate()`` returns: a context manager (``with``), or
+    :meth:`enter` / :meth:`exit` for ``%mesh activate`` / ``%mesh deactivate``."""
+
+    def __init__(self, procs: ProcMesh) -> None:
+        self.procs = procs
+        self.view = engine_for(procs).view(procs)
+        self._mode: _MeshMode | None = None
+
+    def __enter__(self) -> ProcMesh:
+        if self._mode is not None:
+            raise MeshUsageError("this activation is already entered; call procs.activate() again")
+        self._mode = _MeshMode(self.view)
+        self._mode.__enter__()
+        return self.procs
+
+    def __exit__(self, *exc_info: Any) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            mode.__exit__(*exc_info)
+            self.view.engine.flush()
+
+    enter = __enter__
+
+    def exit(self) -> None:
+        self.__exit__(None, None, None)
+
+
+def activate(procs: ProcMesh) -> Activation:
+    """``with procs.activate():`` torch factory functions, and ops on mesh tensors,
+    run on every rank of ``procs`` and return :class:`MeshTensor` handles."""
+    return Activation(procs)
+
+
+def _rank_of(t: MeshTensor, point: dict[str, Selector]) -> int:
+    shape = t._mt_view.shape
+    selected = shape.slice(**point)
+    if len(selected) != 1:
+        missing = [d for d in shape.labels if d not in point]
+        raise MeshUsageError(
+            f"inspect() reads one rank; name a coordinate for {missing!r}, e.g. "
+            f"inspect(t, {', '.join(f'{d}=0' for d in missing)})"
+        )
+    return selected.ranks[0]
+
+
+def _mesh_tensor(t: Any, what: str) -> MeshTensor:
+    if not isinstance(t, MeshTensor):
+        raise MeshUsageError(f"{what}() takes a MeshTensor, got {type(t).__name__}")
+    return t
+
+
+def inspect(t: MeshTensor, **point: Selector) -> torch.Tensor:
+    """One rank's copy of ``t`` as a local tensor: ``inspect(t, procs=1)`` (a coordinate
+    per mesh dimension; none on a one-point mesh). For a distributed tensor, that
+    rank's shard. Raises MeshTensorError if an op ``t`` depends on failed."""
+    t = _mesh_tensor(t, "inspect")
+    rank = _rank_of(t, point)
+    view = t._mt_view
+    return view.engine.read(view, t._mt_ref, rank).get()[rank]
+
+
+def show(t: MeshTensor) -> None:
+    """Print every rank's copy of ``t``, equal copies folded: ``[0-3] tensor([...])``."""
+    values: ValueMesh[torch.Tensor] = _mesh_tensor(t, "show").fetch().get()
+    lines = []
+    for ranks, text in fold(zip(values.shape.ranks, map(repr, values.values()), strict=True)):
+        sep = "\n" if "\n" in text else " "
+        lines.append(f"[{format_ranks(ranks)}]{sep}{text}")
+    print("\n".join(lines))
+
+
+def distribute(
+    tensor: torch.Tensor, procs: ProcMesh, placements: Sequence[Any] | None = None
+) -> MeshTensor:
+    """Put a controller tensor on ``procs``: ``placements`` (one per mesh dimension,
+    default ``Replicate()``) as in ``torch.distributed.tensor.distribute_tensor``;
+    the ranks hold a DTensor. The value is sent once to each rank."""
+    from torch.distributed.tensor import Replicate
+
+    if isinstance(tensor, MeshTensor):
+        raise MeshUsageError("this tensor is on a mesh already; move it with t.to_mesh(procs)")
+    if not isinstance(tensor, torch.Tensor):
+        raise MeshUsageError(f"distribute() takes a torch.Tensor, got {type(tensor).__name__}")
+    engine = engine_for(procs)
+    view = engine.view(procs)
+    labels = view.shape.labels
+    placements = list(placements) if placements is not None else [Replicate()] * len(labels)
+    if len(placements) != len(labels):
+        raise MeshUsageError(
+            f"placements needs one entry per mesh dimension {list(labels)!r}, got {placements!r}"
+        )
+    mesh_id = engine.device_mesh(view)
+    ref = engine.new_ref()
+    value = tensor.detach().cpu().contiguous()
+    engine.record(view.ranks, ("dist", ref, value, mesh_id, placements, source_line()))
+    result = MeshTensor(torch.empty_like(value, device="meta"), view, ref)
+    result._mt_placements = tuple(placements)
+    result._mt_dtensor = True
+    result.requires_grad_(tensor.requires_grad)
+    return result
+
+
+def module_to_mesh(module: M, procs: ProcMesh, placements: Sequence[Any] | None = None) -> M:
+    """Move ``module``'s parameters and buffers onto ``procs``, in place (like
+    ``module.to(device)``), and return it.
+
+    Without ``placements`` every rank holds a full replica (plain tensors, as in
+    DDP: reduce gradients with ``p.grad.reduce_("procs", "avg")``); with them
+    each parameter is distributed with ``distribute_tensor`` (DTensors).
+    Tied parameters stay tied.
+    """
+    view = engine_for(procs).view(procs)
+    moved: dict[int, Any] = {}
+
+    def move(value: torch.Tensor) -> MeshTensor:
+        if placements is None:
+            return _constant(value, view)
+        return distribute(value.detach(), procs, placements)
+
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is None or isinstance(param, MeshTensor):
+                continue
+            if id(param) not in moved:
+                moved[id(param)] = torch.nn.Parameter(move(param), param.requires_grad)
+            sub._parameters[name] = moved[id(param)]
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is None or isinstance(buffer, MeshTensor):
+                continue
+            if id(buffer) not in moved:
+                moved[id(buffer)] = move(buffer)
+            sub._buffers[name] = moved[id(buffer)]
+    return module
+
+
+def manual_seed(seed: int, procs: ProcMesh) -> None:
+    """``torch.manual_seed(seed)`` on every rank of ``procs`` (in order with its ops).
+
+    Ranks start with torch's default seed, so random factories give every rank
+    the same values until seeded differently."""
+    engine = engine_for(procs)
+    engine.record(engine.view(procs).ranks, ("seed", int(seed)))
+
+
+def ref_counts(procs: ProcMesh) -> ValueMesh[int]:
+    """How many tensors each rank of ``procs``'s process mesh holds (tests, debugging)."""
+    stats = engine_for(procs).stats()
+    return ValueMesh(stats.shape, [s["refs"] for s in stats.values()])
+
+
+publish(globals())

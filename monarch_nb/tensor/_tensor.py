@@ -1,0 +1,491 @@
+"""MeshTensor: a controller-side handle to a tensor that lives on every rank of a mesh.
+
+A MeshTensor is a ``torch.Tensor`` wrapper subclass with no data: its shape,
+dtype and strides come from a meta tensor kept beside it. Every aten op on
+MeshTensors (``__torch_dispatch__``) is first run on those meta tensors, so
+output shapes and dtypes (and shape errors) are known at once, then recorded
+for the ranks. Because this happens below autograd, ``loss.backward()`` and
+``opt.step()`` run here symbolically and send their ops to the ranks too.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .._common._errors import MeshUsageError
+from .._common._future import Future
+from .._common._public import publish
+from .._common._value_mesh import ValueMesh
+from ._engine import View, engine_for, source_line
+from ._worker import Ref
+
+_REDUCE_OPS = ("sum", "avg", "max", "min", "product")
+_READ_HINT = (
+    "a mesh tensor's values live on the ranks: read them with monarch_nb.inspect(t, dim=index), "
+    "monarch_nb.show(t) or t.fetch()"
+)
+_LIFT = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+_DATA_DEPENDENT = (
+    torch.ops.aten._local_scalar_dense.default,
+    torch.ops.aten.item.default,
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.equal.default,
+)
+
+
+class MeshTensor(torch.Tensor):
+    """A tensor on every rank of a mesh (or slice), programmed from the controller.
+
+    Shape, dtype and device are known here; values stay on the ranks. Make one
+    inside ``with procs.activate():`` (``torch.rand(3, 4)``), with
+    :func:`monarch_nb.distribute`, or from ops on other mesh tensors. Read it
+    with :func:`monarch_nb.inspect`, :func:`monarch_nb.show`, ``t.fetch()`` or
+    ``await t``. Collectives go by dimension name: ``t.reduce("dp", "sum")``.
+    """
+
+    _mt_meta: torch.Tensor
+    _mt_view: View
+    _mt_ref: int
+    _mt_placements: tuple[Any, ...] | None  # known for tensors made by distribute()
+    _mt_dtensor: bool  # a DTensor on the ranks (distribute(), or ops on such tensors)
+
+    @staticmethod
+    def __new__(cls, meta: torch.Tensor, view: View, ref: int) -> MeshTensor:
+        t = torch.Tensor._make_wrapper_subclass(
+            cls,
+            meta.shape,
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            device=view.engine.device,
+            requires_grad=False,
+        )
+        t._mt_meta = meta
+        t._mt_view = view
+        t._mt_ref = ref
+        t._mt_placements = None
+        t._mt_dtensor = False
+        weakref.finalize(t, view.engine.drops.append, ref).atexit = False
+        return t
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return dispatch(func, args, kwargs or {}, None)
+
+    # -- what it is -----------------------------------------------------------------
+
+    @property
+    def mesh(self) -> Any:
+        """The process mesh (view) this tensor lives on."""
+        return self._mt_view.procs
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        if self.grad_fn is not None:
+            extra = f", grad_fn=<{type(self.grad_fn).__name__}>"
+        return (
+            f"MeshTensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
+            f"mesh={self._mt_view!r}{extra})"
+        )
+
+    def __format__(self, spec: str) -> str:
+        return repr(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise MeshUsageError(
+            "a MeshTensor cannot be pickled or sent to a rank: it is a handle held by the "
+            "controller; pass it to ops inside procs.activate(), or read it with inspect()"
+        )
+
+    def __bool__(self) -> bool:
+        raise MeshUsageError(f"bool() of a MeshTensor needs its value: {_READ_HINT}")
+
+    def item(self) -> Any:
+        raise MeshUsageError(f"t.item() needs the value: {_READ_HINT}")
+
+    def tolist(self) -> Any:
+        raise MeshUsageError(f"t.tolist() needs the value: {_READ_HINT}")
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:
+        raise MeshUsageError(f"t.numpy() needs the value: {_READ_HINT}")
+
+    # -- reading values -------------------------------------------------------------
+
+    def fetch(self) -> Future[ValueMesh[torch.Tensor]]:
+        """A future of every rank's copy (its shard, for a distributed tensor), as a
+        ValueMesh of local tensors; ``await t`` is ``await t.fetch()``."""
+        view = self._mt_view
+        return view.engine.read(view, self._mt_ref)
+
+    def __await__(self) -> Generator[Any, None, ValueMesh[torch.Tensor]]:
+        return self.fetch().__await__()
+
+    def full_tensor(self) -> torch.Tensor:
+        """The whole value of a tensor made by :func:`monarch_nb.distribute` (its shards
+        gathered on the ranks, then one copy sent here)."""
+        if not self._mt_dtensor:
+            raise MeshUsageError(
+                "full_tensor() is for tensors sharded with monarch_nb.distribute(); this one "
+                "has a separate value on each rank: use monarch_nb.inspect(t, dim=index) or "
+                "t.fetch()"
+            )
+        view = self._mt_view
+        engine = view.engine
+        out = engine.new_ref()
+        engine.record(view.ranks, ("full", out, self._mt_ref, source_line()))
+        try:
+            return engine.read(view, out, view.ranks[0]).get()[view.ranks[0]]
+        finally:
+            engine.drops.append(out)
+
+    def to_local(self) -> MeshTensor:
+        """Each rank's shard of a distributed tensor, as a plain mesh tensor (equal
+        shards only: every rank's shard must have the same shape)."""
+        placements = self._mt_placements
+        if not self._mt_dtensor:
+            return self
+        if placements is None:
+            raise MeshUsageError(
+                "to_local() needs to know how the tensor is sharded, which is known for "
+                "tensors made by monarch_nb.distribute() only; call it on those, or use "
+                "full_tensor()"
+            )
+        from torch.distributed.tensor import Shard
+
+        shape = list(self.shape)
+        for size, placement in zip(self._mt_view.shape.sizes, placements, strict=True):
+            if isinstance(placement, Shard):
+                dim = placement.dim % max(len(shape), 1)
+                if shape[dim] % size:
+                    raise MeshUsageError(
+                        f"to_local() needs equal shards, but dimension {dim} (size "
+                        f"{shape[dim]}) does not divide by {size}; pad it, or use full_tensor()"
+                    )
+                shape[dim] //= size
+        return _unary(self, "local", torch.empty(shape, dtype=self.dtype, device="meta"))
+
+    # -- collectives along named mesh dimensions -------------------------------------
+
+    def reduce(self, dims: str | Sequence[str], reduction: str = "sum") -> MeshTensor:
+        """All-reduce along mesh dimension(s): every rank gets the result.
+        ``reduction`` is one of sum, avg, max, min, product, or ``"stack"``
+        (Monarch's spelling of :meth:`all_gather`)."""
+        if reduction == "stack":
+            return _collective(self, "all_gather", dims, "", None, inplace=False)
+        return _collective(self, "reduce", dims, reduction, None, inplace=False)
+
+    def reduce_(self, dims: str | Sequence[str], reduction: str = "sum") -> MeshTensor:
+        """:meth:`reduce` in place (e.g. ``p.grad.reduce_("dp", "avg")``)."""
+        return _collective(self, "reduce", dims, reduction, None, inplace=True)
+
+    def all_gather(self, dim: str) -> MeshTensor:
+        """Stack the copies along mesh dimension ``dim``: a new leading dimension."""
+        return _collective(self, "all_gather", dim, "", None, inplace=False)
+
+    def reduce_scatter(self, dim: str, reduction: str = "sum") -> MeshTensor:
+        """Reduce along ``dim``, then rank ``i`` of that dimension keeps chunk ``i`` of
+        the first tensor dimension (which must divide by the dimension's size)."""
+        return _collective(self, "reduce_scatter", dim, reduction, None, inplace=False)
+
+    def broadcast(self, dim: str, src: int = 0) -> MeshTensor:
+        """Every rank gets the copy of the rank at index ``src`` along ``dim``."""
+        return _collective(self, "broadcast", dim, "", src, inplace=False)
+
+    # -- moving between meshes ---------------------------------------------------------
+
+    def to_mesh(self, procs: Any) -> MeshTensor:
+        """This tensor on another mesh of the same size (e.g. the next pipeline stage):
+        point ``i`` of this mesh sends to point ``i`` of ``procs``, rank to rank over
+        the data plane (RDMABuffer), not through the controller."""
+        src = self._mt_view
+        engine = src.engine
+        dst_engine = engine_for(procs)
+        if dst_engine is not engine:
+            raise MeshUsageError(
+                f"to_mesh() moves tensors between views of one process mesh ({src!r}); "
+                f"{procs!r} belongs to another process mesh, which is not supported yet: "
+                "fetch the values and distribute() them"
+            )
+        if self._mt_dtensor:
+            raise MeshUsageError(
+                "to_mesh() moves plain mesh tensors; for a distributed tensor, "
+                "call .to_local() (or .full_tensor()) first"
+            )
+        if self.requires_grad and torch.is_grad_enabled():
+            raise MeshUsageError(
+                "to_mesh() is not differentiable yet: move t.detach() (and send gradients "
+                "back with another to_mesh()), or call it inside torch.no_grad()"
+            )
+        dst = engine.view(procs)
+        if len(dst.shape) != len(src.shape):
+            raise MeshUsageError(
+                f"to_mesh() pairs points in order, but {src!r} has {len(src.shape)} and "
+                f"{dst!r} has {len(dst.shape)}; slice them to the same size"
+            )
+        if dst.ranks == src.ranks:
+            return _unary(self, "local", self._mt_meta, view=dst)  # same ranks: an alias
+        line = source_line()
+        xid = next(engine.transfers)
+        out = engine.new_ref()
+        meta = torch.empty(self.shape, dtype=self.dtype, device="meta")
+        engine.record(src.ranks, ("send", xid, self._mt_ref, list(src.ranks), line))
+        engine.record(
+            dst.ranks,
+            ("recv", out, xid, list(dst.ranks), tuple(self.shape), self.dtype, line),
+        )
+        return MeshTensor(meta, dst, out)
+
+
+def _unary(t: MeshTensor, kind: str, meta: torch.Tensor, view: View | None = None) -> MeshTensor:
+    view = view or t._mt_view
+    out = view.engine.new_ref()
+    view.engine.record(view.ranks, (kind, out, t._mt_ref, source_line()))
+    return MeshTensor(meta, view, out)
+
+
+def _collective(
+    t: MeshTensor,
+    kind: str,
+    dims: str | Sequence[str],
+    reduction: str,
+    arg: int | None,
+    *,
+    inplace: bool,
+) -> MeshTensor:
+    view = t._mt_view
+    names = (dims,) if isinstance(dims, str) else tuple(dims)
+    labels = view.shape.labels
+    unknown = [d for d in names if d not in labels]
+    if not names or unknown:
+        raise MeshUsageError(
+            f"{kind}() along {dims!r}: this tensor's mesh has dimensions {list(labels)!r}; "
+            "name one of them (procs.rename(...) / procs.split(...) make others)"
+        )
+    if kind != "reduce" and len(names) != 1:
+        raise MeshUsageError(f"{kind}() takes one mesh dimension, got {list(names)!r}")
+    if kind in ("reduce", "reduce_scatter") and reduction not in _REDUCE_OPS:
+        raise MeshUsageError(
+            f"unknown reduction {reduction!r}; use one of {', '.join(_REDUCE_OPS)}"
+        )
+    if t._mt_dtensor:
+        raise MeshUsageError(
+            f"{kind}() by dimension takes plain mesh tensors; this one is distributed "
+            "(a DTensor on the ranks): use .to_local() first, or DTensor ops"
+        )
+    if t.requires_grad and torch.is_grad_enabled():
+        raise MeshUsageError(
+            f"{kind}() is not differentiable yet: call it on t.detach(), on gradients "
+            "(p.grad), or inside torch.no_grad()"
+        )
+    size = view.shape.extent[names[0]]
+    shape = list(t.shape)
+    if kind == "all_gather":
+        shape.insert(0, size)
+    elif kind == "reduce_scatter":
+        if not shape or shape[0] % size:
+            raise MeshUsageError(
+                f"reduce_scatter() along {names[0]!r} (size {size}) needs a first tensor "
+                f"dimension that divides by {size}, got shape {tuple(t.shape)}"
+            )
+        shape[0] //= size
+    elif kind == "broadcast" and not (isinstance(arg, int) and 0 <= arg < size):
+        raise MeshUsageError(f"broadcast() src must be an index along {names[0]!r}: 0..{size - 1}")
+    engine = view.engine
+    mesh_id = engine.device_mesh(view)
+    out = None if inplace else engine.new_ref()
+    layout = (tuple(t.shape), t.dtype)
+    op = ("coll", out, t._mt_ref, mesh_id, kind, names, reduction, arg, source_line(), layout)
+    engine.record(view.ranks, op)
+    if inplace:
+        torch.autograd.graph.increment_version(t)
+        return t
+    assert out is not None
+    return MeshTensor(torch.empty(shape, dtype=t.dtype, device="meta"), view, out)
+
+
+# -- the dispatcher: aten op -> meta run + recorded op ------------------------------------
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
+    """Run ``func`` on mesh tensors: shapes here (meta), the real op on the ranks.
+
+    ``active`` is the mesh of the enclosing ``activate()`` (which also turns
+    factory functions into mesh tensors), or None.
+    """
+    flat, spec = tree_flatten((args, kwargs))
+    view: View | None = None
+    wire = list(flat)
+    metas = list(flat)
+    inputs: dict[int, MeshTensor] = {}
+    local: list[int] = []
+    for i, x in enumerate(flat):
+        if isinstance(x, MeshTensor):
+            if view is None:
+                view = x._mt_view
+            elif x._mt_view.ranks != view.ranks or x._mt_view.engine is not view.engine:
+                raise MeshUsageError(
+                    f"{func} mixes tensors on different meshes ({view!r} and "
+                    f"{x._mt_view!r}); move one with t.to_mesh(other_mesh)"
+                )
+            wire[i] = Ref(x._mt_ref)
+            metas[i] = x._mt_meta
+            inputs[id(x._mt_meta)] = x
+        elif isinstance(x, torch.Tensor):
+            local.append(i)
+        elif isinstance(x, torch.device):
+            metas[i] = torch.device("meta")
+    if view is None:
+        if active is None:  # only local tensors, outside activate(): not ours
+            with torch._C._DisableTorchDispatch():
+                return func(*args, **kwargs)
+        if local:
+            # torch.tensor(data) inside activate(): the data goes to the ranks. A
+            # 0-dim literal stays here as a scalar (it mixes with mesh tensors by
+            # value), so optimizers' counters (Adam's step) work inside activate().
+            if func in _LIFT and flat[local[0]].dim() != 0:
+                return _constant(flat[local[0]], active)
+            return func(*args, **kwargs)  # a local op inside activate() stays local
+        if not _is_factory(func):  # e.g. the profiler's record_function: not a tensor
+            return func(*args, **kwargs)
+        view = active
+    for i in local:
+        x = flat[i]
+        if x.dim() != 0:
+            raise MeshUsageError(
+                f"{func} mixes a local tensor of shape {tuple(x.shape)} with a mesh tensor on "
+                f"{view!r}; put it on the mesh first with monarch_nb.distribute(tensor, procs) "
+                "(or make it inside procs.activate())"
+            )
+        wire[i] = x.detach().cpu()
+        metas[i] = x.detach().to("meta")
+    if func in _DATA_DEPENDENT:
+        raise MeshUsageError(f"{func} needs the tensor's value: {_READ_HINT}")
+    if active is not None and active.ranks == view.ranks and active.engine is view.engine:
+        view = active
+    factory = not inputs
+    dtensor = any(t._mt_dtensor for t in inputs.values())
+    key = _meta_key(func, spec, metas)
+    outputs = _meta_cache.get(key) if key is not None else None
+    if outputs is None:
+        positions = {id(x._mt_meta): i for i, x in enumerate(flat) if isinstance(x, MeshTensor)}
+        outputs = _run_meta(func, spec, metas, factory, positions)
+        if key is not None and len(_meta_cache) < _META_CACHE_SIZE:
+            _meta_cache[key] = outputs
+    engine = view.engine
+    outs: list[int] = []
+    described, out_spec = outputs
+    out_flat: list[Any] = []
+    for kind, what in described:
+        if kind == "alias":  # in place, or out=: the same handle
+            alias = flat[what]
+            outs.append(alias._mt_ref)
+            out_flat.append(alias)
+        elif kind == "new":
+            ref = engine.new_ref()
+            outs.append(ref)
+            shape, stride, dtype = what
+            meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            out = MeshTensor(meta, view, ref)
+            out._mt_dtensor = dtensor
+            out_flat.append(out)
+        else:
+            out_flat.append(what)
+    wire_args, wire_kwargs = tree_unflatten(wire, spec)
+    engine.record(
+        view.ranks, ("op", outs, str(func), wire_args, wire_kwargs, source_line(), factory)
+    )
+    return tree_unflatten(out_flat, out_spec)
+
+
+# Output metadata per (op, input metadata): the meta kernels are most of the
+# cost of issuing an op, and a training loop issues the same ops again and again.
+_META_CACHE_SIZE = 8192
+_meta_cache: dict[tuple, tuple[list[tuple[str, Any]], Any]] = {}
+_HASHABLE = (
+    int,
+    float,
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+def _meta_key(func: Any, spec: Any, metas: list[Any]) -> tuple | None:
+    key: list[Any] = [func, spec]
+    for x in metas:
+        if isinstance(x, torch.Tensor):
+            key.append((tuple(x.shape), x.stride(), x.dtype))
+        elif isinstance(x, _HASHABLE):
+            key.append((type(x), x))  # 1 and 1.0 promote differently
+        else:
+            return None
+    return tuple(key)
+
+
+def _run_meta(
+    func: Any, spec: Any, metas: list[Any], factory: bool, positions: dict[int, int]
+) -> tuple[list[tuple[str, Any]], Any]:
+    """Run ``func`` on meta tensors; describe each output: an input it aliases (by
+    position), a new tensor's metadata, or a plain value."""
+    meta_args, meta_kwargs = tree_unflatten(metas, spec)
+    if factory:
+        meta_kwargs["device"] = torch.device("meta")
+        meta_kwargs.pop("pin_memory", None)
+    shapes = {i: (tuple(metas[i].shape), metas[i].stride()) for i in positions.values()}
+    try:
+        result = func(*meta_args, **meta_kwargs)
+    except NotImplementedError as exc:
+        raise MeshUsageError(
+            f"{func} cannot run on mesh tensors: its output shape depends on the values, or it "
+            f"has no meta kernel ({exc}); {_READ_HINT}"
+        ) from None
+    out_flat, out_spec = tree_flatten(result)
+    described: list[tuple[str, Any]] = []
+    for leaf in out_flat:
+        if not isinstance(leaf, torch.Tensor):
+            described.append(("value", leaf))
+            continue
+        position = positions.get(id(leaf))
+        if position is None:
+            described.append(("new", (tuple(leaf.shape), leaf.stride(), leaf.dtype)))
+            continue
+        if (tuple(leaf.shape), leaf.stride()) != shapes[position]:
+            raise MeshUsageError(
+                f"{func} changes the shape or strides of a mesh tensor in place, which is "
+                "not supported; use the out-of-place op"
+            )
+        described.append(("alias", position))
+    return described, out_spec
+
+
+@functools.cache
+def _is_factory(func: Any) -> bool:
+    """Ops that make tensors from nothing: they take a device and return tensors."""
+    schema = func._schema
+    return any(a.name == "device" for a in schema.arguments) and any(
+        "Tensor" in str(r.type) for r in schema.returns
+    )
+
+
+def _constant(value: torch.Tensor, view: View) -> MeshTensor:
+    """A controller value copied to every rank of ``view`` (small literals, weights)."""
+    engine = view.engine
+    ref = engine.new_ref()
+    engine.record(view.ranks, ("const", ref, value.detach().cpu().clone()))
+    meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    return MeshTensor(meta, view, ref)
+
+
+publish(globals())

@@ -1,0 +1,390 @@
+"""The rank side of the tensor engine: an actor that holds real tensors by ref id.
+
+The controller sends batches of ops (fire and forget, in order) to
+:class:`TensorWorker` on the ranks of a mesh; each op names its inputs and
+outputs by integer ref ids. An op that raises stores a :class:`DeferredError`
+in its outputs instead of a tensor, and ops that read such a ref store the
+same error without running, so every dependent names the root cause. The
+batch itself never raises: a failed broadcast would fail the whole mesh.
+
+Ops (tuples, first item the kind)::
+
+    ("op", outs, name, args, kwargs, src, factory)   an aten op; refs in args are Ref
+    ("const", out, tensor)                           a value sent by the controller
+    ("view", view_id, labels, sizes, ranks)          a DeviceMesh (sent to every rank)
+    ("coll", out, ref, view_id, kind, dims, reduce, arg, src, (shape, dtype))
+    ("dist", out, tensor, view_id, placements, src)  distribute_tensor
+    ("local" | "full", out, ref, src)                DTensor.to_local / full_tensor
+    ("send", xid, ref, ranks, src) / ("recv", out, xid, ranks, shape, dtype, src)
+    ("seed", seed) / ("drop", refs)
+
+This module imports nothing from the controller side.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import traceback
+from typing import Any
+
+from .._common._actors import Actor, endpoint
+from ._errors import DeferredError
+
+# How long a receiving rank waits for the sender's handle (the sender may be
+# busy with earlier work: stages of a pipeline run at their own pace).
+TRANSFER_TIMEOUT_S = 600.0
+# Up to this many elements, a reduction carries its failure flag as one more
+# element (a copy); past it, the flag is a collective of its own.
+_FLAG_RIDES_UP_TO = 1 << 18
+
+
+class Ref:
+    """A tensor named by its ref id inside an op's arguments."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, ref_id: int) -> None:
+        self.id = ref_id
+
+    def __reduce__(self):
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.id})"
+
+
+class TensorWorker(Actor):
+    """Holds this rank's tensors (``refs``) and runs the ops the controller sends."""
+
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch = torch
+        self.dist = dist
+        self.rank = int(os.environ.get("RANK", "0"))
+        cuda = torch.cuda.is_available() and bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(self.device)
+        if "OMP_NUM_THREADS" not in os.environ:
+            # As torchrun does: ranks sharing a host share its cores, or their
+            # spinning intra-op threads slow every op down many times over.
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        if not dist.is_initialized():  # a %%mesh cell may have done it already
+            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        self.store: Any = dist.PrefixStore(
+            "monarch_nb.tensor/", dist.distributed_c10d._get_default_store()
+        )
+        self.refs: dict[int, Any] = {}
+        self.meshes: dict[int, Any] = {}  # view id -> DeviceMesh
+        self.pinned: dict[str, Any] = {}  # done-key -> (RDMABuffer, tensor) being read
+        self._ops: dict[str, Any] = {}
+        self.unreported: list[DeferredError] = []  # failures of ops with no outputs
+
+    # -- endpoints --------------------------------------------------------------------
+
+    @endpoint
+    def device_name(self) -> str:
+        return str(self.device)
+
+    @endpoint
+    def run(self, batch: list[tuple]) -> None:
+        with self.torch.no_grad():
+            for i, op in enumerate(batch):
+                try:
+                    getattr(self, f"_{op[0]}")(*op[1:])
+                except KeyboardInterrupt as exc:
+                    for rest in batch[i:]:
+                        self._fail_outputs(rest, self._error(str(rest[0]), "", exc))
+                    return
+                except Exception as exc:  # a bug of ours, not the op's: keep the actor up
+                    error = self._error(str(op[0]), "", exc)
+                    self._fail_outputs(op, error)
+                    self.unreported.append(error)
+        if self.pinned:
+            self._release_read_buffers()
+
+    @endpoint
+    def read(self, ref: int, value_rank: int | None) -> tuple[str, Any]:
+        """``("err", DeferredError)`` or ``("ok", value)`` (value only on ``value_rank``)."""
+        value = self.refs.get(ref)
+        if self.unreported:
+            error, self.unreported = self.unreported[0], []
+            return ("err", error)
+        if isinstance(value, DeferredError):
+            return ("err", value)
+        if value is None:
+            return ("err", self._error("read", "", LookupError(f"no tensor with ref {ref}")))
+        if value_rank is not None and value_rank != self.rank:
+            return ("ok", None)
+        if hasattr(value, "to_local"):  # a DTensor: this rank's shard
+            value = value.to_local()
+        return ("ok", value.detach().cpu().clone())
+
+    @endpoint
+    def stats(self) -> dict[str, int]:
+        return {"refs": len(self.refs), "pinned": len(self.pinned), "meshes": len(self.meshes)}
+
+    # -- ops --------------------------------------------------------------------------
+
+    def _op(self, outs, name, args, kwargs, src, factory) -> None:
+        func = self._ops.get(name)
+        if func is None:
+            namespace, op, overload = name.split(".")
+            func = getattr(getattr(getattr(self.torch.ops, namespace), op), overload)
+            self._ops[name] = func
+        refs = self.refs
+        failed: list[DeferredError] = []
+
+        def resolve(x: Any) -> Any:
+            if type(x) is Ref:
+                value = refs[x.id]
+                if isinstance(value, DeferredError):
+                    failed.append(value)
+                return value
+            return x
+
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        raw = (args, kwargs)
+        args, kwargs = tree_map(resolve, raw)
+        if failed:
+            self._store(outs, failed[0])
+            return
+        if factory and kwargs.get("device") is None:
+            kwargs["device"] = self.device
+        try:
+            result = func(*args, **kwargs)
+        except Exception as exc:
+            error = self._error(name, src, exc)
+            if outs:
+                self._store(outs, error)
+            else:
+                # An op that only checks (torch.linalg's error checks): nothing to
+                # store it in, so its inputs carry it, and the next read on this
+                # rank reports it whatever it reads.
+                self._store([x.id for x in tree_leaves(raw) if type(x) is Ref], error)
+                self.unreported.append(error)
+            return
+        tensors = [x for x in tree_leaves(result) if isinstance(x, self.torch.Tensor)]
+        for ref, tensor in zip(outs, tensors, strict=False):
+            refs[ref] = tensor  # an in-place op's output is its input: same ref
+
+    def _const(self, out, tensor) -> None:
+        self.refs[out] = tensor.to(self.device)
+
+    def _drop(self, refs) -> None:
+        for ref in refs:
+            self.refs.pop(ref, None)
+
+    def _seed(self, seed) -> None:
+        self.torch.manual_seed(seed)
+
+    def _view(self, view_id, labels, sizes, ranks) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        # Every rank of the world takes part in making the groups, even ranks
+        # outside this view (torch.distributed.new_group is collective).
+        layout = self.torch.tensor(ranks).reshape(sizes)
+        self.meshes[view_id] = DeviceMesh(self.device.type, layout, mesh_dim_names=tuple(labels))
+
+    def _dist(self, out, tensor, view_id, placements, src) -> None:
+        from torch.distributed.tensor import distribute_tensor
+
+        try:
+            # Every rank got the whole value, so each takes its shard locally.
+            self.refs[out] = distribute_tensor(
+                tensor.to(self.device), self.meshes[view_id], placements, src_data_rank=None
+            )
+        except Exception as exc:
+            self.refs[out] = self._error("distribute", src, exc)
+
+    def _local(self, out, ref, src) -> None:
+        self._unary(out, ref, src, "to_local", _to_local)
+
+    def _full(self, out, ref, src) -> None:
+        self._unary(out, ref, src, "full_tensor", lambda t: t.full_tensor())
+
+    def _unary(self, out, ref, src, label, fn) -> None:
+        value = self.refs[ref]
+        if isinstance(value, DeferredError):
+            self.refs[out] = value
+            return
+        try:
+            self.refs[out] = fn(value)
+        except Exception as exc:
+            self.refs[out] = self._error(label, src, exc)
+
+    # -- collectives along named dimensions ------------------------------------------
+
+    def _coll(self, out, ref, view_id, kind, dims, reduce, arg, src, layout) -> None:
+        mesh = self.meshes[view_id]
+        value = self.refs[ref]
+        label = f"{kind}({', '.join(map(repr, dims))}{f', {reduce!r}' if reduce else ''})"
+        error = value if isinstance(value, DeferredError) else None
+        result = value
+        for dim in dims:
+            group = mesh.get_group(dim)
+            # A rank whose input failed still takes part, so the others do not
+            # hang; all then learn the root cause and store it.
+            try:
+                if kind != "reduce" or not self._flag_fits(reduce, layout):
+                    error = self._agree_on_error(error, group)
+                    if error is None:
+                        result = self._collective(kind, result, group, reduce, arg, out is None)
+                else:
+                    result, error = self._reduce_with_flag(result, error, group, reduce, layout)
+            except Exception as exc:
+                error = self._error(label, src, exc)
+            if error is not None:
+                break
+        if out is None:  # in place: the input ref now holds the result (or the error)
+            if error is None and result is not value:
+                value.copy_(result)
+            self.refs[ref] = error if error is not None else value
+        else:
+            self.refs[out] = error if error is not None else result
+
+    def _flag_fits(self, reduce: str, layout: tuple) -> bool:
+        """Whether a failure flag can ride along as one more element of the reduction
+        (one collective instead of two): small tensors of signed types, not product."""
+        shape, dtype = layout
+        numel = 1
+        for size in shape:
+            numel *= size
+        signed = dtype.is_floating_point or dtype in (self.torch.int32, self.torch.int64)
+        return reduce != "product" and signed and numel <= _FLAG_RIDES_UP_TO
+
+    def _reduce_with_flag(self, t, error, group, reduce, layout) -> tuple[Any, Any]:
+        torch, dist = self.torch, self.dist
+        shape, dtype = layout
+        failed = -1 if reduce == "min" else 1  # survives this reduction
+        flag = torch.tensor([0 if error is None else failed], dtype=dtype, device=self.device)
+        data = torch.zeros(shape, dtype=dtype, device=self.device) if error is not None else t
+        buffer = torch.cat([data.reshape(-1), flag])
+        op = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}[reduce]
+        dist.all_reduce(buffer, op=getattr(dist.ReduceOp, op), group=group)
+        if buffer[-1].item() != 0:
+            return None, self._gather_error(error, group)
+        result = buffer[:-1].reshape(shape)
+        if reduce == "avg":
+            result.div_(dist.get_world_size(group))
+        return result, None
+
+    def _agree_on_error(self, error: DeferredError | None, group: Any) -> DeferredError | None:
+        torch, dist = self.torch, self.dist
+        flag = torch.tensor([0 if error is None else 1], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if not flag.item():
+            return None
+        return self._gather_error(error, group)
+
+    def _gather_error(self, error: DeferredError | None, group: Any) -> DeferredError:
+        dist = self.dist
+        errors: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(errors, error, group=group)
+        return next(e for e in errors if e is not None)
+
+    def _collective(self, kind, t, group, reduce, arg, inplace) -> Any:
+        torch, dist = self.torch, self.dist
+        n = dist.get_world_size(group)
+        if kind == "reduce" or kind == "reduce_scatter":
+            x = t if inplace else t.clone()
+            ops = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "product": "PRODUCT"}
+            dist.all_reduce(x, op=getattr(dist.ReduceOp, ops[reduce]), group=group)
+            if reduce == "avg":
+                x.div_(n)
+            if kind == "reduce_scatter":
+                x = x.chunk(n)[dist.get_rank(group)].clone()
+            return x
+        if kind == "all_gather":
+            parts = [torch.empty_like(t) for _ in range(n)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            return torch.stack(parts)
+        if kind == "broadcast":
+            x = t if inplace else t.clone()
+            dist.broadcast(x, src=dist.get_global_rank(group, arg), group=group)
+            return x
+        raise ValueError(f"unknown collective {kind!r}")
+
+    # -- moving tensors between meshes over the data plane ----------------------------
+
+    def _send(self, xid, ref, ranks, src) -> None:
+        from ..native import RDMABuffer
+
+        key = f"{xid}/{ranks.index(self.rank)}"
+        value = self.refs[ref]
+        try:
+            if isinstance(value, DeferredError):
+                raise _Failed(value)
+            tensor = value.detach().contiguous()
+            if tensor.device.type != "cpu":
+                tensor = tensor.cpu()  # CUDA IPC is not wired into the engine yet
+            buffer = RDMABuffer(tensor)
+            self.pinned[f"{key}/done"] = (buffer, tensor)
+            self.store.set(key, pickle.dumps(("ok", buffer)))
+        except _Failed as failed:
+            self.store.set(key, pickle.dumps(("err", failed.error)))
+        except Exception as exc:
+            self.store.set(key, pickle.dumps(("err", self._error("to_mesh", src, exc))))
+
+    def _recv(self, out, xid, ranks, shape, dtype, src) -> None:
+        from datetime import timedelta
+
+        key = f"{xid}/{ranks.index(self.rank)}"
+        try:
+            self.store.wait([key], timedelta(seconds=TRANSFER_TIMEOUT_S))
+        except Exception as exc:
+            self.refs[out] = self._error("to_mesh", src, exc)
+            return
+        status, payload = pickle.loads(self.store.get(key))
+        if status == "err":
+            self.refs[out] = payload
+            return
+        try:
+            tensor = self.torch.empty(shape, dtype=dtype)
+            payload.read_into(tensor).get()
+            self.refs[out] = tensor.to(self.device)
+        except Exception as exc:
+            self.refs[out] = self._error("to_mesh", src, exc)
+        finally:
+            self.store.set(f"{key}/done", b"1")
+            self.store.delete_key(key)
+
+    def _release_read_buffers(self) -> None:
+        done = [key for key in self.pinned if self.store.check([key])]
+        for key in done:
+            buffer, _ = self.pinned.pop(key)
+            buffer.drop()
+            self.store.delete_key(key)
+
+    # -- failures ---------------------------------------------------------------------
+
+    def _error(self, op: str, src: str, exc: BaseException) -> DeferredError:
+        text = "".join(traceback.format_exception_only(type(exc), exc))
+        return DeferredError(op, src, self.rank, type(exc).__name__, str(exc), text)
+
+    def _store(self, outs, error: DeferredError) -> None:
+        for ref in outs:
+            self.refs[ref] = error
+
+    def _fail_outputs(self, op: tuple, error: DeferredError) -> None:
+        kind = op[0]
+        if kind == "op":
+            self._store(op[1], error)
+        elif kind in ("const", "dist", "local", "full", "recv"):
+            self.refs[op[1]] = error
+        elif kind == "coll":  # in place (no output ref): the input holds the error
+            self.refs[op[1] if op[1] is not None else op[2]] = error
+
+
+def _to_local(t: Any) -> Any:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class _Failed(Exception):
+    def __init__(self, error: DeferredError) -> None:
+        self.error = error
