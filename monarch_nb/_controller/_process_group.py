@@ -644,18 +644,25 @@ class ProcGroup:
     # -- stopping ---------------------------------------------------------------------
 
     def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """Ask every worker to exit, kill what is left after ``grace`` s (blocking)."""
+        """Ask every worker to exit, kill what is left after ``grace`` s (blocking).
+
+        Ranks still running user code are interrupted first: whoever waited for
+        that work is told the mesh stopped, so finishing it would only delay
+        the exit (a rank stuck in C is killed after ``grace``)."""
         if isinstance(self.state, Stopped):
             return
         workers = self.workers
         message = self.signer.encode(Shutdown())
         live = tuple(w.rank for w in workers if w.returncode is None)
+        busy = tuple(r for r in live if self.rank_state(r) is ev.RankState.BUSY)
         # Stopped first: a worker that exits on the shutdown must not look like a crash.
         self.controller.end_group(
             self,
             Stopped(),
             MeshFailure(f"process mesh {self.name!r} was stopped", ranks=self.shape.ranks),
         )
+        if busy:
+            self.controller.send(self, busy, self.signer.encode(Interrupt(0)), even_if_failed=True)
         self.controller.send(self, live, message, even_if_failed=True)
         deadline = time.monotonic() + grace
         for w in workers:
