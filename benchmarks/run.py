@@ -20,12 +20,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 1 GiB rows")
     parser.add_argument(
         "--only",
-        choices=["runtime", "native", "notebook", "scale", "chaos", "multihost"],
+        choices=["runtime", "native", "notebook", "scale", "chaos", "multihost", "tensor"],
         action="append",
         help="run just these",
     )
     args = parser.parse_args(argv)
-    wanted = args.only or ["runtime", "native", "notebook", "scale", "chaos", "multihost"]
+    wanted = args.only or ["runtime", "native", "notebook", "scale", "chaos", "multihost", "tensor"]
 
     if "runtime" in wanted:
         runtime = importlib.import_module("bench_runtime")
@@ -55,6 +55,10 @@ def main(argv: list[str] | None = None) -> None:
         print("## Multi-host (network-namespace hosts through ssh)\n")
         multihost.main(["--quick"] if args.quick else [])
         print(flush=True)
+    if "tensor" in wanted:
+        tensor = importlib.import_module("bench_tensor")
+        print("## Tensor engine (mesh tensors driven from the controller)\n")
+        print(tensor.table(tensor.run(quick=args.quick)), "\n", flush=True)
 
 
 if __name__ == "__main__":
