@@ -10,6 +10,7 @@ from torch import nn
 import monarch_nb
 from monarch_nb import MeshTensor, MeshUsageError, distribute, module_to_mesh
 from monarch_nb.tensor import MeshTensorError, Replicate, Shard, manual_seed, ref_counts
+from monarch_nb.tensor._engine import engine_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -315,6 +316,33 @@ def test_a_failure_on_some_ranks_reaches_collectives_without_a_hang(procs):
     with pytest.raises(MeshTensorError, match=r"empty.*failed on rank\(s\) 0-3"):
         monarch_nb.show(huge)
     assert monarch_nb.inspect(v.reduce("procs"), procs=1).tolist() == [6.0]
+
+
+def test_consecutive_in_place_reductions_share_one_collective(procs):
+    # A loop of p.grad.reduce_(...) is fused on the ranks into one flat all-reduce
+    # (as DDP buckets gradients): the values are those of separate reductions,
+    # and a failure on some ranks still reaches every fused tensor, without a hang.
+    v = rank_values(procs)  # rank r holds r
+    fused_before = engine_for(procs).stats()[0]["fused"]
+    with procs.activate():
+        a = torch.ones(2, 3) * v
+        b = torch.ones(5) * (v + 1)
+        c = torch.ones(1) * 7 + v * 0
+        for t in (a, b, c):
+            t.reduce_("procs", "avg")
+    assert monarch_nb.inspect(a, procs=3).tolist() == [[1.5] * 3] * 2
+    assert monarch_nb.inspect(b, procs=0).tolist() == [2.5] * 5
+    assert monarch_nb.inspect(c, procs=1).tolist() == [7.0]
+    assert engine_for(procs).stats()[0]["fused"] == fused_before + 2  # three as one
+    with procs.activate():
+        good = torch.ones(3) * v
+        bad = torch.ones(2)[v.long()]  # fails on ranks 2 and 3 only
+        for t in (good, bad):
+            t.reduce_("procs", "sum")
+    for t in (good, bad):
+        with pytest.raises(MeshTensorError, match=r"index.*rank\(s\) [23]"):
+            t.fetch().get(timeout=30)
+    assert monarch_nb.inspect(v.reduce("procs"), procs=2).tolist() == [6.0]
 
 
 # -- 7. memory on the ranks stays bounded ------------------------------------------------

@@ -37,6 +37,9 @@ TRANSFER_TIMEOUT_S = 600.0
 # Up to this many elements, a reduction carries its failure flag as one more
 # element (a copy); past it, the flag is a collective of its own.
 _FLAG_RIDES_UP_TO = 1 << 18
+# Consecutive in-place reductions are fused into one collective up to this many
+# elements in all (DDP's default bucket is 25 MB; this is 16 MiB of float32).
+_FUSE_UP_TO = 1 << 22
 
 
 class Ref:
@@ -83,6 +86,7 @@ class TensorWorker(Actor):
         self.pinned: dict[str, Any] = {}  # done-key -> (RDMABuffer, tensor) being read
         self._ops: dict[str, Any] = {}
         self.unreported: list[DeferredError] = []  # failures of ops with no outputs
+        self.fused = 0  # reductions that shared a collective with the one before
 
     # -- endpoints --------------------------------------------------------------------
 
@@ -93,17 +97,25 @@ class TensorWorker(Actor):
     @endpoint
     def run(self, batch: list[tuple]) -> None:
         with self.torch.no_grad():
-            for i, op in enumerate(batch):
+            i = 0
+            while i < len(batch):
+                op = batch[i]
+                fused = self._fusable_run(batch, i)
                 try:
-                    getattr(self, f"_{op[0]}")(*op[1:])
+                    if len(fused) > 1:
+                        self._coll_fused(fused)
+                    else:
+                        getattr(self, f"_{op[0]}")(*op[1:])
                 except KeyboardInterrupt as exc:
                     for rest in batch[i:]:
                         self._fail_outputs(rest, self._error(str(rest[0]), "", exc))
                     return
                 except Exception as exc:  # a bug of ours, not the op's: keep the actor up
                     error = self._error(str(op[0]), "", exc)
-                    self._fail_outputs(op, error)
+                    for each in fused or [op]:
+                        self._fail_outputs(each, error)
                     self.unreported.append(error)
+                i += max(1, len(fused))
         if self.pinned:
             self._release_read_buffers()
 
@@ -126,7 +138,12 @@ class TensorWorker(Actor):
 
     @endpoint
     def stats(self) -> dict[str, int]:
-        return {"refs": len(self.refs), "pinned": len(self.pinned), "meshes": len(self.meshes)}
+        return {
+            "refs": len(self.refs),
+            "pinned": len(self.pinned),
+            "meshes": len(self.meshes),
+            "fused": self.fused,
+        }
 
     # -- ops --------------------------------------------------------------------------
 
@@ -247,6 +264,71 @@ class TensorWorker(Actor):
             self.refs[ref] = error if error is not None else value
         else:
             self.refs[out] = error if error is not None else result
+
+    def _fusable_run(self, batch: list[tuple], start: int) -> list[tuple]:
+        """The in-place reductions starting at ``start`` that can share one collective:
+        consecutive, same view, dimensions, reduction and dtype (a loop of
+        ``p.grad.reduce_("dp", "avg")``, as DDP's gradient buckets). Every rank
+        sees the same batch, so every rank fuses the same way."""
+        first = batch[start]
+        if not self._fusable(first):
+            return []
+        key = (first[3], first[5], first[6], first[9][1])
+        run = [first]
+        total = _numel(first[9][0])
+        for op in batch[start + 1 :]:
+            if not self._fusable(op) or (op[3], op[5], op[6], op[9][1]) != key:
+                break
+            total += _numel(op[9][0])
+            if total > _FUSE_UP_TO:
+                break
+            run.append(op)
+        return run
+
+    def _fusable(self, op: tuple) -> bool:
+        return (
+            op[0] == "coll"
+            and op[1] is None  # in place
+            and op[4] == "reduce"
+            and self._flag_fits(op[6], (op[9][0], op[9][1]))
+            and op[9][1].is_floating_point
+        )
+
+    def _coll_fused(self, ops: list[tuple]) -> None:
+        """Several in-place reductions as one flat all-reduce (with the failure flag
+        as its last element); each input gets its part back, or the root cause."""
+        torch = self.torch
+        self.fused += len(ops) - 1
+        _, _, _, view_id, _, dims, reduce, _, _, (_, dtype) = ops[0]
+        mesh = self.meshes[view_id]
+        values = [self.refs[op[2]] for op in ops]
+        shapes = [op[9][0] for op in ops]
+        error = next((v for v in values if isinstance(v, DeferredError)), None)
+        parts = [
+            torch.zeros(shape, dtype=dtype, device=self.device)
+            if isinstance(value, DeferredError)
+            else value
+            for value, shape in zip(values, shapes, strict=True)
+        ]
+        flat = torch.cat([part.reshape(-1) for part in parts])
+        for dim in dims:
+            group = mesh.get_group(dim)
+            try:
+                layout = (tuple(flat.shape), dtype)
+                flat, error = self._reduce_with_flag(flat, error, group, reduce, layout)
+            except Exception as exc:
+                error = self._error(f"reduce({dim!r}, {reduce!r})", ops[0][8], exc)
+            if error is not None:
+                break
+        if error is not None:
+            for op in ops:
+                self.refs[op[2]] = error
+            return
+        offset = 0
+        for value, shape in zip(values, shapes, strict=True):
+            n = _numel(shape)
+            value.copy_(flat[offset : offset + n].reshape(shape))
+            offset += n
 
     def _flag_fits(self, reduce: str, layout: tuple) -> bool:
         """Whether a failure flag can ride along as one more element of the reduction
@@ -379,6 +461,13 @@ class TensorWorker(Actor):
             self.refs[op[1]] = error
         elif kind == "coll":  # in place (no output ref): the input holds the error
             self.refs[op[1] if op[1] is not None else op[2]] = error
+
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
 
 
 def _to_local(t: Any) -> Any:
