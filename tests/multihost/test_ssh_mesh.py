@@ -167,3 +167,21 @@ def test_the_agent_runs_the_remote_python(cluster2) -> None:
     with pytest.raises(MeshFailure, match=r"(?s)ssh to .* ended .*(No such file|not found)"):
         start_hosts(cluster2, python="/nonexistent/python3", timeout=30)
     assert os.path.exists(sys.executable)
+
+
+def test_tensor_engine_across_hosts(hosts) -> None:
+    # Mesh tensors on ranks of two hosts: a collective along "hosts" runs over
+    # gloo between them, and to_mesh() moves bytes host to host over the data
+    # plane's TCP transport.
+    torch = pytest.importorskip("torch")
+    import monarch_nb
+
+    with hosts.spawn_procs({"procs": 1}) as procs:
+        with procs.activate():
+            x = torch.ones(4) * 2
+            total = x.reduce("hosts", "sum")
+        assert monarch_nb.inspect(total, hosts=1, procs=0).tolist() == [4.0] * 4
+        with procs.slice(hosts=0).activate():
+            h = torch.arange(1 << 16, dtype=torch.float32)
+        moved = h.to_mesh(procs.slice(hosts=1))
+        assert monarch_nb.inspect(moved.sum(), procs=0).item() == float(sum(range(1 << 16)))
