@@ -70,12 +70,20 @@ x, y = X.chunk(world)[rank], Y.chunk(world)[rank]
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 """
 
+# Gradients averaged in one flat all-reduce, as DDP's buckets do (and as the
+# tensor engine's ranks fuse a loop of p.grad.reduce_()): the same algorithm
+# on every side of the comparison.
 STEP = """
 loss = ((model(x) - y) ** 2).mean()
 loss.backward()
-for p in model.parameters():
-    dist.all_reduce(p.grad)
-    p.grad /= world
+grads = [p.grad for p in model.parameters()]
+flat = torch.cat([g.reshape(-1) for g in grads])
+dist.all_reduce(flat)
+flat /= world
+offset = 0
+for g in grads:
+    g.copy_(flat[offset : offset + g.numel()].reshape(g.shape))
+    offset += g.numel()
 opt.step()
 opt.zero_grad()
 """
