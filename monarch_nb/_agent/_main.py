@@ -62,7 +62,7 @@ from .._common._messages import (
     WorkerStarted,
 )
 from .._common._spawn import start_worker
-from .._common._wire import OWN, RELAY, ReplayWindow, Signer, WireStats
+from .._common._wire import OWN, RELAY, ReplayWindow, Signer, WireStats, forward, receive
 
 _log = logging.getLogger("monarch_nb.agent")
 _CHUNK = 65536
@@ -192,15 +192,14 @@ class Agent:
 
     def _from_controller(self) -> None:
         while True:
-            try:
-                frames = self.up.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = receive(self.up)
+            if frames is None:
                 return
             envelope = frames[0].bytes
             if envelope.startswith(RELAY):
                 body = frames[1:]
                 for identity in envelope[1:].split(b"\n"):
-                    self.down.send_multipart([identity, *body], copy=False)
+                    forward(self.down, body, identity)
                 self.last_heard = time.monotonic()
             elif envelope == OWN:
                 try:
@@ -234,16 +233,15 @@ class Agent:
 
     def _from_workers(self) -> None:
         while True:
-            try:
-                frames = self.down.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = receive(self.down)
+            if frames is None:
                 return
             child = self.children.get(frames[0].bytes)
             if child is not None:  # what it printed before this reply goes first
                 for fd in list(child.pipes):
                     while fd in self._fd_owner and self._read_pipe(child, fd, drain=True):
                         pass
-            self.up.send_multipart(frames, copy=False)
+            forward(self.up, frames)
 
     # -- workers ----------------------------------------------------------------------
 

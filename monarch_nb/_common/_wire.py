@@ -187,6 +187,18 @@ def receive(socket: zmq.Socket) -> list[zmq.Frame] | None:
     return frames
 
 
+def forward(socket: zmq.Socket, frames: Sequence[Any], identity: bytes | None = None) -> None:
+    """Send received ``frames`` on, unchanged (a host agent's relay): plain-int
+    flags, and small frames copied (cheaper than pinning them), as :meth:`Encoded.send`."""
+    send = socket.send
+    if identity is not None:
+        send(identity, _SNDMORE)
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        big = len(frame) >= _ZERO_COPY_BYTES
+        send(frame if big else frame.bytes, _SNDMORE if i < last else 0, copy=not big)
+
+
 class Signer:
     """Signs and verifies messages with one key; tracks the send sequence."""
 
