@@ -325,3 +325,15 @@ def _attach_when_listening(addresses: list[str], key_file: str):
                     break
             time.sleep(0.1)
     return attach(addresses, key_file=key_file)
+
+
+def test_shutting_down_the_hosts_stops_their_meshes_cleanly(caplog) -> None:
+    with local_hosts(2) as hosts:
+        procs = hosts.spawn_procs({"procs": 1})
+        pids = procs.pids
+    # The context manager's shutdown stopped the mesh first: stopped, not failed
+    # (no rank reported killed), and every process is gone.
+    assert procs.state == "stopped"
+    assert procs.failure is None
+    assert "killed" not in caplog.text
+    assert not wait_for_exit(set(pids), 10)

@@ -295,9 +295,16 @@ class HostAgents:
         self.controller.send_to_agent(agent.identity, self.signer.encode(message))
 
     def shutdown(self, grace: float = 5.0) -> None:
-        """Stop every agent (they kill their workers) and the launchers (blocking)."""
+        """Stop the process meshes on these hosts, then every agent and the
+        launchers (blocking)."""
         if self.shut_down:
             return
+        # Stopped on purpose, not failed: the meshes first, as their owner would.
+        for group in self.controller.run(self._groups):
+            try:
+                group.stop(grace)
+            except Exception:
+                _log.exception("monarch_nb: could not stop %r", group.name)
         self.shut_down = True
         for agent in self.agents:
             if agent.lost is None and agent.ready.is_set():
@@ -326,6 +333,14 @@ class HostAgents:
         self.controller.run(forget)
 
     # -- I/O thread -------------------------------------------------------------------
+
+    def _groups(self) -> list[ProcGroup]:
+        """The process meshes with live workers on these hosts."""
+        found: dict[int, ProcGroup] = {}
+        for agent in self.agents:
+            for group, _ in agent.workers.values():
+                found[group.id] = group
+        return list(found.values())
 
     def on_agent_message(self, agent: AgentLink, frames: list[Any]) -> None:
         try:
