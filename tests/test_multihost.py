@@ -122,7 +122,7 @@ def test_a_silent_host_is_lost_within_the_timeout_and_only_its_ranks_fail() -> N
         started = time.monotonic()
         with pytest.raises(MeshFailure, match=r"host host1 .* stopped answering") as info:
             call.get(timeout=15)
-        assert time.monotonic() - started < 2.0 + 1.5
+        assert time.monotonic() - started < 2.0 + 3.0  # the timeout, a tick, a loaded CI
         assert info.value.ranks == (2, 3)
         states = {r.rank: r.state for r in procs.status().ranks}
         assert states[2] is RankState.DEAD
@@ -146,7 +146,7 @@ def test_a_killed_agent_fails_its_host_at_once() -> None:
         started = time.monotonic()
         with pytest.raises(MeshFailure, match=r"host host0 .* lost its agent") as info:
             call.get(timeout=10)
-        assert time.monotonic() - started < 2.0  # seen by the launcher's exit, not a timeout
+        assert time.monotonic() - started < 4.0  # the launcher's exit, not the 5 s timeout
         assert info.value.ranks == (0,)
         with pytest.raises(MeshFailure, match="host host0 is lost"):
             procs.restart()

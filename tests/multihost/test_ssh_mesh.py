@@ -108,7 +108,7 @@ def test_a_cut_cable_fails_exactly_that_hosts_ranks_and_its_agent_cleans_up(
         started = time.monotonic()
         with pytest.raises(MeshFailure, match=rf"host {cluster.hosts[1]} .*stopped answering"):
             call.get(timeout=30)
-        assert time.monotonic() - started <= HEARTBEAT_TIMEOUT_S + 1.5
+        assert time.monotonic() - started <= HEARTBEAT_TIMEOUT_S + 3.0  # + a tick, loaded CI
         assert procs.failure.ranks == (2, 3)
         states = [r.state for r in procs.status().ranks]
         assert states[2:] == [RankState.DEAD, RankState.DEAD]
@@ -135,7 +135,7 @@ def test_a_killed_host_fails_its_ranks_at_once(netns_cluster) -> None:
         started = time.monotonic()
         with pytest.raises(MeshFailure, match=rf"host {cluster.hosts[0]} .*lost its agent"):
             call.get(timeout=30)
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 5.0  # not the 30 s heartbeat timeout
         assert procs.failure.ranks == (0,)
         procs.stop()
     finally:
