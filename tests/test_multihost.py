@@ -99,6 +99,19 @@ def test_gloo_all_reduce_across_hosts(hosts2) -> None:
         assert list(result.values()) == [[6.0, 6.0]] * 4
 
 
+def test_gpus_are_the_hosts_own_and_counted_there(monkeypatch) -> None:
+    # Each agent hands out the GPUs its host lets it see; too many is refused
+    # before anything starts, naming the host.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # what the "hosts" see
+    with local_hosts(2) as hosts:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # the controller has none
+        with hosts.spawn_procs({"gpus": 2}) as procs:
+            seen = procs.run("import os; os.environ['CUDA_VISIBLE_DEVICES']")
+            assert list(seen.values()) == ["3", "5", "3", "5"]
+        with pytest.raises(MeshUsageError, match="needs 3 GPUs but host host0 has 2 visible"):
+            hosts.spawn_procs({"gpus": 3})
+
+
 def test_a_killed_remote_rank_fails_the_mesh_naming_it_and_restart_works(hosts2) -> None:
     with hosts2.spawn_procs({"procs": 2}) as procs:
         victim = procs.pids[3]

@@ -94,10 +94,7 @@ class Agent:
         self.stopping = False
         self.last_heard = time.monotonic()
         self.connected = listen is None  # an attached agent waits for a controller
-        self.down = self.context.socket(zmq.ROUTER)
-        self.down.setsockopt(zmq.LINGER, 0)
-        self.down.setsockopt(zmq.SNDHWM, 0)
-        self.down.setsockopt(zmq.RCVHWM, 0)
+        self.down = self._socket(zmq.ROUTER)
         self.down.bind("tcp://127.0.0.1:*")
         self.down_address = self.down.getsockopt_string(zmq.LAST_ENDPOINT)
         self.up = self._open_up()
@@ -106,11 +103,17 @@ class Agent:
 
     # -- sockets ------------------------------------------------------------------
 
+    def _socket(self, kind: int) -> zmq.Socket:
+        """No lingering at exit and no high-water mark: the agent relays, it never
+        decides to drop (the controller and the workers bound what is in flight)."""
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        return sock
+
     def _open_up(self) -> zmq.Socket:
-        up = self.context.socket(zmq.DEALER)
-        up.setsockopt(zmq.LINGER, 0)
-        up.setsockopt(zmq.SNDHWM, 0)
-        up.setsockopt(zmq.RCVHWM, 0)
+        up = self._socket(zmq.DEALER)
         up.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # notice a dead TCP peer at the zmq level too
         keys = self.config["curve"]
         if self.listen is None:
@@ -134,7 +137,12 @@ class Agent:
         self.address = address
         self.send_own(
             AgentHello(
-                self.host_index, socket.gethostname(), address, os.getpid(), _network.free_port()
+                self.host_index,
+                socket.gethostname(),
+                address,
+                os.getpid(),
+                _network.free_port(),
+                len(_network.visible_gpus()),
             )
         )
 

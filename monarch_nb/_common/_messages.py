@@ -337,7 +337,8 @@ class DebugEnded(Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class AgentHello(Message):
-    """An agent is up: where it runs, and a free port there (for MASTER_PORT)."""
+    """An agent is up: where it runs, a free port there (for MASTER_PORT), and how
+    many GPUs it may hand out (its CUDA_VISIBLE_DEVICES, or every GPU)."""
 
     TAG: ClassVar[int] = 60
     host_index: int
@@ -345,6 +346,7 @@ class AgentHello(Message):
     address: str  # the address this host reaches the controller from
     pid: int
     free_port: int
+    gpus: int
 
 
 @_message

@@ -102,11 +102,13 @@ class AgentLink:
         self.hosts = hosts
         self.index = index
         self.label = label  # the name the user gave (a host name, an address)
+        self.named_by_agent = False  # srun chose the node: its hello names it
         self.identity = f"agent-{hosts.id}-{index}".encode()
         self.hostname = ""
         self.address = ""
         self.pid = 0
         self.free_port = 0
+        self.gpus = 0  # as the agent sees them
         self.window = ReplayWindow()
         self.ready = threading.Event()
         self.last_heard = time.monotonic()
@@ -371,13 +373,13 @@ class HostAgents:
                     worker.returncode = returncode
                     worker.exited.set()
                     group.worker_exited(worker)
-            case AgentHello(index, hostname, address, pid, free_port):
+            case AgentHello(index, hostname, address, pid, free_port, gpus):
                 if index != agent.index:
                     _log.error("monarch_nb: agent %s said it is host %d", agent.label, index)
                     return
                 agent.hostname, agent.address, agent.pid = hostname, address, pid
-                agent.free_port = free_port
-                if agent.label.startswith("agent "):  # srun: the node's name, now known
+                agent.free_port, agent.gpus = free_port, gpus
+                if agent.named_by_agent:
                     agent.label = hostname
                 agent.ready.set()
             case _:

@@ -20,7 +20,7 @@ import os
 import shlex
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from .._common import _keys, _network
@@ -61,16 +61,14 @@ def ssh_hosts(
     agents = HostAgents(controller, hosts, timeout_s=heartbeat_timeout)
     endpoint = agents.listen(bind)
     remote = shlex.join([python or sys.executable, "-m", "monarch_nb.agent"])
-    try:
+
+    def start() -> None:
         for agent in agents.agents:
             boot = json.dumps(agents.bootstrap(endpoint, agent)).encode() + b"\n"
             argv = [*ssh, *ssh_options, agent.label, remote]
             agents.start_process(f"ssh to {agent.label}", argv, [boot], [agent])
-    except BaseException:
-        agents.shutdown()
-        raise
-    agents.wait_ready(timeout)
-    return HostMesh(controller, agents)
+
+    return _started(agents, start, timeout)
 
 
 def slurm_hosts(
@@ -101,8 +99,10 @@ def slurm_hosts(
     controller = controller or Controller.get()
     bind = bind or _network.default_address()
     agents = HostAgents(
-        controller, [f"agent {i}" for i in range(nodes)], timeout_s=heartbeat_timeout
+        controller, [f"node {i}" for i in range(nodes)], timeout_s=heartbeat_timeout
     )
+    for agent in agents.agents:
+        agent.named_by_agent = True
     endpoint = agents.listen(bind)
     argv = [
         *srun,
@@ -122,13 +122,8 @@ def slurm_hosts(
             argv.append(f"{flag}={value}")
     argv += [*srun_args, python or sys.executable, "-m", "monarch_nb.agent"]
     boot = json.dumps(agents.bootstrap(endpoint, None)).encode() + b"\n"
-    try:
-        agents.start_process("srun", argv, [boot], agents.agents)
-    except BaseException:
-        agents.shutdown()
-        raise
-    agents.wait_ready(timeout)
-    return HostMesh(controller, agents)
+    every = agents.agents
+    return _started(agents, lambda: agents.start_process("srun", argv, [boot], every), timeout)
 
 
 def attach(
@@ -153,7 +148,8 @@ def attach(
     controller = controller or Controller.get()
     agents = HostAgents(controller, addresses, keys=keys, timeout_s=heartbeat_timeout)
     curve = keys["curve"]
-    try:
+
+    def start() -> None:
         for agent in agents.agents:
             host = socket.gethostbyname(urlsplit(agent.label).hostname or "")
 
@@ -169,11 +165,20 @@ def attach(
             controller.run(connect)
             agent.connected_to = agent.label
             agents.send(agent, AgentAttach(host))
+
+    return _started(agents, start, timeout)
+
+
+def _started(agents: HostAgents, start: Callable[[], None], timeout: float) -> HostMesh:
+    """Run ``start`` (launch or reach the agents), wait until each said hello; on
+    any failure stop whatever did start before raising."""
+    try:
+        start()
     except BaseException:
         agents.shutdown()
         raise
     agents.wait_ready(timeout)
-    return HostMesh(controller, agents)
+    return HostMesh(agents.controller, agents)
 
 
 def _host_list(hosts: Sequence[str], what: str) -> list[str]:

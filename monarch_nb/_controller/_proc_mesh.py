@@ -317,6 +317,9 @@ class HostMesh:
                 raise MeshUsageError('per_host cannot name a "hosts" dimension: it is the hosts')
             if agents.shut_down:
                 raise MeshUsageError("this host mesh was shut down; start a new one")
+            if gpus:
+                for agent in agents.agents:
+                    check_gpus(per_host["gpus"], agent.gpus, f"host {agent.label}")
             sizes = {"hosts": len(agents.agents), **per_host}
         controller = self._controller or Controller.get()
         group = ProcGroup(

@@ -840,10 +840,12 @@ def _describe_ranks(ranks: tuple[int, ...]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def check_gpus(count: int) -> None:
-    available = len(visible_gpus())
+def check_gpus(count: int, available: int | None = None, host: str = "this host") -> None:
+    """Refuse ``{"gpus": count}`` on a host with fewer visible (default: this one)."""
+    if available is None:
+        available = len(visible_gpus())
     if count > available:
         raise MeshUsageError(
-            f"per_host={{'gpus': {count}}} needs {count} GPUs but this host has {available} "
+            f"per_host={{'gpus': {count}}} needs {count} GPUs but {host} has {available} "
             "visible; ask for fewer, or use {'procs': N} for CPU ranks"
         )

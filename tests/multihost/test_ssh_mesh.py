@@ -157,8 +157,12 @@ def test_notebook_start_over_ssh(cluster2) -> None:
         for name in cluster2.hostnames:
             assert name in text
         kernel.ok("%mesh stop")
-        agents = kernel.ok("import psutil, os\n[p.pid for p in psutil.Process().children()]")
-        assert "monarch_nb.agent" not in str(agents.text())
+        left = kernel.ok(
+            "import psutil\n"
+            "print([' '.join(p.cmdline()) for p in psutil.Process().children(recursive=True)\n"
+            "       if p.status() != psutil.STATUS_ZOMBIE])"
+        )
+        assert "monarch_nb.agent" not in left.stream()  # no ssh to an agent is left
 
 
 def test_the_agent_runs_the_remote_python(cluster2) -> None:
