@@ -1,0 +1,73 @@
+"""A private directory for this process tree's ``ipc://`` sockets.
+
+Unix sockets are files: whoever may open the file may connect. The first
+process of a tree (a controller) makes one directory, mode 0700, and every
+process it starts inherits its path (``MONARCH_NB_RUN_DIR``, set in the
+child's environment: a path, not a secret), so only our own uid can reach the
+sockets inside it at all. The directory is removed when the process that made
+it exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import stat
+import tempfile
+import threading
+
+ENV_VAR = "MONARCH_NB_RUN_DIR"
+# sockaddr_un.sun_path is 108 bytes with its NUL: keep room for a socket's name.
+_MAX_DIR_CHARS = 70
+
+_lock = threading.Lock()
+_path: str | None = None
+
+
+def run_dir() -> str:
+    """This tree's private socket directory, made (0700) on first use if inherited none."""
+    global _path
+    with _lock:
+        if _path is not None and os.path.isdir(_path):
+            return _path
+        inherited = os.environ.get(ENV_VAR)
+        if inherited and _is_private(inherited):
+            _path = inherited
+            return _path
+        _path = _make()
+        os.environ[ENV_VAR] = _path
+        return _path
+
+
+def socket_path(name: str) -> str:
+    """``ipc://`` address of a socket called ``name`` in the run directory."""
+    return f"ipc://{os.path.join(run_dir(), name)}"
+
+
+def _make() -> str:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    if len(base) > _MAX_DIR_CHARS - 20 or not os.access(base, os.W_OK):
+        base = tempfile.gettempdir()
+    path = tempfile.mkdtemp(prefix="monarch_nb-", dir=base)  # mode 0700, ours
+    creator = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == creator:  # not in a forked child that inherited the handler
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
+    return path
+
+
+def _is_private(path: str) -> bool:
+    """A directory we own that nobody else may enter (else we make our own)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(info.st_mode)
+        and info.st_uid == os.getuid()
+        and not info.st_mode & (stat.S_IRWXG | stat.S_IRWXO)
+    )
