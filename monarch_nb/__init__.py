@@ -43,10 +43,10 @@ if TYPE_CHECKING:
         SpawnError,
     )
     from ._common._future import Future
+    from ._common._pending import ReplyStream
     from ._common._shape import Point, Shape
     from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
-    from ._controller._calls import ReplyStream
     from ._controller._events import RankState
     from ._controller._launchers import attach, slurm_hosts, ssh_hosts
     from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
@@ -81,7 +81,7 @@ _DEFINED_IN = {
     "RankStatus": "_controller._status",
     "RemoteError": "_common._errors",
     "RemoteFailure": "_common._errors",
-    "ReplyStream": "_controller._calls",
+    "ReplyStream": "_common._pending",
     "SerializationError": "_common._errors",
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",

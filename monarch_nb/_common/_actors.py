@@ -6,8 +6,9 @@ to construct the actors and run the endpoints.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from ._public import publish
 
@@ -37,13 +38,61 @@ class Actor:
         return False
 
 
-def endpoint(method: Callable[P, R]) -> Callable[P, R]:
+_RESPONSE_PORT_MARK = "_monarch_nb_explicit_response_port"
+_CONCURRENT_MARK = "_monarch_nb_concurrent"
+
+
+def endpoint(
+    method: Callable[P, R] | None = None,
+    *,
+    explicit_response_port: bool = False,
+    propagate: Any = None,
+    instrument: bool = False,
+) -> Any:
     """Mark an actor method (sync or ``async def``) as callable across the mesh.
 
+    ``@endpoint`` or ``@endpoint(...)``. With ``explicit_response_port=True``
+    the method gets a :class:`~monarch_nb.actor.Port` after ``self`` and answers
+    by ``port.send(value)`` (or ``port.exception(exc)``), from any thread and at
+    any time, instead of returning. ``propagate`` and ``instrument`` are
+    accepted for Monarch's API (the tensor engine infers shapes itself).
     Inside the actor the method stays an ordinary method.
     """
-    setattr(method, _ENDPOINT_MARK, True)
-    return method
+
+    def mark(fn: Callable[P, R]) -> Callable[P, R]:
+        setattr(fn, _ENDPOINT_MARK, True)
+        if explicit_response_port:
+            setattr(fn, _RESPONSE_PORT_MARK, True)
+        return fn
+
+    return mark if method is None else mark(method)
+
+
+def concurrent_endpoint(
+    method: Callable[P, R] | None = None, *, explicit_response_port: bool = False
+) -> Any:
+    """An ``async def`` endpoint whose body runs as a task on the actor's event loop,
+    so the actor takes its next message while this one awaits (Monarch's
+    ``@concurrent_endpoint``). Bodies start in the order the messages were sent."""
+
+    def mark(fn: Any) -> Any:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                f"@concurrent_endpoint needs an async def method, got {fn.__qualname__}"
+            )
+        endpoint(fn, explicit_response_port=explicit_response_port)
+        setattr(fn, _CONCURRENT_MARK, True)
+        return fn
+
+    return mark if method is None else mark(method)
+
+
+def wants_response_port(method: Any) -> bool:
+    return bool(getattr(method, _RESPONSE_PORT_MARK, False))
+
+
+def is_concurrent(method: Any) -> bool:
+    return bool(getattr(method, _CONCURRENT_MARK, False))
 
 
 def endpoint_names(cls: type) -> list[str]:

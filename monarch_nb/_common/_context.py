@@ -8,6 +8,7 @@ endpoint starts see the same answer.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,12 +19,30 @@ from ._shape import Point
 
 
 @dataclass(frozen=True)
+class ActorInstance:
+    """The running actor as Monarch names it: ``context().actor_instance``."""
+
+    rank: Point  # its point in the mesh it was spawned on
+    actor_id: str  # "<mesh name>/<actor name>[<rank>]", unique in the tree
+    proc_mesh: Any  # the process mesh it runs in (a reference: spawn on it, pass it on)
+    actor: Any  # the actor object itself
+
+    @property
+    def proc(self) -> Any:
+        """This rank's own process, as a one-process mesh."""
+        mesh = self.proc_mesh
+        return None if mesh is None else mesh._view_of_rank(self.rank.rank)
+
+
+@dataclass(frozen=True)
 class Context:
     """What the running code belongs to.
 
     ``point`` is this rank's point in the actor mesh (``point.rank`` is its
     global rank in the process mesh); ``actor`` is the actor instance, or None
-    in a ``%%mesh`` cell.
+    in a ``%%mesh`` cell. ``message_rank`` is the point in the slice that the
+    message being handled was sent to (Monarch's definition: the same as
+    ``point`` for a call to the whole mesh).
     """
 
     point: Point
@@ -31,9 +50,34 @@ class Context:
     mesh_name: str
     actor_name: str = ""
     actor: Any = None
+    actor_id: int = 0
+    procs: Any = None  # a _refs.ProcsRef of the process group, where known
+    shape: Any = None  # the Shape the actor was spawned on
+    message_shape: Any = None  # the Shape of the slice this message went to, if a slice
+
+    @property
+    def message_rank(self) -> Point:
+        if self.message_shape is None:
+            return self.point
+        return self.message_shape.point_of_rank(self.point.rank)
+
+    @property
+    def actor_instance(self) -> ActorInstance:
+        procs = None
+        if self.procs is not None:
+            from ._peer_mesh import PeerProcMesh
+
+            procs = PeerProcMesh(self.procs, self.procs.world.shape())
+        label = f"{self.mesh_name}/{self.actor_name or 'cell'}[{self.point.rank}]"
+        return ActorInstance(self.point, label, procs, self.actor)
 
 
 _current: Context | None = None
+# A concurrent endpoint's task keeps its own context while others interleave
+# (asyncio gives each task a copy of the context variables it was created with).
+_task_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "monarch_nb_context", default=None
+)
 # Set by the worker: how to hand a child mesh's failure to its owner actor.
 _supervision_hook: Callable[[Any, MeshFailure], None] | None = None
 
@@ -50,17 +94,35 @@ def context() -> Context:
 
     Raises MeshUsageError on the controller, where no rank is running.
     """
-    if _current is None:
+    current = _task_context.get() or _current
+    if current is None:
         raise MeshUsageError(
             "context() and current_rank() work inside an actor endpoint or a %%mesh cell, "
             "not on the controller"
         )
-    return _current
+    return current
+
+
+def set_task_context(ctx: Context | None) -> None:
+    """Make ``ctx`` current for the running asyncio task only (worker use)."""
+    _task_context.set(ctx)
 
 
 def current_rank() -> Point:
-    """This rank's point in its mesh; ``current_rank().rank`` is the global rank."""
-    return context().point
+    """This rank's point in the slice the current message was sent to (Monarch's
+    rule; the actor's own point for a call to the whole mesh);
+    ``current_rank().rank`` is the global rank."""
+    return context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    """``{dimension: size}`` of the slice the current message was sent to (the
+    actor's whole mesh for a call to all of it)."""
+    ctx = context()
+    shape = ctx.message_shape or ctx.shape
+    if shape is None:
+        return {"ranks": ctx.world_size}
+    return dict(zip(shape.labels, shape.sizes, strict=True))
 
 
 def current_actor_or_none() -> Any:

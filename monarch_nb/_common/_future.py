@@ -23,6 +23,18 @@ T = TypeVar("T")
 
 _PENDING = object()
 _SIGNAL_CHECK_S = 0.25
+# Set in a worker: while its main thread waits on a future, it keeps serving
+# messages to other actors of the process (else two actors of one process that
+# call each other would wait forever). ``pump(future, timeout)`` returns when
+# the future is done or the timeout passed.
+_wait_pump: Callable[[Future[Any], float | None], None] | None = None
+_pump_thread: int | None = None
+
+
+def set_wait_pump(pump: Callable[[Future[Any], float | None], None] | None) -> None:
+    """Install ``pump`` for waits on the calling thread (a worker's main thread)."""
+    global _wait_pump, _pump_thread
+    _wait_pump, _pump_thread = pump, threading.get_ident()
 
 
 class Future(Generic[T]):
@@ -53,6 +65,10 @@ class Future(Generic[T]):
     def _wait(self, timeout: float | None) -> bool:
         if self._done:
             return True
+        pump = _wait_pump
+        if pump is not None and threading.get_ident() == _pump_thread:
+            pump(self, timeout)
+            return self._done
         if timeout is None:
             # In slices: Ctrl-C delivered to another of this process's threads only
             # flags the signal, and a thread blocked in C never looks; between

@@ -15,6 +15,9 @@ is handled.
 Controller -> worker::
 
     Spawn, Call, RunCell, Push, Pull   work, run in order on the main thread
+                                       (Spawn and Call also from other actors,
+                                       through the peer layer, :mod:`._peer`)
+    PortSend                           a value for a port (peers too)
     StopActor, Shutdown                work too (ordered after the calls before them)
     Interrupt, StatusQuery             control, answered by the wire thread at once
     DebugInput, DebugRefused           control, for a rank stopped in pdb (monarch_nb.debug)
@@ -101,13 +104,19 @@ class Spawn(Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class Call(Message):
-    """Call an endpoint (payload: ``(args, kwargs)``); ``reply`` False for a broadcast."""
+    """Call an endpoint (payload: ``(args, kwargs)``); ``reply`` False for a broadcast.
+
+    ``sent_to`` is ``(labels, sizes, ranks)`` of the slice the call was sent to,
+    so the callee knows its ``message_rank``; empty when it went to the whole
+    actor mesh (the point is then the actor's own).
+    """
 
     TAG: ClassVar[int] = 2
     call_id: int
     actor_id: int
     endpoint: str
     reply: bool
+    sent_to: tuple[Any, ...] = ()
 
 
 @_message
@@ -150,6 +159,17 @@ class StopActor(Message):
 @dataclass(frozen=True, slots=True)
 class Shutdown(Message):
     TAG: ClassVar[int] = 7
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class PortSend(Message):
+    """A value (payload) for port ``port_id`` of the receiving process; with
+    ``is_error`` the payload is an exception the receiver raises."""
+
+    TAG: ClassVar[int] = 8
+    port_id: int
+    is_error: bool
 
 
 # -- controller -> worker: control, handled on the worker's wire thread at once -------

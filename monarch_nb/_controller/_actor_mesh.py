@@ -21,17 +21,18 @@
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .._common import _refs
 from .._common._actors import Actor, endpoint_names
-from .._common._errors import EndpointError, MeshFailure, MeshUsageError, SerializationError
-from .._common._future import Future, failed
+from .._common._endpoint import EndpointBase, no_such_endpoint, unpicklable_argument
+from .._common._errors import MeshFailure, MeshUsageError
 from .._common._messages import Call, StopActor
+from .._common._pending import PendingCall
 from .._common._public import publish
 from .._common._shape import Selector, Shape
-from .._common._value_mesh import ValueMesh
-from ._calls import ReplyStream, send_call
+from ._calls import send_call
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
@@ -40,11 +41,15 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 A = TypeVar("A", bound=Actor)
 
+__all__ = ["ActorMesh", "Endpoint", "unpicklable_argument"]
+
 
 class ActorMesh(Generic[A]):
     """Handles to one actor per point of a mesh. Endpoints are attributes.
 
-    Slicing (``.slice(procs=0)``) selects a subset of the same actors.
+    Slicing (``.slice(procs=0)``) selects a subset of the same actors. An actor
+    mesh is a value: pass it to another actor (as an argument, a spawn
+    argument, inside a container) and that actor calls it directly.
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class ActorMesh(Generic[A]):
         self._procs = procs
         self._group: ProcGroup = procs._group
         self._shape = shape
+        self._spawned = shape
         self._actor_id = actor_id
         self._name = name
         self._cls_name = cls.__name__
@@ -90,27 +96,17 @@ class ActorMesh(Generic[A]):
             raise AttributeError(name)
         if name in self._endpoints:
             return Endpoint(self, name)
-        listed = ", ".join(self._endpoints) or "(none: mark methods with @endpoint)"
-        if name in self._plain_methods:
-            why = (
-                f"{self._cls_name}.{name} is a method but not an endpoint: "
-                "decorate it with @endpoint"
-            )
-        else:
-            why = f"{self._cls_name} has no endpoint {name!r}"
-        raise EndpointError(
-            f"{why}; its endpoints are: {listed}",
-            actor=self._cls_name,
-            endpoint=name,
-            endpoints=self._endpoints,
-        )
+        raise no_such_endpoint(self._cls_name, name, self._endpoints, self._plain_methods)
+
+    def _view(self, shape: Shape) -> ActorMesh[A]:
+        view = object.__new__(ActorMesh)
+        view.__dict__.update(self.__dict__)
+        view._shape = shape
+        return view
 
     def slice(self, **selection: Selector) -> ActorMesh[A]:
         """The actors at the selected points (an int drops that dimension)."""
-        view = object.__new__(ActorMesh)
-        view.__dict__.update(self.__dict__)
-        view._shape = self._shape.slice(**selection)
-        return view
+        return self._view(self._shape.slice(**selection))
 
     def stop(self) -> None:
         """Remove these actors from their processes (the processes keep running)."""
@@ -131,92 +127,64 @@ class ActorMesh(Generic[A]):
             return error
         return group.failure_for(self._shape.ranks)
 
+    def _sent_to(self, shape: Shape) -> tuple[Any, ...]:
+        """What a call tells the callee about the slice it went to (message_rank)."""
+        if shape == self._spawned:
+            return ()
+        return (shape.labels, shape.sizes, shape.ranks)
+
     def __reduce__(self):
-        raise MeshUsageError(
-            f"actor mesh {self._name!r} cannot be sent to a rank; call it from the controller, "
-            "or pass the values it returns"
+        procs = self._group.ref()
+        if procs is None:
+            raise MeshUsageError(
+                f"actor mesh {self._name!r} runs on several hosts: passing it to another actor "
+                "is not supported yet for meshes started through host agents; call it from "
+                "the controller, or pass the values it returns"
+            )
+        procs = dataclasses.replace(procs, generation=self._generation)
+        ref = _refs.ActorRef(
+            procs,
+            self._actor_id,
+            self._name,
+            self._cls_name,
+            tuple(self._endpoints),
+            _refs.ViewRef.of(self._spawned),
         )
+        # Sent away and come back (returned by an actor): this same mesh again.
+        _refs.register_actors(ref, self, ActorMesh._view)
+        return (_refs.rebuild_actors, (ref, _refs.ViewRef.of(self._shape)))
 
 
-class Endpoint(Generic[R]):
+class Endpoint(EndpointBase[R]):
     """One endpoint of an actor mesh, with the ways to call it (the adverbs)."""
 
-    _round_robin = itertools.count()
+    _mesh: ActorMesh[Any]
 
-    def __init__(self, mesh: ActorMesh[Any], name: str) -> None:
-        self._mesh = mesh
-        self._name = name
-
-    @property
-    def label(self) -> str:
-        return f"{self._mesh._cls_name}.{self._name}"
-
-    def __repr__(self) -> str:
-        return f"<Endpoint {self.label} on {self._mesh._shape!r}>"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise MeshUsageError(
-            f"{self.label} is an endpoint of a mesh; call it with an adverb: "
-            f".call(...).get(), .call_one(...).get(), .broadcast(...), .choose(...) or .stream(...)"
-        )
-
-    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
-        """Call every actor of the mesh; a future of their values as a ValueMesh."""
-        return self._send(self._mesh._shape, "mesh", args, kwargs).future
-
-    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
-        """Call the single actor of a one-point mesh; a future of its value."""
-        shape = self._mesh._shape
-        if len(shape) != 1:
-            return failed(
-                MeshUsageError(
-                    f"call_one() needs a mesh of exactly one point, but {self._mesh._name!r} "
-                    f"has {len(shape)} {shape!r}; slice it first, e.g. "
-                    f"mesh.slice({shape.labels[0]}=0).{self._name}.call_one(...), "
-                    "or use .call() / .choose()"
-                )
-            )
-        return self._send(shape, "one", args, kwargs).future
-
-    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
-        """Call one actor of the mesh, the one with the fewest calls in flight."""
-        shape = self._mesh._shape
+    def _load(self, rank: int) -> int:
         group = self._mesh._group
-        load = group.controller.outstanding
-        start = next(self._round_robin)
-        n = len(shape.ranks)
-        order = [shape.ranks[(start + i) % n] for i in range(n)]
-        rank = min(order, key=lambda r: load.get((group.id, r), 0))
-        single = Shape([], [], [rank])
-        return self._send(single, "one", args, kwargs).future
+        return group.controller.outstanding.get((group.id, rank), 0)
 
-    def stream(self, *args: Any, **kwargs: Any) -> ReplyStream:
-        """Call every actor; iterate ``(point, value)`` as each reply arrives."""
-        call = self._send(self._mesh._shape, "stream", args, kwargs)
-        return ReplyStream(call.stream_futures)  # failed before sending: each item raises
-
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """Call every actor without waiting. An exception it raises is not lost:
-        it fails this actor mesh (supervision), is logged, and the next call raises it.
-        """
+    def _broadcast(self, args: tuple, kwargs: dict) -> None:
         mesh = self._mesh
         error = mesh._check_usable()
         if error is not None:
             raise error
         group = mesh._group
+        message = Call(0, mesh._actor_id, self._name, False, mesh._sent_to(mesh._shape))
         try:
-            message = group.encode(Call(0, mesh._actor_id, self._name, False), (args, kwargs))
+            encoded = group.encode(message, (args, kwargs))
         except Exception as exc:
             raise unpicklable_argument(self.label, args, kwargs, exc) from exc
-        group.controller.send(group, mesh._shape.ranks, message)
+        group.controller.send(group, mesh._shape.ranks, encoded)
 
-    def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> Any:
+    def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> PendingCall:
         mesh = self._mesh
         actor_id, name = mesh._actor_id, self._name
+        sent_to = mesh._sent_to(shape)
         return send_call(
             mesh._group,
             shape,
-            lambda call_id: Call(call_id, actor_id, name, True),
+            lambda call_id: Call(call_id, actor_id, name, True, sent_to),
             (args, kwargs),
             actor=mesh._cls_name,
             endpoint=name,
@@ -224,26 +192,6 @@ class Endpoint(Generic[R]):
             check=mesh._check_usable,
             encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
         )
-
-
-def unpicklable_argument(
-    label: str, args: tuple, kwargs: dict, exc: Exception
-) -> SerializationError:
-    """Name the first argument that cannot be pickled (re-pickling each, only on failure)."""
-    import cloudpickle
-
-    named = [(f"argument {i}", a) for i, a in enumerate(args)]
-    named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    for where, value in named:
-        try:
-            cloudpickle.dumps(value)
-        except Exception as inner:
-            return SerializationError(
-                f"{where} of {label} ({type(value).__name__}) cannot be pickled: {inner}; "
-                "pass plain data, tensors or arrays instead",
-                type_name=type(value).__name__,
-            )
-    return SerializationError(f"the arguments of {label} cannot be pickled: {exc}")
 
 
 publish(globals())

@@ -184,7 +184,7 @@ class Controller:
             if failure is None:
                 routes = group.routes(ranks)
                 if call is not None:
-                    call.group, call.controller = group, self
+                    call.group, call.tracker = group, self
                     self._calls[call.call_id] = call
                     outstanding, gid = self.outstanding, group.id
                     if group.rank_failures:  # a new call clears a rank's "failed" state

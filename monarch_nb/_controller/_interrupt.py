@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .._common._errors import CallTimeout, MeshFailure, RemoteError, format_ranks
 
 if TYPE_CHECKING:
-    from ._calls import CallFuture
+    from .._common._pending import CallFuture
 
 GRACE_S = float(os.environ.get("MONARCH_NB_INTERRUPT_GRACE", "3"))
 _AFTER_KILL_S = 10.0  # the pidfd reports a SIGKILLed rank at once; this is a safety net

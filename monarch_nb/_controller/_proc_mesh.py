@@ -8,6 +8,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._common import _refs
 from .._common._actors import Actor
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
 from .._common._messages import Spawn
@@ -246,9 +247,15 @@ class ProcMesh:
         self.stop()
 
     def __reduce__(self):
-        raise MeshUsageError(
-            f"process mesh {self.name!r} cannot be sent to a rank; keep it on the controller"
-        )
+        ref = self._group.ref()
+        if ref is None:
+            raise MeshUsageError(
+                f"process mesh {self.name!r} runs on several hosts: passing it to an actor is "
+                "not supported yet for meshes started through host agents; keep it on the "
+                "controller"
+            )
+        _refs.register_procs(ref, self._group, ProcMesh)
+        return (_refs.rebuild_procs, (ref, _refs.ViewRef.of(self._shape)))
 
 
 class HostMesh:

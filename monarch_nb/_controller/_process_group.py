@@ -14,10 +14,12 @@ Life cycle, a small closed set of states::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._common import _context
+from .._common import _context, _peer, _refs, _rundir
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError
 from .._common._future import Future
 from .._common._messages import (
@@ -195,6 +197,9 @@ class ProcGroup:
         agents: HostAgents | None = None,
     ) -> None:
         self.id = next(_group_ids)
+        # Names this group's inboxes in the tree's run directory, which nested
+        # meshes (started by actors) share: unique across processes, not a counter.
+        self.uid = secrets.token_hex(6)
         # Where the workers run: None, children of this process; else the hosts
         # of a multi-host mesh (the shape's first dimension), through their agents.
         self.agents = agents
@@ -285,13 +290,31 @@ class ProcGroup:
     def _bootstrap(self, key: bytes) -> dict[str, Any]:
         """What every worker of this generation reads on stdin (per rank: add
         ``identity`` and ``rank``; the launcher adds ``address`` and ``controller_pid``)."""
-        return {
+        boot = {
             "key": key.hex(),
             "shape": [list(self.shape.labels), list(self.shape.sizes)],
             "mesh": self.name,
             "heartbeat_s": HEARTBEAT_S,
             "imports": list(WORKER_IMPORTS),
         }
+        ref = self.ref()
+        if ref is not None:  # actor-to-actor messages: the rank binds prefix + rank
+            boot["peer"] = {"ref": dataclasses.asdict(ref), "key": _peer.tree_key().hex()}
+        return boot
+
+    def ref(self) -> _refs.ProcsRef | None:
+        """What a reference to this generation's processes carries; None for a mesh
+        started through host agents (actor-to-actor messages stay on one host)."""
+        if self.agents is not None:
+            return None
+        return _refs.ProcsRef(
+            self.uid,
+            self.generation,
+            self.name,
+            socket.gethostname(),
+            _rundir.socket_path(f"{self.uid}-{self.generation}-"),
+            _refs.ViewRef.of(self.shape),
+        )
 
     def _launch(
         self, rank: int, identity: bytes, key: bytes, base_env: dict[str, str]

@@ -21,14 +21,17 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
-from .._common import _context
+from .._common import _context, _peer, _refs
+from .._common._actors import is_concurrent, wants_response_port
 from .._common._context import Context
-from .._common._errors import MeshFailure, RemoteFailure
+from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure
+from .._common._future import set_wait_pump
 from .._common._messages import (
     BroadcastFailure,
     Call,
@@ -45,6 +48,7 @@ from .._common._messages import (
     Supervision,
     Value,
 )
+from .._common._peer import PeerNode, PeerRoute
 from .._common._shape import Shape
 from .._common._wire import Signer, WireStats, decode_payload
 from ._wire_thread import WireThread
@@ -57,12 +61,47 @@ _DISPATCH_FILES = frozenset(
 
 
 class _LiveActor:
-    __slots__ = ("context", "instance", "label")
+    __slots__ = ("context", "instance", "label", "tasks")
 
     def __init__(self, instance: Any, context: Context) -> None:
         self.instance = instance
         self.context = context
         self.label = type(instance).__name__
+        self.tasks: set[Any] = set()  # its concurrent endpoints' asyncio tasks
+
+
+class _ResponsePort:
+    """What an ``explicit_response_port`` endpoint answers through: its call's reply."""
+
+    __slots__ = ("_call_id", "_lock", "_route", "_sent", "_worker")
+
+    def __init__(self, worker: Worker, route: Route, call_id: int) -> None:
+        self._worker = worker
+        self._route = route
+        self._call_id = call_id  # 0 for a broadcast: nobody waits for an answer
+        self._sent = False
+        self._lock = threading.Lock()
+
+    def _first(self) -> bool:
+        with self._lock:
+            first, self._sent = not self._sent and self._call_id != 0, True
+        return first
+
+    def send(self, value: Any) -> None:
+        """Answer the call with ``value`` (the first answer counts)."""
+        if self._first():
+            self._worker.reply_value(self._call_id, value, self._route)
+
+    def exception(self, exc: BaseException) -> None:
+        """Answer the call with an error, as if the endpoint had raised ``exc``."""
+        if self._first():
+            self._route.send(Failure(self._call_id, self._worker.failure_of(exc), False))
+
+    def __reduce__(self):
+        raise MeshUsageError(
+            "an endpoint's response port answers its caller from this process; "
+            "to answer elsewhere, pass a Port from Channel.open() instead"
+        )
 
 
 def _call_id_of(message: Message) -> int:
@@ -73,6 +112,26 @@ def _call_id_of(message: Message) -> int:
         case Pull(call_id):
             return call_id
     return 0
+
+
+# A call as this rank knows it: (who sent it: b"" for the controller, else the
+# peer's identity; its call id there). Call ids are only unique per caller.
+Ticket = tuple[bytes, int]
+_NO_TICKET: Ticket = (b"", 0)
+
+
+class _ControllerRoute:
+    """Replies to the controller's messages go back on the worker's own link."""
+
+    __slots__ = ("send", "send_encoded", "signer")
+
+    def __init__(self, wire: WireThread, signer: Signer) -> None:
+        self.send = wire.send
+        self.send_encoded = wire.send_encoded
+        self.signer = signer
+
+
+Route = _ControllerRoute | PeerRoute
 
 
 class _Failed:
@@ -99,10 +158,9 @@ class Worker:
         sock.connect(boot["address"])
         self.socket = sock
         self.signer = Signer(bytes.fromhex(boot["key"]), WireStats())
-        # (message, frames, its call id) from the wire thread, or a posted task.
-        self._inbox: queue.SimpleQueue[tuple[Message, list[Any], int] | Callable[[], None]] = (
-            queue.SimpleQueue()
-        )
+        # (message, frames, its ticket, where replies go) from the wire thread or
+        # the peer node, or a posted task.
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.wire = WireThread(
             sock,
             self.signer,
@@ -113,8 +171,25 @@ class Worker:
             heartbeat_s=float(boot.get("heartbeat_s", DEFAULT_HEARTBEAT_S)),
         )
         self.send = self.wire.send
+        self.controller_route = _ControllerRoute(self.wire, self.signer)
+        self.peer: PeerNode | None = None
+        self.procs_ref: _refs.ProcsRef | None = None
+        if "peer" in boot:  # actors elsewhere may call ours: bind our inbox
+            self.procs_ref = _refs.ProcsRef.from_json(boot["peer"]["ref"])
+            _peer.set_tree_key(bytes.fromhex(boot["peer"]["key"]))
+            self.peer = PeerNode(self.procs_ref.address(self.rank), _peer.tree_key())
+            self.peer.on_work = self._deliver_from_peer
+            self.peer.on_interrupt = lambda sender, call_id: self.interrupt_ticket(
+                (sender, call_id)
+            )
+            _peer.install_node(self.peer)
         self.actors: dict[int, _LiveActor] = {}
         self._loop: Any = None  # an asyncio loop, made for the first async endpoint
+        self._waker: Any = None  # an asyncio future the idle loop waits on for work
+        # Serving other actors while one waits (see _pump): the actors running on
+        # this thread now, innermost last, and work held back for them, in order.
+        self._active: list[int] = []
+        self._deferred: deque[Any] = deque()
         self.namespace: Any = None  # a _namespace.RankNamespace once a cell runs
         self._in_user_code = False
         # What the main thread runs now and since when, for heartbeats and status:
@@ -123,11 +198,12 @@ class Worker:
         # Which calls are queued, which runs, which to skip: interrupts target
         # one call (wire thread) while the main thread moves through the queue.
         self._calls_lock = threading.Lock()
-        self._queued: set[int] = set()
-        self._running = 0
-        self._interrupted = 0  # the running call, once an interrupt for it arrived
-        self._skip: set[int] = set()
+        self._queued: dict[Ticket, Route] = {}
+        self._running = _NO_TICKET
+        self._interrupted = _NO_TICKET  # the running call, once an interrupt for it arrived
+        self._skip: set[Ticket] = set()
         signal.signal(signal.SIGINT, self._on_sigint)
+        set_wait_pump(self._pump)
         _context.set_supervision_hook(self._on_child_failure)
 
     # -- what the main thread is doing (read by the wire thread) ----------------------
@@ -139,53 +215,63 @@ class Worker:
     # -- interrupts of one call (wire thread) -----------------------------------------
 
     def _deliver(self, message: Message, frames: list[Any]) -> None:
-        call_id = _call_id_of(message)
-        if call_id:
+        self._enqueue(message, frames, b"", self.controller_route)
+
+    def _deliver_from_peer(self, message: Message, frames: list[Any], route: PeerRoute) -> None:
+        self._enqueue(message, frames, route.sender, route)
+
+    def _enqueue(self, message: Message, frames: list[Any], origin: bytes, route: Route) -> None:
+        ticket = (origin, _call_id_of(message))
+        if ticket[1]:
             with self._calls_lock:
-                self._queued.add(call_id)
-        self._inbox.put((message, frames, call_id))
+                self._queued[ticket] = route
+        self._inbox.put((message, frames, ticket, route))
+        self._wake_loop()
 
     def interrupt(self, call_id: int) -> None:
-        """Stop ``call_id`` (0: whatever runs): signal it if it runs; if it is still
-        queued, answer it as interrupted now and skip it when its turn comes."""
+        """The controller's interrupt of ``call_id`` (0: whatever runs)."""
+        self.interrupt_ticket((b"", call_id))
+
+    def interrupt_ticket(self, ticket: Ticket) -> None:
+        """Stop call ``ticket`` (call id 0: whatever runs): signal it if it runs; if it
+        is still queued, answer it as interrupted now and skip it when its turn comes."""
         with self._calls_lock:
-            if call_id and call_id in self._queued:
-                self._queued.discard(call_id)
-                self._skip.add(call_id)
-                queued = True
-            elif call_id == 0 or call_id == self._running:
+            route = self._queued.pop(ticket, None) if ticket[1] else None
+            if route is not None:
+                self._skip.add(ticket)
+            elif ticket[1] == 0 or ticket == self._running:
                 self._interrupted = self._running
-                queued = False
             else:
                 return  # already answered: nothing to stop
-        if queued:
+        if route is not None:
             failure = RemoteFailure(
                 self.rank, "KeyboardInterrupt", "interrupted before it started on this rank", ""
             )
-            self.send(Failure(call_id, failure, False))
+            route.send(Failure(ticket[1], failure, False))
         else:
             self.wire.interrupt_main()
 
-    def _start(self, call_id: int) -> bool:
-        """Main thread: ``call_id`` reaches the front; False if it was skipped."""
-        if not call_id:
+    def _start(self, ticket: Ticket) -> bool:
+        """Main thread: ``ticket`` reaches the front; False if it was skipped."""
+        if not ticket[1]:
             return True
         with self._calls_lock:
-            self._queued.discard(call_id)
-            if call_id in self._skip:
-                self._skip.discard(call_id)
+            self._queued.pop(ticket, None)
+            if ticket in self._skip:
+                self._skip.discard(ticket)
                 return False
-            self._running = call_id
-            self._interrupted = 0
+            self._running = ticket
+            self._interrupted = _NO_TICKET
         return True
 
     def _finish(self) -> None:
         with self._calls_lock:
-            self._running = self._interrupted = 0
+            self._running = self._interrupted = _NO_TICKET
 
-    def reply_value(self, call_id: int, value: Any) -> None:
+    def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
+        route = route or self.controller_route
         try:
-            message = self.signer.encode(Value(call_id), value, by_value=False)
+            message = route.signer.encode(Value(call_id), value, by_value=False)
         except Exception as exc:
             failure = RemoteFailure(
                 self.rank,
@@ -193,9 +279,9 @@ class Worker:
                 f"the return value ({type(value).__name__}) cannot be pickled: {exc}",
                 "",
             )
-            self.send(Failure(call_id, failure, True))
+            route.send(Failure(call_id, failure, True))
             return
-        self.wire.send_encoded(message)
+        route.send_encoded(message)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         # An interrupt is meant for user code. Raised anywhere else (between
@@ -208,7 +294,7 @@ class Worker:
         self._work = (label, time.monotonic())
         self._in_user_code = True
         try:
-            if self._interrupted and self._interrupted == self._running:
+            if self._interrupted[1] and self._interrupted == self._running:
                 raise KeyboardInterrupt  # it came while the arguments were unpickled
             return fn()
         finally:
@@ -218,47 +304,169 @@ class Worker:
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
         self._inbox.put(task)
+        self._wake_loop()
+
+    # -- the actors' event loop runs between messages -----------------------------------
+
+    def _next_item(self) -> Any:
+        """The next work item; while tasks of the actors' event loop are pending
+        (a concurrent endpoint, a task an endpoint created), they run meanwhile."""
+        while self._deferred:
+            item = self._deferred.popleft()
+            if item is not _WAKE:
+                return item
+        loop = self._loop
+        if loop is None:
+            return self._inbox.get()
+        import asyncio  # only once an async endpoint made the loop: workers start lean
+
+        if not asyncio.all_tasks(loop):
+            return self._inbox.get()
+        return loop.run_until_complete(self._next_item_async())
+
+    async def _next_item_async(self) -> Any:
+        loop = self._event_loop()
+        while True:
+            try:
+                return self._inbox.get_nowait()
+            except queue.Empty:
+                pass
+            self._waker = loop.create_future()
+            try:
+                try:  # put before the waker was visible to the putting thread
+                    return self._inbox.get_nowait()
+                except queue.Empty:
+                    pass
+                await self._waker
+            finally:
+                self._waker = None
+
+    # -- serving other actors while one waits ------------------------------------------
+
+    def _pump(self, future: Any, timeout: float | None) -> None:
+        """The main thread waits on ``future``: until it is done (or ``timeout``),
+        run the calls that arrive for *other* actors of this process (an actor
+        that calls another actor of its own process would otherwise wait
+        forever). Work for a waiting actor, cells and tasks are held back, in
+        order, until the main thread is free."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def wake(_: Any) -> None:
+            self._inbox.put(_WAKE)
+            self._wake_loop()
+
+        future.add_done_callback(wake)
+        while not future.done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            try:
+                item = self._inbox.get(timeout=remaining)
+            except queue.Empty:
+                return
+            self._serve_nested(item)
+
+    def _serve_nested(self, item: Any) -> None:
+        if item is _WAKE:
+            return
+        if callable(item) or not self._nestable(item[0]):
+            self._deferred.append(item)
+            return
+        saved = (self._running, self._interrupted, self._work, self._in_user_code)
+        try:
+            self.handle(*item)
+        finally:
+            self._running, self._interrupted, self._work, self._in_user_code = saved
+
+    def _nestable(self, message: Message) -> bool:
+        match message:
+            case Call(_, actor_id):
+                return actor_id not in self._active
+            case Spawn():
+                return True
+        return False
+
+    async def _task_or_item(self, task: Any) -> None:
+        """Wait until ``task`` is done or work arrives for the main thread."""
+        import asyncio
+
+        if not self._inbox.empty():
+            return
+        self._waker = asyncio.get_running_loop().create_future()
+        try:
+            if self._inbox.empty():
+                await asyncio.wait([task, self._waker], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waker = None
+
+    def _serve_arrived(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._serve_nested(item)
+
+    def _wake_loop(self) -> None:
+        waker = self._waker
+        if waker is not None:
+            try:
+                waker.get_loop().call_soon_threadsafe(_resolve, waker)
+            except RuntimeError:
+                pass  # the loop closed: the main thread is not waiting in it
 
     # -- the loop -------------------------------------------------------------------
 
     def run(self) -> None:
         self.wire.start()
         self.send(Hello(os.getpid(), socket.gethostname()))
-        inbox = self._inbox
         while True:
-            item = inbox.get()
+            item = self._next_item()
+            if item is _WAKE:
+                continue
             if callable(item):
                 item()
             elif not self.handle(*item):
                 return
 
-    def handle(self, message: Message, frames: list[Any], call_id: int) -> bool:
+    def handle(self, message: Message, frames: list[Any], ticket: Ticket, route: Route) -> bool:
         """Handle one work message; False means shut down."""
-        if not self._start(call_id):
+        if not self._start(ticket):
             return True  # interrupted while queued: already answered
         try:
-            return self._handle(message, frames)
+            return self._handle(message, frames, route)
         finally:
             self._finish()
 
-    def _handle(self, message: Message, frames: list[Any]) -> bool:
+    def _handle(self, message: Message, frames: list[Any], route: Route) -> bool:
+        from_controller = route is self.controller_route
         match message:
             case Call():
-                self.on_call(message, frames)
+                self.on_call(message, frames, route)
             case Spawn():
-                self.on_spawn(message, frames)
-            case RunCell() | Push() | Pull():
+                self.on_spawn(message, frames, route)
+            case RunCell() | Push() | Pull() if from_controller:
                 self.on_cell(message, frames)
             case StopActor(actor_id):
-                self.actors.pop(actor_id, None)
-            case Shutdown():
+                live = self.actors.pop(actor_id, None)
+                if live is not None:
+                    self._cleanup(live)
+            case Shutdown() if from_controller:
+                for actor_id in list(self.actors):
+                    self._cleanup(self.actors.pop(actor_id))
                 return False
             case _:
                 self.send(ProtocolError(f"a worker does not handle {type(message).__name__}"))
         return True
 
     def _decode_or_fail(
-        self, call_id: int, reply: bool, label: str, frames: list[Any], actor_id: int = 0
+        self,
+        call_id: int,
+        reply: bool,
+        label: str,
+        frames: list[Any],
+        actor_id: int = 0,
+        route: Route | None = None,
     ) -> Any:
         try:
             return decode_payload(frames)
@@ -270,31 +478,41 @@ class Worker:
                 "(is the module that defines them importable on the workers?)",
                 "",
             )
-            self._report(call_id, reply, actor_id, label, failure, serialization=True)
+            self._report(call_id, reply, actor_id, label, failure, route, serialization=True)
             return _FAILED
 
-    def on_spawn(self, message: Spawn, frames: list[Any]) -> None:
+    def on_spawn(self, message: Spawn, frames: list[Any], route: Route) -> None:
         call_id, name = message.call_id, message.name
-        decoded = self._decode_or_fail(call_id, True, f"spawn of {name!r}", frames)
+        decoded = self._decode_or_fail(call_id, True, f"spawn of {name!r}", frames, 0, route)
         if decoded is _FAILED:
             return
         cls, args, kwargs = decoded
         shape = Shape(message.labels, message.sizes, message.ranks)
-        ctx = Context(shape.point_of_rank(self.rank), len(shape), self.mesh_name, name)
+        ctx = Context(
+            shape.point_of_rank(self.rank),
+            len(shape),
+            self.mesh_name,
+            name,
+            actor_id=message.actor_id,
+            procs=self.procs_ref,
+            shape=shape,
+        )
         previous = _context.set_current(ctx)
+        self._active.append(message.actor_id)
         try:
             instance = self.user_code(f"spawn {name!r}", lambda: cls(*args, **kwargs))
         except BaseException as exc:
-            self.send(Failure(call_id, self.failure_of(exc), False))
+            route.send(Failure(call_id, self.failure_of(exc), False))
             return
         finally:
+            self._active.pop()
             _context.set_current(previous)
         self.actors[message.actor_id] = _LiveActor(
             instance, dataclasses.replace(ctx, actor=instance)
         )
-        self.send(Value(call_id))
+        route.send(Value(call_id))
 
-    def on_call(self, message: Call, frames: list[Any]) -> None:
+    def on_call(self, message: Call, frames: list[Any], route: Route) -> None:
         call_id, actor_id, endpoint, reply = (
             message.call_id,
             message.actor_id,
@@ -303,25 +521,81 @@ class Worker:
         )
         live = self.actors.get(actor_id)
         label = f"{live.label if live else 'actor'}.{endpoint}"
-        decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id)
+        decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id, route)
         if decoded is _FAILED:
             return
         if live is None:
             error = LookupError(f"no actor {actor_id} on rank {self.rank}: it was stopped")
-            self._report(call_id, reply, actor_id, label, self.failure_of(error))
+            self._report(call_id, reply, actor_id, label, self.failure_of(error), route)
             return
         args, kwargs = decoded
-        previous = _context.set_current(live.context)
+        method = getattr(live.instance, endpoint, None)
+        if wants_response_port(method):
+            args = (_ResponsePort(self, route, call_id if reply else 0), *args)
+            reply = False  # the endpoint answers through the port
+        ctx = live.context
+        if message.sent_to:
+            labels, sizes, ranks = message.sent_to
+            ctx = dataclasses.replace(ctx, message_shape=Shape(labels, sizes, ranks))
+        if method is not None and is_concurrent(method):
+            self._start_concurrent(live, ctx, method(*args, **kwargs), message, label, route)
+            return
+        previous = _context.set_current(ctx)
+        self._active.append(actor_id)
         try:
             method = getattr(live.instance, endpoint)
             result = self.user_code(label, lambda: self._call_maybe_async(method, args, kwargs))
         except BaseException as exc:
-            self._report(call_id, reply, actor_id, label, self.failure_of(exc))
+            self._report(call_id, reply, actor_id, label, self.failure_of(exc), route)
             return
         finally:
+            self._active.pop()
             _context.set_current(previous)
         if reply:
-            self.reply_value(call_id, result)
+            self.reply_value(call_id, result, route)
+
+    def _start_concurrent(
+        self, live: _LiveActor, ctx: Context, coro: Any, message: Call, label: str, route: Route
+    ) -> None:
+        """A ``@concurrent_endpoint``: its body becomes a task on the actors' loop,
+        and the next message is taken at once; the reply leaves when it ends."""
+        reply = message.reply and not wants_response_port(
+            getattr(live.instance, message.endpoint, None)
+        )
+
+        async def run() -> None:
+            _context.set_task_context(ctx)
+            try:
+                result = await coro
+            except BaseException as exc:
+                self._report(
+                    message.call_id, reply, message.actor_id, label, self.failure_of(exc), route
+                )
+                return
+            if reply:
+                self.reply_value(message.call_id, result, route)
+
+        task = self._event_loop().create_task(run())
+        live.tasks.add(task)
+        task.add_done_callback(live.tasks.discard)
+
+    def _cleanup(self, live: _LiveActor) -> None:
+        """A stopped actor: cancel its concurrent endpoints, then ``__cleanup__(None)``."""
+        for task in list(live.tasks):
+            task.cancel()
+        cleanup = getattr(live.instance, "__cleanup__", None)
+        if cleanup is None:
+            return
+        previous = _context.set_current(live.context)
+        try:
+            self.user_code(
+                f"{live.label}.__cleanup__", lambda: self._call_maybe_async(cleanup, (None,), {})
+            )
+        except BaseException as exc:
+            failure = self.failure_of(exc)
+            self.send(BroadcastFailure(live.context.actor_id, f"{live.label}.__cleanup__", failure))
+        finally:
+            _context.set_current(previous)
 
     def _report(
         self,
@@ -330,12 +604,13 @@ class Worker:
         actor_id: int,
         label: str,
         failure: RemoteFailure,
+        route: Route | None = None,
         *,
         serialization: bool = False,
     ) -> None:
         if reply:
-            self.send(Failure(call_id, failure, serialization))
-        else:  # a broadcast has no caller: supervision takes it
+            (route or self.controller_route).send(Failure(call_id, failure, serialization))
+        else:  # a broadcast has no caller: supervision (the controller) takes it
             self.send(BroadcastFailure(actor_id, label, failure))
 
     def on_cell(self, message: RunCell | Push | Pull, frames: list[Any]) -> None:
@@ -381,14 +656,23 @@ class Worker:
             result = self.run_async(result)
         return result
 
+    def _event_loop(self) -> Any:
+        if self._loop is None:
+            import asyncio  # here: workers start without asyncio
+
+            self._loop = asyncio.new_event_loop()
+        return self._loop
+
     def run_async(self, awaitable: Any) -> Any:
         import asyncio
 
-        if self._loop is None:
-            self._loop = asyncio.new_event_loop()
-        task = asyncio.ensure_future(awaitable, loop=self._loop)
+        task = asyncio.ensure_future(awaitable, loop=self._event_loop())
         try:
-            return self._loop.run_until_complete(task)
+            while True:
+                self._loop.run_until_complete(self._task_or_item(task))
+                if task.done():
+                    return task.result()
+                self._serve_arrived()  # other actors' calls, while this one awaits
         except BaseException:
             # Interrupted (or failed) mid-await: unwind the coroutine now, so it
             # does not resume inside a later call on this loop.
@@ -427,6 +711,15 @@ class Worker:
             why = f"its __supervise__ raised {type(exc).__name__}: {exc}"
         if not handled:
             self.send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
+
+
+# Put in the inbox to wake a waiting main thread (a future it waits on completed).
+_WAKE = object()
+
+
+def _resolve(waker: Any) -> None:
+    if not waker.done():
+        waker.set_result(None)
 
 
 def _die_with_parent(controller_pid: int) -> None:
@@ -472,6 +765,8 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         worker.wire.stop()
+        if worker.peer is not None:
+            worker.peer.close()
         with worker.wire.lock:
             worker.socket.close()
         os._exit(code)

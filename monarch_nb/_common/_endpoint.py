@@ -1,0 +1,135 @@
+"""The adverbs of an endpoint, written once for every caller.
+
+The controller's :class:`~monarch_nb.Endpoint` and an actor's reference to
+another mesh (:mod:`._peer_mesh`) differ only in how a call leaves the
+process (the controller's socket, or the peer node); what ``call``,
+``call_one``, ``choose``, ``stream`` and ``broadcast`` mean is here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Generic, TypeVar
+
+from ._errors import EndpointError, MeshUsageError, SerializationError
+from ._future import Future, failed
+from ._pending import PendingCall, ReplyStream
+from ._shape import Shape
+from ._value_mesh import ValueMesh
+
+R = TypeVar("R")
+
+
+class EndpointBase(Generic[R]):
+    """One endpoint of an actor mesh, with the ways to call it (the adverbs)."""
+
+    _round_robin = itertools.count()
+
+    def __init__(self, mesh: Any, name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    # What a caller provides -----------------------------------------------------------
+
+    def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> PendingCall:
+        """Send a call to ``shape``'s ranks; never raises (a call that cannot be sent
+        comes back failed)."""
+        raise NotImplementedError
+
+    def _broadcast(self, args: tuple, kwargs: dict) -> None:
+        raise NotImplementedError
+
+    def _load(self, rank: int) -> int:
+        """Calls in flight to ``rank`` (``choose`` picks the least loaded)."""
+        return 0
+
+    # The adverbs ------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        return f"{self._mesh._cls_name}.{self._name}"
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.label} on {self._mesh._shape!r}>"
+
+    def __reduce__(self):
+        # The mesh travels as its reference; the endpoint is looked up again there.
+        return (getattr, (self._mesh, self._name))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise MeshUsageError(
+            f"{self.label} is an endpoint of a mesh; call it with an adverb: "
+            f".call(...).get(), .call_one(...).get(), .broadcast(...), .choose(...) or .stream(...)"
+        )
+
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
+        """Call every actor of the mesh; a future of their values as a ValueMesh."""
+        return self._send(self._mesh._shape, "mesh", args, kwargs).future
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call the single actor of a one-point mesh; a future of its value."""
+        shape = self._mesh._shape
+        if len(shape) != 1:
+            return failed(
+                MeshUsageError(
+                    f"call_one() needs a mesh of exactly one point, but {self._mesh._name!r} "
+                    f"has {len(shape)} {shape!r}; slice it first, e.g. "
+                    f"mesh.slice({shape.labels[0]}=0).{self._name}.call_one(...), "
+                    "or use .call() / .choose()"
+                )
+            )
+        return self._send(shape, "one", args, kwargs).future
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[R]:
+        """Call one actor of the mesh, the one with the fewest calls in flight."""
+        shape = self._mesh._shape
+        start = next(self._round_robin)
+        n = len(shape.ranks)
+        order = [shape.ranks[(start + i) % n] for i in range(n)]
+        rank = min(order, key=self._load)
+        return self._send(Shape([], [], [rank]), "one", args, kwargs).future
+
+    def stream(self, *args: Any, **kwargs: Any) -> ReplyStream:
+        """Call every actor; iterate ``(point, value)`` as each reply arrives."""
+        call = self._send(self._mesh._shape, "stream", args, kwargs)
+        return ReplyStream(call.stream_futures)  # failed before sending: each item raises
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Call every actor without waiting. An exception it raises is not lost:
+        it fails this actor mesh (supervision), is logged, and the next call raises it.
+        """
+        self._broadcast(args, kwargs)
+
+
+def no_such_endpoint(
+    cls_name: str, name: str, endpoints: list[str], plain_methods: set[str]
+) -> EndpointError:
+    """The error for ``mesh.name`` where ``name`` is not an endpoint."""
+    listed = ", ".join(endpoints) or "(none: mark methods with @endpoint)"
+    if name in plain_methods:
+        why = f"{cls_name}.{name} is a method but not an endpoint: decorate it with @endpoint"
+    else:
+        why = f"{cls_name} has no endpoint {name!r}"
+    return EndpointError(
+        f"{why}; its endpoints are: {listed}", actor=cls_name, endpoint=name, endpoints=endpoints
+    )
+
+
+def unpicklable_argument(
+    label: str, args: tuple, kwargs: dict, exc: Exception
+) -> SerializationError:
+    """Name the first argument that cannot be pickled (re-pickling each, only on failure)."""
+    import cloudpickle
+
+    named = [(f"argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    for where, value in named:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as inner:
+            return SerializationError(
+                f"{where} of {label} ({type(value).__name__}) cannot be pickled: {inner}; "
+                "pass plain data, tensors or arrays instead",
+                type_name=type(value).__name__,
+            )
+    return SerializationError(f"the arguments of {label} cannot be pickled: {exc}")

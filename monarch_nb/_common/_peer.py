@@ -1,0 +1,417 @@
+"""The routing layer: how a process reaches actors in other processes directly.
+
+Every process that hosts actors or calls them through a reference has one
+:class:`PeerNode`:
+
+- an *inbox*, a ROUTER bound to an ``ipc://`` socket in the tree's private
+  run directory (:mod:`._rundir`, mode 0700: only our uid can connect at
+  all). Calls, spawns, port messages and interrupts from other processes
+  arrive here; replies to them leave through it, to the sender that asked;
+- one *outbox* per peer process it calls, a DEALER connected to that peer's
+  inbox, created on first use. Replies come back on it, so a caller needs no
+  address of its own to call. A socket monitor on each outbox notices at once
+  when the peer's process is gone (its socket closes, or refuses to connect),
+  which fails the calls waiting on it with :class:`MeshFailure`.
+
+Every message is signed with the *tree key*: one key shared by the processes
+of one controller's tree (the controller, its workers, and the meshes those
+start), handed down on each worker's bootstrap pipe, never on a command line.
+Each sender has its own replay window on each receiver; nothing is unpickled
+before the signature and sequence number pass (:mod:`._wire`).
+
+One thread per node (``monarch_nb-peer``) receives on every socket; any
+thread may send, under the node's lock (as the worker's wire thread does),
+so a reply leaves from the thread that computed it with no hand-off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from ._errors import MeshFailure, RemoteFailure
+from ._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
+from ._pending import PendingCall
+from ._rundir import socket_path
+from ._wire import Encoded, ReplayWindow, Signer, WireStats, decode_payload, new_key, receive
+
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+# Monitor events that mean "that process is not there": it closed its socket
+# (exit, kill) or refuses connections (gone before we connected).
+_GONE_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CLOSED
+# A sender's replay windows we keep: bounded, since senders come and go.
+_MAX_SENDERS = 4096
+
+_tree_key: bytes | None = None
+_node: PeerNode | None = None
+_node_lock = threading.Lock()
+
+
+def tree_key() -> bytes:
+    """The key this process signs actor-to-actor messages with (made on first use)."""
+    global _tree_key
+    with _node_lock:
+        if _tree_key is None:
+            _tree_key = new_key()
+        return _tree_key
+
+
+def set_tree_key(key: bytes) -> None:
+    """Adopt the tree key of the process that started this one (worker bootstrap)."""
+    global _tree_key
+    with _node_lock:
+        _tree_key = key
+
+
+def local_node() -> PeerNode:
+    """This process's node, started on first use (a worker starts its own at boot)."""
+    global _node
+    with _node_lock:
+        node = _node
+    if node is not None:
+        return node
+    started = PeerNode(socket_path(f"c-{secrets.token_hex(8)}"), tree_key())
+    with _node_lock:
+        if _node is None:
+            _node = started
+            return started
+    started.close()
+    return _node
+
+
+def install_node(node: PeerNode) -> None:
+    """Make ``node`` this process's node (a worker's, bound where its refs point)."""
+    global _node
+    with _node_lock:
+        _node = node
+
+
+def node_or_none() -> PeerNode | None:
+    return _node
+
+
+class _Outbox:
+    """A DEALER to one peer's inbox, and the calls waiting on replies from it."""
+
+    __slots__ = ("address", "gone", "label", "monitor", "socket")
+
+    def __init__(self, address: str, socket: zmq.Socket, monitor: zmq.Socket) -> None:
+        self.address = address
+        self.socket = socket
+        self.monitor = monitor
+        self.gone = ""  # why the peer is unreachable, once we know
+
+
+# Work from a peer: (message, frames, the route its replies take).
+WorkHandler = Callable[[Message, list[Any], "PeerRoute"], None]
+
+
+class PeerNode:
+    """This process's inbox and outboxes; see the module docstring."""
+
+    def __init__(self, address: str, key: bytes) -> None:
+        self.address = address
+        self.identity = secrets.token_bytes(16)
+        self.stats = WireStats()
+        self.signer = Signer(key, self.stats)
+        self.lock = threading.Lock()
+        self._zmq: zmq.Context = zmq.Context.instance()
+        inbox = self._zmq.socket(zmq.ROUTER)
+        inbox.setsockopt(zmq.LINGER, 1000)
+        inbox.setsockopt(zmq.SNDHWM, 0)
+        inbox.setsockopt(zmq.RCVHWM, 0)
+        inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished caller raises
+        inbox.bind(address)
+        self.inbox = inbox
+        self._windows: dict[bytes, ReplayWindow] = {}
+        self._outboxes: dict[str, _Outbox] = {}
+        self._by_fd: dict[int, tuple[str, Any]] = {}
+        # call id -> (the call, {address: rank}) for calls this process made.
+        self._calls: dict[int, tuple[PendingCall, dict[str, int]]] = {}
+        self._call_ids = itertools.count(1)
+        self.ports: dict[int, Callable[[Any, bool], None]] = {}
+        self._port_ids = itertools.count(1)
+        self.on_work: WorkHandler | None = None  # set by a worker: calls and spawns
+        self.on_interrupt: Callable[[bytes, int], None] | None = None
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._poller = zmq.Poller()
+        self._poller.register(inbox.getsockopt(zmq.FD), zmq.POLLIN)
+        self._poller.register(self._wake_fd, zmq.POLLIN)
+        self._by_fd[inbox.getsockopt(zmq.FD)] = ("inbox", None)
+        self._new_fds: list[tuple[int, str, Any]] = []
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="monarch_nb-peer", daemon=True)
+        self._thread.start()
+
+    # -- sending (any thread) -----------------------------------------------------------
+
+    def next_call_id(self) -> int:
+        return next(self._call_ids)
+
+    def encode(self, message: Message, payload: Any = None, *, by_value: bool = True) -> Encoded:
+        return self.signer.encode(message, payload, by_value=by_value)
+
+    def send(
+        self,
+        addresses: list[str],
+        encoded: Encoded,
+        call: PendingCall | None = None,
+        ranks: list[int] | None = None,
+    ) -> None:
+        """Send one encoded message to the inboxes at ``addresses``; track ``call``,
+        whose rank at ``addresses[i]`` is ``ranks[i]``, until every one replied."""
+        gone: list[tuple[int, str]] = []
+        with self.lock:
+            boxes = [self._outbox(a) for a in addresses]
+            if call is not None:
+                assert ranks is not None
+                call.tracker = self
+                self._calls[call.call_id] = (call, dict(zip(addresses, ranks, strict=True)))
+                gone = [(r, b.gone) for r, b in zip(ranks, boxes, strict=True) if b.gone]
+            frames = encoded.seal()
+            for box in boxes:
+                if not box.gone:
+                    encoded.send(box.socket, None, frames)
+            self.stats.sent += len(boxes)
+        self._wake()
+        for rank, why in gone:
+            self._fail_rank(call, rank, why)
+
+    def reply(self, identity: bytes, encoded: Encoded) -> None:
+        """Send a reply back to the sender ``identity`` of a message our inbox took."""
+        with self.lock:
+            try:
+                encoded.send(self.inbox, identity)
+            except zmq.ZMQError:
+                return  # the caller is gone (ROUTER_MANDATORY): nobody waits for this
+            self.stats.sent += 1
+        self._wake()
+
+    def send_to_port(self, address: str, port_id: int, value: Any, is_error: bool) -> None:
+        """Deliver ``value`` (or an exception) to port ``port_id`` of the node at ``address``."""
+        if address == self.address:
+            self._deliver_port(port_id, value, is_error)
+            return
+        self.send([address], self.encode(PortSend(port_id, is_error), value))
+
+    def interrupt(self, addresses: list[str], call_id: int) -> None:
+        self.send(addresses, self.encode(Interrupt(call_id)))
+
+    # -- ports --------------------------------------------------------------------------
+
+    def open_port(self, deliver: Callable[[Any, bool], None]) -> int:
+        port_id = next(self._port_ids)
+        self.ports[port_id] = deliver
+        return port_id
+
+    def close_port(self, port_id: int) -> None:
+        self.ports.pop(port_id, None)
+
+    def _deliver_port(self, port_id: int, value: Any, is_error: bool) -> None:
+        deliver = self.ports.get(port_id)
+        if deliver is not None:
+            deliver(value, is_error)
+
+    # -- call bookkeeping (CallTracker) -------------------------------------------------
+
+    def rank_answered(self, call: PendingCall, rank: int) -> None:
+        call.answered.add(rank)
+
+    def call_finished(self, call: PendingCall) -> None:
+        call.closed = True
+        self._calls.pop(call.call_id, None)
+
+    # -- the node's thread ----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if threading.current_thread() is not self._thread:
+            os.eventfd_write(self._wake_fd, 1)
+
+    def _outbox(self, address: str) -> _Outbox:
+        """The outbox to ``address``, connected on first use (lock held)."""
+        box = self._outboxes.get(address)
+        if box is not None:
+            return box
+        sock = self._zmq.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        monitor = sock.get_monitor_socket(_GONE_EVENTS)
+        sock.connect(address)
+        box = _Outbox(address, sock, monitor)
+        self._outboxes[address] = box
+        self._new_fds.append((sock.getsockopt(zmq.FD), "outbox", box))
+        self._new_fds.append((monitor.getsockopt(zmq.FD), "monitor", box))
+        return box
+
+    def _run(self) -> None:
+        try:
+            while not self._closing:
+                self._poller.poll(1000)
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:
+                    pass
+                with self.lock:
+                    for fd, kind, box in self._new_fds:
+                        self._poller.register(fd, zmq.POLLIN)
+                        self._by_fd[fd] = (kind, box)
+                    self._new_fds.clear()
+                    sources = list(self._by_fd.values())
+                # Edge-triggered FDs: drain every socket on each wake-up.
+                for kind, box in sources:
+                    if kind == "inbox":
+                        self._drain_inbox()
+                    elif kind == "outbox":
+                        self._drain_outbox(box)
+                    else:
+                        self._drain_monitor(box)
+        except Exception:
+            if not self._closing:
+                traceback.print_exc()
+
+    def _take(self, sock: zmq.Socket) -> list[Any] | None:
+        with self.lock:
+            if self._closing:
+                return None
+            return receive(sock)
+
+    def _drain_inbox(self) -> None:
+        while (frames := self._take(self.inbox)) is not None:
+            sender, body = bytes(frames[0].buffer), frames[1:]
+            message = self._verify(sender, body)
+            if message is None:
+                continue
+            match message:
+                case PortSend(port_id, is_error):
+                    self._deliver_port(port_id, decode_payload(body), is_error)
+                case Interrupt(call_id):
+                    if self.on_interrupt is not None:
+                        self.on_interrupt(sender, call_id)
+                case _:
+                    if self.on_work is not None:
+                        self.on_work(message, body, PeerRoute(self, sender))
+
+    def _verify(self, sender: bytes, body: list[Any]) -> Message | None:
+        known = self._windows.get(sender)
+        window = known if known is not None else ReplayWindow()
+        fresh = known is None
+        try:
+            message = self.signer.verify(body, window)
+        except UnknownMessage:
+            return None  # signed by our tree, but a kind we do not know: counted
+        if message is not None and fresh:
+            if len(self._windows) >= _MAX_SENDERS:
+                self._windows.pop(next(iter(self._windows)))
+            self._windows[sender] = window
+        return message
+
+    def _drain_outbox(self, box: _Outbox) -> None:
+        while (frames := self._take(box.socket)) is not None:
+            message = self._verify(b"out:" + box.address.encode(), frames)
+            match message:
+                case Value(call_id):
+                    entry = self._calls.get(call_id)
+                    if entry is None:
+                        continue
+                    call, ranks = entry
+                    try:
+                        value = decode_payload(frames)
+                    except Exception as exc:
+                        failure = RemoteFailure(
+                            ranks[box.address],
+                            type(exc).__name__,
+                            f"its reply could not be unpickled here: {exc}",
+                            "",
+                        )
+                        call.add_failure(failure, serialization=True)
+                        continue
+                    call.add_value(ranks[box.address], value)
+                case Failure(call_id, failure, serialization):
+                    entry = self._calls.get(call_id)
+                    if entry is not None:
+                        entry[0].add_failure(failure, serialization=serialization)
+
+    def _drain_monitor(self, box: _Outbox) -> None:
+        while (frames := self._take(box.monitor)) is not None:
+            event = int.from_bytes(bytes(frames[0].buffer)[:2], "little")
+            if box.gone or not event & _GONE_EVENTS:
+                continue
+            box.gone = (
+                "its process exited"
+                if event == zmq.EVENT_DISCONNECTED
+                else "nothing answers at its address (stopped, restarted or never started)"
+            )
+            waiting = [
+                (call, ranks[box.address])
+                for call, ranks in list(self._calls.values())
+                if box.address in ranks
+            ]
+            for call, rank in waiting:
+                self._fail_rank(call, rank, box.gone)
+
+    def _fail_rank(self, call: PendingCall | None, rank: int, why: str) -> None:
+        if call is None or rank in call.answered:
+            return
+        call.fail(
+            MeshFailure(
+                f"{call.label}: rank {rank} cannot be reached: {why}",
+                ranks=[rank],
+            )
+        )
+
+    def forget(self, address: str) -> None:
+        """Drop the outbox to ``address`` (a peer known to be gone), so a later call
+        connects afresh (a restarted mesh reuses no address, but stay tidy)."""
+        with self.lock:
+            box = self._outboxes.pop(address, None)
+            if box is None:
+                return
+            for sock in (box.socket, box.monitor):
+                fd = int(sock.getsockopt(zmq.FD))
+                self._by_fd.pop(fd, None)
+                try:
+                    self._poller.unregister(fd)
+                except KeyError:
+                    pass
+                sock.close(0)
+
+    def close(self) -> None:
+        self._closing = True
+        os.eventfd_write(self._wake_fd, 1)
+        self._thread.join(timeout=2)
+        with self.lock:
+            for box in self._outboxes.values():
+                box.socket.close(0)
+                box.monitor.close(0)
+            self._outboxes.clear()
+            self.inbox.close(0)
+
+
+class PeerRoute:
+    """Where the replies to one message from a peer go: back to its sender."""
+
+    __slots__ = ("node", "sender")
+
+    def __init__(self, node: PeerNode, sender: bytes) -> None:
+        self.node = node
+        self.sender = sender
+
+    @property
+    def signer(self) -> Signer:
+        return self.node.signer
+
+    def send(self, message: Message, payload: Any = None) -> None:
+        self.node.reply(self.sender, self.node.encode(message, payload, by_value=False))
+
+    def send_encoded(self, encoded: Encoded) -> None:
+        self.node.reply(self.sender, encoded)

@@ -1,0 +1,257 @@
+"""Meshes as another actor sees them: references that call the ranks' processes directly.
+
+An actor that receives an actor mesh or a process mesh (as an argument, a
+spawn argument, a return value) gets one of these. They have the API of the
+controller's meshes (endpoints as attributes with every adverb, ``slice``,
+``spawn``) and send through this process's peer node (:mod:`._peer`), so
+the controller is not on the path. Pickled again, they travel on as the same
+reference (a mesh passed through any number of hops).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Generic, TypeVar
+
+from . import _refs
+from ._actors import Actor, endpoint_names
+from ._endpoint import EndpointBase, no_such_endpoint, unpicklable_argument
+from ._errors import MeshUsageError, SerializationError, SpawnError
+from ._future import Future
+from ._messages import Call, Spawn, StopActor
+from ._peer import local_node
+from ._pending import CallFuture, PendingCall
+from ._shape import Selector, Shape
+
+A = TypeVar("A", bound=Actor)
+R = TypeVar("R")
+
+# How long a caller in an actor waits, after Ctrl-C (or an interrupt of its own
+# call), for the ranks it called to stop before it gives up on them.
+_INTERRUPT_GRACE_S = 3.0
+
+
+def _send(
+    procs: _refs.ProcsRef,
+    shape: Shape,
+    message_for: Any,
+    payload: Any,
+    *,
+    actor: str,
+    endpoint: str = "",
+    collect: str = "mesh",
+    error_class: Any = None,
+    encode_error: Any = None,
+) -> PendingCall:
+    """Send one call to ``shape``'s ranks of ``procs`` through this process's node."""
+    node = local_node()
+    kwargs = {} if error_class is None else {"error_class": error_class}
+    call = PendingCall(
+        node.next_call_id(), shape, actor=actor, endpoint=endpoint, collect=collect, **kwargs
+    )
+    call.stopper = _stop
+    call.grace = _INTERRUPT_GRACE_S
+    try:
+        procs.check_reachable()
+        encoded = node.encode(message_for(call.call_id), payload)
+    except MeshUsageError as exc:
+        call.fail(exc)
+        return call
+    except Exception as exc:
+        call.fail(
+            encode_error(exc)
+            if encode_error is not None
+            else SerializationError(f"{call.label}: cannot pickle the payload: {exc}")
+        )
+        return call
+    ranks = list(shape.ranks)
+    call.group = procs  # who the stopper interrupts
+    node.send([procs.address(r) for r in ranks], encoded, call, ranks)
+    return call
+
+
+def _stop(future: CallFuture, why: str, grace: float) -> Any:
+    """Ctrl-C while an actor waits on another: interrupt the ranks still running it."""
+    call = future._call
+    if call is not None and not future.done():
+        waiting = call.waiting_ranks()
+        procs: _refs.ProcsRef = call.group
+        local_node().interrupt([procs.address(r) for r in waiting], call.call_id)
+        if future.exception(timeout=grace) is None and future.done():
+            return future.get()
+    if future.done():
+        return future.get()
+    raise KeyboardInterrupt
+
+
+class PeerActorMesh(Generic[A]):
+    """An actor mesh held by another actor (or by a controller that did not spawn it)."""
+
+    def __init__(self, ref: _refs.ActorRef, shape: Shape) -> None:
+        self._ref = ref
+        self._shape = shape
+        self._spawned = ref.spawned.shape()
+        self._name = ref.name
+        self._cls_name = ref.cls_name
+        self._endpoints = list(ref.endpoints)
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self._endpoints)
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r} (reference)>"
+
+    def __getattr__(self, name: str) -> PeerEndpoint[Any]:
+        if name.startswith("__") or name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._endpoints:
+            return PeerEndpoint(self, name)
+        raise no_such_endpoint(self._cls_name, name, self._endpoints, set())
+
+    def slice(self, **selection: Selector) -> PeerActorMesh[A]:
+        """The actors at the selected points (an int drops that dimension)."""
+        return PeerActorMesh(self._ref, self._shape.slice(**selection))
+
+    def stop(self) -> None:
+        """Remove these actors from their processes (the processes keep running)."""
+        procs = self._ref.procs
+        node = local_node()
+        node.send(
+            [procs.address(r) for r in self._shape.ranks],
+            node.encode(StopActor(self._ref.actor_id)),
+        )
+
+    def _sent_to(self, shape: Shape) -> tuple[Any, ...]:
+        if shape == self._spawned:
+            return ()
+        return (shape.labels, shape.sizes, shape.ranks)
+
+    def __reduce__(self):
+        return (_refs.rebuild_actors, (self._ref, _refs.ViewRef.of(self._shape)))
+
+
+class PeerEndpoint(EndpointBase[R]):
+    """An endpoint of a referenced actor mesh: the same adverbs, sent peer to peer."""
+
+    _mesh: PeerActorMesh[Any]
+
+    def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> PendingCall:
+        mesh = self._mesh
+        ref, name = mesh._ref, self._name
+        sent_to = mesh._sent_to(shape)
+        return _send(
+            ref.procs,
+            shape,
+            lambda call_id: Call(call_id, ref.actor_id, name, True, sent_to),
+            (args, kwargs),
+            actor=mesh._cls_name,
+            endpoint=name,
+            collect=collect,
+            encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
+        )
+
+    def _broadcast(self, args: tuple, kwargs: dict) -> None:
+        mesh = self._mesh
+        ref = mesh._ref
+        ref.procs.check_reachable()
+        node = local_node()
+        message = Call(0, ref.actor_id, self._name, False, mesh._sent_to(mesh._shape))
+        try:
+            encoded = node.encode(message, (args, kwargs))
+        except Exception as exc:
+            raise unpicklable_argument(self.label, args, kwargs, exc) from exc
+        node.send([ref.procs.address(r) for r in mesh._shape.ranks], encoded)
+
+
+class PeerProcMesh:
+    """A process mesh held by an actor: spawn actors on it, slice it, pass it on."""
+
+    def __init__(self, ref: _refs.ProcsRef, shape: Shape) -> None:
+        self._ref = ref
+        self._shape = shape
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    @property
+    def name(self) -> str:
+        return self._ref.name
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._ref.name!r} {self._shape!r} (reference)>"
+
+    def slice(self, **selection: Selector) -> PeerProcMesh:
+        return PeerProcMesh(self._ref, self._shape.slice(**selection))
+
+    def _view_of_rank(self, rank: int) -> PeerProcMesh:
+        return PeerProcMesh(self._ref, Shape([], [], [rank]))
+
+    def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> PeerActorMesh[A]:
+        """Start ``actor_class(*args, **kwargs)`` in every process of this mesh (blocking).
+
+        Raises SpawnError with the remote traceback if ``__init__`` raised.
+        """
+        return self.spawn_async(name, actor_class, *args, **kwargs).get()
+
+    def spawn_async(
+        self, name: str, actor_class: type[A], *args: Any, **kwargs: Any
+    ) -> Future[PeerActorMesh[A]]:
+        """:meth:`spawn` without blocking: a future of the actor mesh (``await`` it
+        from an ``async`` endpoint)."""
+        if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
+            raise MeshUsageError(
+                f"spawn({name!r}, ...) needs a subclass of monarch_nb.Actor, got {actor_class!r}"
+            )
+        shape = self._shape
+        # Unique in every process of the mesh whoever spawns (the controller
+        # counts from 1; these never collide with its ids).
+        actor_id = secrets.randbits(62) | (1 << 62)
+        call = _send(
+            self._ref,
+            shape,
+            lambda call_id: Spawn(call_id, actor_id, name, shape.labels, shape.sizes, shape.ranks),
+            (actor_class, args, kwargs),
+            actor=f"{actor_class.__name__} {name!r}",
+            error_class=SpawnError,
+            encode_error=lambda exc: unpicklable_argument(
+                f"{actor_class.__name__}.__init__", args, kwargs, exc
+            ),
+        )
+        ref = _refs.ActorRef(
+            self._ref,
+            actor_id,
+            name,
+            actor_class.__name__,
+            tuple(endpoint_names(actor_class)),
+            _refs.ViewRef.of(shape),
+        )
+        result: Future[PeerActorMesh[A]] = Future()
+
+        def done(fut: Future[Any]) -> None:
+            error = fut.exception(timeout=0)
+            if error is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(PeerActorMesh(ref, shape))
+
+        call.future.add_done_callback(done)
+        return result
+
+    def __reduce__(self):
+        return (_refs.rebuild_procs, (self._ref, _refs.ViewRef.of(self._shape)))
