@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from . import events
-    from ._common._actors import Actor, endpoint
-    from ._common._context import Context, context, current_rank
+    from ._common._actors import Actor, concurrent_endpoint, endpoint
+    from ._common._context import Context, context, current_rank, current_size
     from ._common._errors import (
         CallCancelled,
         CallTimeout,
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     )
     from ._common._future import Future
     from ._common._pending import ReplyStream
+    from ._common._ports import Channel, Port, PortReceiver
     from ._common._shape import Point, Shape
     from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 # only the modules it runs, and `import monarch_nb` stays cheap.
 _DEFINED_IN = {
     "Actor": "_common._actors",
+    "Channel": "_common._ports",
     "ActorMesh": "_controller._actor_mesh",
     "CallCancelled": "_common._errors",
     "CallTimeout": "_common._errors",
@@ -76,6 +78,8 @@ _DEFINED_IN = {
     "MeshUsageError": "_common._errors",
     "MonarchNbError": "_common._errors",
     "Point": "_common._shape",
+    "Port": "_common._ports",
+    "PortReceiver": "_common._ports",
     "ProcMesh": "_controller._proc_mesh",
     "RankState": "_controller._events",
     "RankStatus": "_controller._status",
@@ -88,8 +92,10 @@ _DEFINED_IN = {
     "ValueMesh": "_common._value_mesh",
     "attach": "_controller._launchers",
     "breakpoint": "debug._remote",
+    "concurrent_endpoint": "_common._actors",
     "context": "_common._context",
     "current_rank": "_common._context",
+    "current_size": "_common._context",
     "distribute": "tensor._api",
     "endpoint": "_common._actors",
     "inspect": "tensor._api",
@@ -146,6 +152,7 @@ __all__ = [
     "CallCancelled",
     "CallTimeout",
     "CellError",
+    "Channel",
     "Context",
     "Endpoint",
     "EndpointError",
@@ -158,6 +165,8 @@ __all__ = [
     "MeshUsageError",
     "MonarchNbError",
     "Point",
+    "Port",
+    "PortReceiver",
     "ProcMesh",
     "RankState",
     "RankStatus",
@@ -170,9 +179,11 @@ __all__ = [
     "ValueMesh",
     "attach",
     "breakpoint",
+    "concurrent_endpoint",
     "context",
     "current_mesh",
     "current_rank",
+    "current_size",
     "distribute",
     "endpoint",
     "events",
