@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from . import events
     from ._common._actors import Actor, concurrent_endpoint, endpoint
     from ._common._context import Context, context, current_rank, current_size
+    from ._common._endpoint import send
     from ._common._errors import (
         CallCancelled,
         CallTimeout,
@@ -100,6 +101,7 @@ _DEFINED_IN = {
     "endpoint": "_common._actors",
     "inspect": "tensor._api",
     "module_to_mesh": "tensor._api",
+    "send": "_common._endpoint",
     "show": "tensor._api",
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
@@ -189,6 +191,7 @@ __all__ = [
     "events",
     "inspect",
     "module_to_mesh",
+    "send",
     "show",
     "slurm_hosts",
     "ssh_hosts",

@@ -133,3 +133,43 @@ def unpicklable_argument(
                 type_name=type(value).__name__,
             )
     return SerializationError(f"the arguments of {label} cannot be pickled: {exc}")
+
+
+def send(
+    endpoint: EndpointBase[Any],
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+    port: Any = None,
+    selection: str = "all",
+) -> None:
+    """Monarch's low-level ``send``: call ``endpoint`` without waiting.
+
+    ``selection`` is ``"all"`` (every actor of the mesh) or ``"choose"`` (one,
+    the least loaded). Without ``port`` it is a broadcast (an error fails the
+    actor mesh, as ``broadcast()`` does); with one, each actor's value is sent
+    to ``port`` as it arrives (an error arrives there as an exception).
+    """
+    kwargs = dict(kwargs or {})
+    if selection not in ("all", "choose"):
+        raise MeshUsageError(f'send(..., selection={selection!r}): use "all" or "choose"')
+    if port is None:
+        if selection == "all":
+            endpoint.broadcast(*args, **kwargs)
+        else:
+            endpoint.choose(*args, **kwargs)
+        return
+
+    def forward(future: Future[Any], unpack: bool) -> None:
+        error = future.exception(timeout=0)
+        if error is not None:
+            port.exception(error)
+        else:
+            value = future.get(timeout=0)
+            port.send(value[1] if unpack else value)
+
+    if selection == "choose":
+        endpoint.choose(*args, **kwargs).add_done_callback(lambda f: forward(f, False))
+        return
+    call = endpoint._send(endpoint._mesh._shape, "stream", args, kwargs)
+    for item in call.stream_futures:
+        item.add_done_callback(lambda f: forward(f, True))
