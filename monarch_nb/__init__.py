@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         SpawnError,
     )
     from ._common._future import Future
+    from ._common._local_actors import this_proc
     from ._common._pending import ReplyStream
     from ._common._ports import Channel, Port, PortReceiver
     from ._common._shape import Point, Shape
@@ -106,6 +107,7 @@ _DEFINED_IN = {
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
     "this_host": "_controller._proc_mesh",
+    "this_proc": "_common._local_actors",
 }
 
 
@@ -196,4 +198,5 @@ __all__ = [
     "slurm_hosts",
     "ssh_hosts",
     "this_host",
+    "this_proc",
 ]

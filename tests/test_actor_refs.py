@@ -359,3 +359,54 @@ def test_the_inbox_directory_is_private(procs4, leaves):
     directory = os.path.dirname(ref.procs.address(0).removeprefix("ipc://"))
     assert os.stat(directory).st_mode & 0o777 == 0o700
     assert isinstance(MeshFailure("x"), Exception)
+
+
+class Local(Actor):
+    def __init__(self, base: int) -> None:
+        self.base = base
+
+    @endpoint
+    def add(self, x: int) -> tuple[int, int]:
+        return os.getpid(), self.base + x
+
+    @endpoint
+    async def add_async(self, x: int) -> int:
+        await asyncio.sleep(0)
+        return self.base + x
+
+
+class UsesThisProc(Actor):
+    @endpoint
+    def spawn_beside(self) -> tuple[int, int]:
+        from monarch_nb import this_proc
+
+        local = this_proc().spawn("beside", Local, 100)
+        pid, value = local.add.call_one(1).get(timeout=60)
+        return pid - os.getpid(), value
+
+
+def test_this_proc_runs_actors_in_the_controllers_process_reachable_by_others(procs4):
+    from monarch_nb import this_proc
+
+    local = this_proc().spawn("local", Local, 10)
+    assert local.add.call_one(5).get(timeout=60) == (os.getpid(), 15)
+    assert local.add_async.call_one(6).get(timeout=60) == 16
+    # Actors hold a reference to it (and to one of its endpoints) and call it.
+    callers = procs4.spawn("calls_local", CallsLocal, local)
+    assert callers.add_one.call().get(timeout=60).values() == [(os.getpid(), 11)] * 4
+    hop = procs4.slice(procs=1).spawn("hops_local", Hop)
+    assert hop.call_endpoint.call_one(local.add, 1).get(timeout=60) == [(os.getpid(), 11)]
+
+
+class CallsLocal(Actor):
+    def __init__(self, local) -> None:
+        self.local = local
+
+    @endpoint
+    def add_one(self) -> tuple[int, int]:
+        return self.local.add.call_one(1).get(timeout=60)
+
+
+def test_this_proc_in_an_actor_is_its_own_process(procs4):
+    user = procs4.slice(procs=2).spawn("uses_this_proc", UsesThisProc)
+    assert user.spawn_beside.call_one().get(timeout=60) == (0, 101)

@@ -78,7 +78,9 @@ def local_node() -> PeerNode:
         node = _node
     if node is not None:
         return node
-    started = PeerNode(socket_path(f"c-{secrets.token_hex(8)}"), tree_key())
+    # Named like a one-rank process group's inbox (prefix + "0"), so this
+    # process can host actors of its own (this_proc()) at the same address.
+    started = PeerNode(socket_path(f"c{secrets.token_hex(8)}-0-0"), tree_key())
     with _node_lock:
         if _node is None:
             _node = started
@@ -141,6 +143,8 @@ class PeerNode:
         self._port_ids = itertools.count(1)
         self.on_work: WorkHandler | None = None  # set by a worker: calls and spawns
         self.on_interrupt: Callable[[bytes, int], None] | None = None
+        # In a worker: its process group and rank (this_proc() is that rank).
+        self.home: tuple[Any, int] | None = None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poller = zmq.Poller()
         self._poller.register(inbox.getsockopt(zmq.FD), zmq.POLLIN)

@@ -179,6 +179,7 @@ class Worker:
             _peer.set_tree_key(bytes.fromhex(boot["peer"]["key"]))
             self.peer = PeerNode(self.procs_ref.address(self.rank), _peer.tree_key())
             self.peer.on_work = self._deliver_from_peer
+            self.peer.home = (self.procs_ref, self.rank)
             self.peer.on_interrupt = lambda sender, call_id: self.interrupt_ticket(
                 (sender, call_id)
             )

@@ -1,0 +1,138 @@
+"""``this_proc()``: actors in the caller's own process.
+
+In an actor, ``this_proc()`` is the rank's own process: actors spawned there
+run in the same worker, beside the caller. On the controller (a script, a
+notebook kernel) it is the controller's process: its actors run on one thread
+of their own (``monarch_nb-actors``), one message at a time in the order sent,
+and are reached through the controller's peer node like any other actor, so
+references to them travel and other actors call them directly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import queue
+import socket
+import threading
+import traceback
+from typing import Any
+
+from . import _context, _peer, _refs
+from ._errors import RemoteFailure
+from ._messages import Call, Failure, Message, Spawn, StopActor, Value
+from ._peer import PeerRoute
+from ._shape import Point, Shape
+from ._wire import decode_payload
+
+_host: LocalActorHost | None = None
+_host_lock = threading.Lock()
+
+
+def this_proc() -> Any:
+    """The caller's own process as a one-process mesh: ``this_proc().spawn(...)``."""
+    from ._peer_mesh import PeerProcMesh
+
+    node = _peer.node_or_none()
+    if node is not None and node.home is not None:  # in a worker: the rank's own process
+        procs, rank = node.home
+        return PeerProcMesh(procs, Shape([], [], [rank]))
+    with _host_lock:
+        global _host
+        if _host is None:
+            _host = LocalActorHost(_peer.local_node())
+        host = _host
+    return PeerProcMesh(host.ref, Shape([], [], [0]))
+
+
+class LocalActorHost:
+    """Runs the actors spawned on the controller's own process (see the module doc)."""
+
+    def __init__(self, node: _peer.PeerNode) -> None:
+        prefix = node.address[: -len("0")]
+        self.ref = _refs.ProcsRef(
+            "local-" + node.identity.hex()[:12],
+            0,
+            "this_proc",
+            socket.gethostname(),
+            prefix,
+            _refs.ViewRef.of(Shape([], [], [0])),
+        )
+        self.actors: dict[int, tuple[Any, _context.Context]] = {}
+        self._inbox: queue.SimpleQueue[tuple[Message, list[Any], PeerRoute]] = queue.SimpleQueue()
+        self._loop: Any = None
+        node.on_work = lambda message, frames, route: self._inbox.put((message, frames, route))
+        threading.Thread(target=self._run, name="monarch_nb-actors", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            message, frames, route = self._inbox.get()
+            try:
+                self._handle(message, frames, route)
+            except Exception:
+                traceback.print_exc()  # a bug here must not stop the other actors
+
+    def _handle(self, message: Message, frames: list[Any], route: PeerRoute) -> None:
+        match message:
+            case Spawn(call_id, actor_id, name, labels, sizes, ranks):
+                shape = Shape(labels, sizes, ranks)
+                ctx = _context.Context(
+                    Point({}, 0),
+                    1,
+                    "this_proc",
+                    name,
+                    actor_id=actor_id,
+                    procs=self.ref,
+                    shape=shape,
+                )
+                _context.set_task_context(ctx)
+                try:
+                    cls, args, kwargs = decode_payload(frames)
+                    instance = self._run_user(cls, args, kwargs)
+                except BaseException as exc:
+                    route.send(Failure(call_id, _failure(exc), False))
+                    return
+                self.actors[actor_id] = (
+                    instance,
+                    _context.Context(
+                        ctx.point, 1, "this_proc", name, instance, actor_id, self.ref, shape
+                    ),
+                )
+                route.send(Value(call_id))
+            case Call(call_id, actor_id, endpoint, reply):
+                entry = self.actors.get(actor_id)
+                try:
+                    if entry is None:
+                        raise LookupError(f"no actor {actor_id} in this process: it was stopped")
+                    instance, ctx = entry
+                    _context.set_task_context(ctx)
+                    args, kwargs = decode_payload(frames)
+                    result = self._run_user(getattr(instance, endpoint), args, kwargs)
+                except BaseException as exc:
+                    if reply:
+                        route.send(Failure(call_id, _failure(exc), False))
+                    else:
+                        traceback.print_exc()  # a broadcast: nobody waits, say it here
+                    return
+                if reply:
+                    route.send(Value(call_id), result)
+            case StopActor(actor_id):
+                self.actors.pop(actor_id, None)
+
+    def _run_user(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            if self._loop is None:
+                import asyncio
+
+                self._loop = asyncio.new_event_loop()
+            result = self._loop.run_until_complete(result)
+        return result
+
+
+def _failure(exc: BaseException) -> RemoteFailure:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        message = str(exc)
+    except Exception as broken:
+        message = f"<str() of the exception failed: {type(broken).__name__}>"
+    return RemoteFailure(0, type(exc).__name__, message, text)
