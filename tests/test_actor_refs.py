@@ -234,6 +234,12 @@ def test_a_remote_error_from_a_nested_call_names_both_actors(relays):
     assert "Relay.boom" in text
     assert "Leaf.boom" in text
     assert "leaf exploded" in text
+    # The chain: the relay's own lines, then the leaf's, without our waiting frames.
+    rendered = info.value.render()
+    assert "self.target.slice(procs=0).boom.call_one()" in rendered
+    assert 'raise ValueError("leaf exploded")' in rendered
+    assert rendered.index("Relay.boom") < rendered.index("Leaf.boom was called from here")
+    assert "_pending.py" not in rendered
 
 
 def test_message_rank_is_relative_to_the_slice_called(relays):

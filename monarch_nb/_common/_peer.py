@@ -188,6 +188,14 @@ class PeerNode:
         self._wake()
         for rank, why in gone:
             self._fail_rank(call, rank, why)
+        if call is None:  # a broadcast: nobody waits to hear that a target is gone
+            dead = [a for a, b in zip(addresses, boxes, strict=True) if b.gone]
+            if dead:
+                raise MeshFailure(
+                    f"{len(dead)} of the {len(addresses)} ranks this message was sent to "
+                    f"cannot be reached ({boxes[addresses.index(dead[0])].gone}); "
+                    "was their mesh stopped?"
+                )
 
     def reply(self, identity: bytes, encoded: Encoded) -> None:
         """Send a reply back to the sender ``identity`` of a message our inbox took."""

@@ -277,6 +277,9 @@ class ProcGroup:
 
     def _base_env(self, host: str) -> dict[str, str]:
         env = dict(os.environ)
+        # The tree's private socket directory: a worker that starts meshes of its
+        # own puts their inboxes there too (and never makes, or leaks, one).
+        env[_rundir.ENV_VAR] = _rundir.run_dir()
         env.update(
             WORLD_SIZE=str(len(self.shape)),
             LOCAL_WORLD_SIZE=str(len(self.shape)),

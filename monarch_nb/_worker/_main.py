@@ -30,7 +30,7 @@ import zmq
 from .._common import _context, _peer, _refs
 from .._common._actors import is_concurrent, wants_response_port
 from .._common._context import Context
-from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure
+from .._common._errors import MeshFailure, MeshUsageError, RemoteError, RemoteFailure
 from .._common._future import set_wait_pump
 from .._common._messages import (
     BroadcastFailure,
@@ -57,6 +57,11 @@ DEFAULT_HEARTBEAT_S = 1.0
 # Frames of these files sit between the wire and user code: noise in a traceback.
 _DISPATCH_FILES = frozenset(
     os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
+)
+# Frames of waiting on a future: where a nested call's error was re-raised.
+_WAIT_FILES = frozenset(
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), "_common", name)
+    for name in ("_future.py", "_pending.py")
 )
 
 
@@ -691,7 +696,13 @@ class Worker:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in _DISPATCH_FILES:
             tb = tb.tb_next
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        summary = traceback.TracebackException(type(exc), exc, tb)
+        summary.stack = traceback.StackSummary.from_list(
+            [f for f in summary.stack if f.filename not in _WAIT_FILES]
+        )
+        text = "".join(summary.format())
+        if isinstance(exc, RemoteError):  # a call this actor made failed: show where
+            text += f"--- {exc.target} was called from here, and failed:\n{exc.render()}\n"
         try:
             message = str(exc)
         except Exception as broken:  # a user exception whose __str__ raises
