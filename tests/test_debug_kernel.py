@@ -105,6 +105,32 @@ def test_breakpoint_in_an_endpoint_on_chosen_ranks(kernel):
     assert "[5, 10]" in text
 
 
+def test_breakpoint_in_an_endpoint_another_actor_called(kernel):
+    kernel.ok(
+        "from monarch_nb import Actor, endpoint, current_rank, current_mesh\n"
+        "import monarch_nb\n"
+        "class Inner(Actor):\n"
+        "    @endpoint\n    def work(self, x):\n"
+        "        inner = x + 1\n"
+        "        monarch_nb.breakpoint(ranks=[0])\n"
+        "        return inner\n"
+        "class Outer(Actor):\n"
+        "    def __init__(self, inner):\n        self.inner = inner\n"
+        "    @endpoint\n    def step(self, x):\n"
+        "        return self.inner.slice(procs=0).work.call_one(x).get()\n"
+        "inner = current_mesh().spawn('inner', Inner)\n"
+        "outer = current_mesh().spawn('outer', Outer, inner)"
+    )
+    reply, convo = converse(
+        kernel, "outer.slice(procs=1).step.call_one(41).get()", scripted("p inner", "c")
+    )
+    assert reply.status == "ok", convo.text()
+    assert convo.prompts == ["(Pdb rank 0) "] * 2
+    text = convo.text()
+    assert "-> return inner" in text
+    assert "\n42\n" in text
+
+
 def test_q_ends_the_session_with_bdbquit(kernel):
     reply, convo = converse(kernel, "%%mesh --ranks 1\nbreakpoint()\nz = 1", scripted("q"))
     assert reply.error["ename"] == "CellError", convo.text()
