@@ -15,7 +15,7 @@ from .._common._shape import Selector
 from .._common._value_mesh import ValueMesh
 from .._controller._proc_mesh import ProcMesh
 from ._engine import View, engine_for, source_line
-from ._tensor import MeshTensor, _constant, dispatch
+from ._tensor import MeshTensor, _constant, dispatch, meta
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -127,7 +127,7 @@ def distribute(
     ref = engine.new_ref()
     value = tensor.detach().cpu().contiguous()
     engine.record(view.ranks, ("dist", ref, value, mesh_id, placements, source_line()))
-    result = MeshTensor(torch.empty_like(value, device="meta"), view, ref)
+    result = MeshTensor(meta(value.shape, value.dtype, value.stride()), view, ref)
     result._mt_placements = tuple(placements)
     result._mt_dtensor = True
     result.requires_grad_(tensor.requires_grad)
@@ -170,8 +170,10 @@ def module_to_mesh(module: M, procs: ProcMesh, placements: Sequence[Any] | None 
 def manual_seed(seed: int, procs: ProcMesh) -> None:
     """``torch.manual_seed(seed)`` on every rank of ``procs`` (in order with its ops).
 
-    Ranks start with torch's default seed, so random factories give every rank
-    the same values until seeded differently."""
+    Ranks start with different seeds (torch seeds each process by itself), so
+    ``torch.rand`` inside ``activate()`` gives each rank its own values; after
+    ``manual_seed(seed, procs)`` every rank draws the same ones. (``torch.manual_seed``
+    inside ``activate()`` seeds the controller only.)"""
     engine = engine_for(procs)
     engine.record(engine.view(procs).ranks, ("seed", int(seed)))
 

@@ -39,6 +39,16 @@ _DATA_DEPENDENT = (
 )
 
 
+def meta(shape: Sequence[int], dtype: torch.dtype, stride: Sequence[int] | None = None) -> Any:
+    """A meta tensor (shape, strides and dtype, no data), made past any dispatch mode:
+    inside ``activate()`` a plain ``torch.empty(..., device="meta")`` would itself
+    become a mesh tensor."""
+    with torch._C._DisableTorchDispatch():
+        if stride is None:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+
+
 class MeshTensor(torch.Tensor):
     """A tensor on every rank of a mesh (or slice), programmed from the controller.
 
@@ -57,6 +67,8 @@ class MeshTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor, view: View, ref: int) -> MeshTensor:
+        if type(meta) is not torch.Tensor:
+            raise TypeError(f"a MeshTensor's metadata must be a plain meta tensor, got {meta!r}")
         t = torch.Tensor._make_wrapper_subclass(
             cls,
             meta.shape,
@@ -170,7 +182,7 @@ class MeshTensor(torch.Tensor):
                         f"{shape[dim]}) does not divide by {size}; pad it, or use full_tensor()"
                     )
                 shape[dim] //= size
-        return _unary(self, "local", torch.empty(shape, dtype=self.dtype, device="meta"))
+        return _unary(self, "local", meta(shape, self.dtype))
 
     # -- collectives along named mesh dimensions -------------------------------------
 
@@ -235,13 +247,12 @@ class MeshTensor(torch.Tensor):
         line = source_line()
         xid = next(engine.transfers)
         out = engine.new_ref()
-        meta = torch.empty(self.shape, dtype=self.dtype, device="meta")
         engine.record(src.ranks, ("send", xid, self._mt_ref, list(src.ranks), line))
         engine.record(
             dst.ranks,
             ("recv", out, xid, list(dst.ranks), tuple(self.shape), self.dtype, line),
         )
-        return MeshTensor(meta, dst, out)
+        return MeshTensor(meta(self.shape, self.dtype), dst, out)
 
 
 def _unary(t: MeshTensor, kind: str, meta: torch.Tensor, view: View | None = None) -> MeshTensor:
@@ -308,7 +319,7 @@ def _collective(
         torch.autograd.graph.increment_version(t)
         return t
     assert out is not None
-    return MeshTensor(torch.empty(shape, dtype=t.dtype, device="meta"), view, out)
+    return MeshTensor(meta(shape, t.dtype), view, out)
 
 
 # -- the dispatcher: aten op -> meta run + recorded op ------------------------------------
@@ -392,8 +403,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
             ref = engine.new_ref()
             outs.append(ref)
             shape, stride, dtype = what
-            meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            out = MeshTensor(meta, view, ref)
+            out = MeshTensor(meta(shape, dtype, stride), view, ref)
             out._mt_dtensor = dtensor
             out_flat.append(out)
         else:
@@ -484,8 +494,7 @@ def _constant(value: torch.Tensor, view: View) -> MeshTensor:
     engine = view.engine
     ref = engine.new_ref()
     engine.record(view.ranks, ("const", ref, value.detach().cpu().clone()))
-    meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-    return MeshTensor(meta, view, ref)
+    return MeshTensor(meta(value.shape, value.dtype, value.stride()), view, ref)
 
 
 publish(globals())
