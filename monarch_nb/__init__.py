@@ -26,7 +26,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import events
+    from . import events, fetch
     from ._common._actors import Actor, concurrent_endpoint, endpoint
     from ._common._context import Context, context, current_rank, current_size
     from ._common._endpoint import send
@@ -55,7 +55,17 @@ if TYPE_CHECKING:
     from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
     from ._controller._status import MeshState, MeshStatus, RankStatus
     from .debug._remote import breakpoint
-    from .tensor._api import distribute, inspect, module_to_mesh, show
+    from .tensor._active import get_active_mesh, no_mesh
+    from .tensor._api import (
+        distribute,
+        fetch_shard,
+        inspect,
+        module_to_mesh,
+        show,
+        slice_mesh,
+        to_mesh,
+    )
+    from .tensor._remote import call_on_shard_and_fetch, remote
     from .tensor._tensor import MeshTensor
 
 # Public name -> the private module that defines it. Imported on first use
@@ -94,26 +104,33 @@ _DEFINED_IN = {
     "ValueMesh": "_common._value_mesh",
     "attach": "_controller._launchers",
     "breakpoint": "debug._remote",
+    "call_on_shard_and_fetch": "tensor._remote",
     "concurrent_endpoint": "_common._actors",
     "context": "_common._context",
     "current_rank": "_common._context",
     "current_size": "_common._context",
     "distribute": "tensor._api",
     "endpoint": "_common._actors",
+    "fetch_shard": "tensor._api",
+    "get_active_mesh": "tensor._active",
     "inspect": "tensor._api",
     "module_to_mesh": "tensor._api",
+    "no_mesh": "tensor._active",
+    "remote": "tensor._remote",
     "send": "_common._endpoint",
     "show": "tensor._api",
+    "slice_mesh": "tensor._api",
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
     "this_host": "_controller._proc_mesh",
     "this_proc": "_common._local_actors",
+    "to_mesh": "tensor._api",
 }
 
 
 def __getattr__(name: str) -> Any:
-    if name == "events":
-        return importlib.import_module(f"{__name__}.events")
+    if name in ("events", "fetch"):
+        return importlib.import_module(f"{__name__}.{name}")
     module = _DEFINED_IN.get(name)
     if module is None:
         raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
@@ -183,6 +200,7 @@ __all__ = [
     "ValueMesh",
     "attach",
     "breakpoint",
+    "call_on_shard_and_fetch",
     "concurrent_endpoint",
     "context",
     "current_mesh",
@@ -191,12 +209,19 @@ __all__ = [
     "distribute",
     "endpoint",
     "events",
+    "fetch",
+    "fetch_shard",
+    "get_active_mesh",
     "inspect",
     "module_to_mesh",
+    "no_mesh",
+    "remote",
     "send",
     "show",
+    "slice_mesh",
     "slurm_hosts",
     "ssh_hosts",
     "this_host",
     "this_proc",
+    "to_mesh",
 ]

@@ -47,3 +47,153 @@ def test_ranks_draw_different_values_until_seeded_alike(procs):
     values = after.fetch().get(timeout=60).values()
     assert all(torch.equal(values[0], v) for v in values[1:])
     assert isinstance(after, MeshTensor)
+
+
+# -- reading values: fetch_shard, inspect, show ------------------------------------------
+
+
+def test_fetch_shard_reads_one_rank_of_a_pytree(procs):
+    v = rank_values(procs)
+    with procs.activate():
+        w = v * 10
+    got = monarch_nb.fetch_shard({"v": v, "w": [w], "note": "kept"}, procs=2).get(timeout=60)
+    assert got["v"].tolist() == [2.0]
+    assert got["w"][0].tolist() == [20.0]
+    assert got["note"] == "kept"
+    assert monarch_nb.fetch_shard(w, {"procs": 3}).get(timeout=60).tolist() == [30.0]
+    from monarch_nb.fetch import fetch_shard, inspect
+
+    assert fetch_shard is monarch_nb.fetch_shard
+    assert inspect(w).tolist() == [0.0]  # no coordinates: rank 0, as Monarch's inspect
+
+
+def test_inspect_without_coordinates_on_a_2d_mesh_reads_coordinate_zero(procs):
+    grid = procs.split(procs={"dp": 2, "tp": 2})
+    v = rank_values(grid)
+    assert monarch_nb.inspect(v).tolist() == [0.0]
+    assert monarch_nb.inspect(v, dp=1, tp=0).tolist() == [2.0]
+    with pytest.raises(monarch_nb.MeshUsageError, match=r"name a coordinate for \['tp'\]"):
+        monarch_nb.inspect(v, dp=1)
+
+
+def test_show_one_shard_or_every_rank_folded(procs, capsys):
+    v = rank_values(procs)
+    monarch_nb.show(v, procs=1)
+    assert capsys.readouterr().out.strip() == "[1] tensor([1.])"
+    monarch_nb.show(v * 0)
+    assert capsys.readouterr().out.strip() == "[0-3] tensor([0.])"
+
+
+# -- functions on ranks: @remote, call_on_shard_and_fetch, no_mesh, get_active_mesh ------
+
+
+@monarch_nb.remote
+def top_values(x, k):
+    return x.topk(k).values
+
+
+@monarch_nb.remote(propagate=lambda x: x)
+def clip_(x):
+    return x.clamp_(0.0, 1.5)
+
+
+@monarch_nb.remote(propagate=lambda x: (x.sum(), x.abs()))
+def sum_and_abs(x):
+    return x.sum(), x.abs()
+
+
+def rank_and_world(x):
+    import torch.distributed as dist
+
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "x": x * 2}
+
+
+def test_remote_functions_run_on_every_rank_with_shapes_known_here(procs):
+    v = rank_values(procs)
+    controller = procs._group.controller
+    monarch_nb.inspect(v)
+    sent = controller.stats.sent
+    with procs.activate():
+        x = torch.arange(6.0) + v  # rank r: [r, r+1, ..., r+5]
+        top = top_values(x, 2)  # shapes inferred on fake tensors
+        total, magnitude = sum_and_abs(x - 3)  # shapes from propagate=
+        clip_(x)  # in place, on the ranks
+        assert controller.stats.sent == sent  # nothing sent or waited for yet
+    assert isinstance(top, MeshTensor)
+    assert tuple(top.shape) == (2,)
+    assert (tuple(total.shape), tuple(magnitude.shape)) == ((), (6,))
+    assert monarch_nb.inspect(top, procs=1).tolist() == [6.0, 5.0]
+    assert monarch_nb.inspect(total, procs=2).item() == 27.0 - 18.0
+    assert monarch_nb.inspect(magnitude, procs=0).tolist() == [3.0, 2.0, 1.0, 0.0, 1.0, 2.0]
+    assert monarch_nb.inspect(x, procs=0).tolist() == [0.0, 1.0, 1.5, 1.5, 1.5, 1.5]
+
+
+def test_call_on_shard_and_fetch_returns_any_value_from_one_rank(procs):
+    v = rank_values(procs)
+    got = monarch_nb.call_on_shard_and_fetch(rank_and_world, v, shard={"procs": 3})
+    value = got.get(timeout=60)
+    assert (value["rank"], value["world"], value["x"].tolist()) == (3, 4, [6.0])
+    with procs.activate():
+        first = monarch_nb.call_on_shard_and_fetch(monarch_nb.remote(rank_and_world), v)
+    assert first.get(timeout=60)["rank"] == 0
+
+
+def test_no_mesh_and_get_active_mesh(procs):
+    with pytest.raises(ValueError, match=r"no mesh is active"):
+        monarch_nb.get_active_mesh()
+    half = procs.slice(procs=slice(0, 2))
+    with procs.activate():
+        assert monarch_nb.get_active_mesh() is procs
+        with half.activate():
+            assert monarch_nb.get_active_mesh() is half
+            inner = torch.zeros(2)
+        with monarch_nb.no_mesh.activate():
+            local = torch.ones(2)
+            with pytest.raises(ValueError, match=r"no mesh is active"):
+                monarch_nb.get_active_mesh()
+        outer = torch.zeros(3)
+    assert type(local) is torch.Tensor
+    assert inner.mesh is half
+    assert outer.mesh is procs
+    assert len(inner.fetch().get(timeout=60)) == 2
+
+
+def test_remote_function_errors_say_what_to_do(procs):
+    @monarch_nb.remote
+    def nonzero(x):
+        return x.nonzero()
+
+    with pytest.raises(monarch_nb.MeshUsageError, match=r"needs a mesh.*activate"):
+        top_values(torch.ones(3), 1)
+    with procs.activate():
+        x = torch.ones(3)
+        with pytest.raises(monarch_nb.MeshUsageError, match=r"nonzero.*propagate="):
+            nonzero(x)
+        broken = monarch_nb.remote(lambda t: t.reshape(7), propagate=lambda t: t)(x)
+    with pytest.raises(monarch_nb.tensor.MeshTensorError, match=r"lambda.*reshape|shape '\[7\]'"):
+        monarch_nb.inspect(broken)
+
+
+def test_slice_mesh_sends_one_stage_to_the_next_with_copies_along_missing_dims(procs):
+    stages = procs.split(procs={"stage": 2, "dp": 2})
+    v = rank_values(stages)  # rank r holds r
+    second = stages.slice(stage=1)
+    moved = monarch_nb.to_mesh(monarch_nb.slice_mesh(v, stage=0), second)  # in order
+    assert [t.item() for t in moved.fetch().get(timeout=60).values()] == [0.0, 1.0]
+    one = v.slice_mesh(stage=0, dp=1).to_mesh(second)  # one rank's value to both
+    assert [t.item() for t in one.fetch().get(timeout=60).values()] == [1.0, 1.0]
+    everywhere = v.slice_mesh(stage=1).to_mesh(stages)  # copies along "stage"
+    assert [t.item() for t in everywhere.fetch().get(timeout=60).values()] == [2.0, 3.0] * 2
+    with pytest.raises(monarch_nb.MeshUsageError, match=r"pairs points in order"):
+        v.slice_mesh(dp=0).to_mesh(procs.slice(procs=slice(0, 3)))
+    assert ref_counts_pinned(procs) == [0, 0, 0, 0]
+
+
+def ref_counts_pinned(procs):
+    """Buffers each rank still offers to readers (none once all have read)."""
+    from monarch_nb.tensor._engine import engine_for
+
+    engine = engine_for(procs)
+    with procs.activate():
+        torch.zeros(1)  # the next batch releases buffers that every reader is done with
+    return [s["pinned"] for s in engine.stats().values()]

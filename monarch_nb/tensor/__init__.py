@@ -24,33 +24,47 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch.distributed.tensor import Partial, Replicate, Shard
 
+    from ._active import get_active_mesh, no_mesh
     from ._api import (
         Activation,
         activate,
         distribute,
+        fetch_shard,
         inspect,
         manual_seed,
         module_to_mesh,
         ref_counts,
         show,
+        slice_mesh,
+        to_mesh,
     )
     from ._errors import MeshTensorError
-    from ._tensor import MeshTensor
+    from ._remote import Remote, call_on_shard_and_fetch, remote
+    from ._tensor import MeshSliceTensor, MeshTensor
 
 _DEFINED_IN = {
     "Activation": "._api",
+    "MeshSliceTensor": "._tensor",
     "MeshTensor": "._tensor",
     "MeshTensorError": "._errors",
     "Partial": "torch.distributed.tensor",
+    "Remote": "._remote",
     "Replicate": "torch.distributed.tensor",
     "Shard": "torch.distributed.tensor",
     "activate": "._api",
+    "call_on_shard_and_fetch": "._remote",
     "distribute": "._api",
+    "fetch_shard": "._api",
+    "get_active_mesh": "._active",
     "inspect": "._api",
     "manual_seed": "._api",
     "module_to_mesh": "._api",
+    "no_mesh": "._active",
     "ref_counts": "._api",
+    "remote": "._remote",
     "show": "._api",
+    "slice_mesh": "._api",
+    "to_mesh": "._api",
 }
 
 
@@ -69,16 +83,25 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Activation",
+    "MeshSliceTensor",
     "MeshTensor",
     "MeshTensorError",
     "Partial",
+    "Remote",
     "Replicate",
     "Shard",
     "activate",
+    "call_on_shard_and_fetch",
     "distribute",
+    "fetch_shard",
+    "get_active_mesh",
     "inspect",
     "manual_seed",
     "module_to_mesh",
+    "no_mesh",
     "ref_counts",
+    "remote",
     "show",
+    "slice_mesh",
+    "to_mesh",
 ]

@@ -7,28 +7,29 @@ from typing import Any, TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from .._common._errors import MeshUsageError, format_ranks
 from .._common._fold import fold
+from .._common._future import Future
 from .._common._public import publish
 from .._common._shape import Selector
 from .._common._value_mesh import ValueMesh
 from .._controller._proc_mesh import ProcMesh
-from ._engine import View, engine_for, source_line
-from ._tensor import MeshTensor, _constant, dispatch, meta
+from ._active import current, pop, push
+from ._engine import View, engine_for, source_line, then
+from ._tensor import MeshSliceTensor, MeshTensor, _constant, dispatch, join_view, meta
 
 M = TypeVar("M", bound=torch.nn.Module)
+T = TypeVar("T")
 
 
 class _MeshMode(TorchDispatchMode):
-    """Inside ``activate()``: factories make mesh tensors, mesh ops go to the ranks."""
-
-    def __init__(self, view: View) -> None:
-        super().__init__()
-        self.view = view
+    """Inside ``activate()``: factories make mesh tensors on the innermost active mesh
+    (none inside ``no_mesh``), and ops on mesh tensors go to their ranks."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return dispatch(func, args, kwargs or {}, self.view)
+        return dispatch(func, args, kwargs or {}, current())
 
 
 class Activation:
@@ -43,13 +44,15 @@ class Activation:
     def __enter__(self) -> ProcMesh:
         if self._mode is not None:
             raise MeshUsageError("this activation is already entered; call procs.activate() again")
-        self._mode = _MeshMode(self.view)
+        self._mode = _MeshMode()
         self._mode.__enter__()
+        push(self.view)
         return self.procs
 
     def __exit__(self, *exc_info: Any) -> None:
         mode, self._mode = self._mode, None
         if mode is not None:
+            pop(self.view)
             mode.__exit__(*exc_info)
             self.view.engine.flush()
 
@@ -65,42 +68,83 @@ def activate(procs: ProcMesh) -> Activation:
     return Activation(procs)
 
 
-def _rank_of(t: MeshTensor, point: dict[str, Selector]) -> int:
-    shape = t._mt_view.shape
+def _rank_of(view: View, point: dict[str, Selector], what: str) -> int:
+    """The rank at ``point`` of ``view``; with no coordinates, its first (coordinate 0
+    of every dimension, as Monarch's ``fetch_shard``)."""
+    if not point:
+        return view.ranks[0]
+    shape = view.shape
     selected = shape.slice(**point)
     if len(selected) != 1:
         missing = [d for d in shape.labels if d not in point]
         raise MeshUsageError(
-            f"inspect() reads one rank; name a coordinate for {missing!r}, e.g. "
-            f"inspect(t, {', '.join(f'{d}=0' for d in missing)})"
+            f"{what}() reads one rank; name a coordinate for {missing!r} too, e.g. "
+            f"{what}(t, {', '.join(f'{d}=0' for d in shape.labels)})"
         )
     return selected.ranks[0]
+
+
+def fetch_shard(obj: T, shard: dict[str, Selector] | None = None, **coords: Selector) -> Future[T]:
+    """A future of ``obj`` (a tensor, or a pytree holding tensors) with each mesh tensor
+    replaced by one rank's local copy: the rank at ``shard`` / ``coords`` (a coordinate
+    per mesh dimension), rank 0 of the mesh without them. For a distributed tensor,
+    that rank's shard. Other leaves come back as they are.
+
+    ``fetch_shard(loss, dp=1).get()``; ``await fetch_shard(t)``. The future raises
+    MeshTensorError if an op these tensors depend on failed on any rank of their mesh.
+    """
+    point = {**(shard or {}), **coords}
+    flat, spec = tree_flatten(obj)
+    positions = [i for i, x in enumerate(flat) if isinstance(x, MeshTensor)]
+    if not positions:
+        raise MeshUsageError(
+            f"fetch_shard() reads mesh tensors, and {type(obj).__name__} holds none"
+        )
+    view: View | None = None
+    for i in positions:
+        view = join_view(view, flat[i], "fetch_shard()")
+    assert view is not None
+    rank = _rank_of(view, point, "fetch_shard")
+    refs = [flat[i]._mt_ref for i in positions]
+
+    def rebuild(values: ValueMesh[Any]) -> Any:
+        filled = list(flat)
+        for i, value in zip(positions, values[rank], strict=True):
+            filled[i] = value
+        return tree_unflatten(filled, spec)
+
+    return then(view.engine.read(view, refs, rank), rebuild)
+
+
+def inspect(obj: T, shard: dict[str, Selector] | None = None, **coords: Selector) -> T:
+    """``fetch_shard(obj, ...).get()``: one rank's copy of ``obj``'s mesh tensors, here.
+
+    ``inspect(t)`` is rank 0's copy, ``inspect(t, procs=1)`` rank 1's. Raises
+    MeshTensorError if an op ``t`` depends on failed."""
+    return fetch_shard(obj, shard, **coords).get()
+
+
+def show(t: Any, shard: dict[str, Selector] | None = None, **coords: Selector) -> None:
+    """Print one rank's copy (``show(t, gpu=1)``: ``[1] tensor([...])``) or, without
+    coordinates, every rank's copy with equal copies folded (``[0-3] tensor([...])``)."""
+    if shard or coords:
+        view = _mesh_tensor(t, "show")._mt_view
+        rank = _rank_of(view, {**(shard or {}), **coords}, "show")
+        pairs = [(rank, repr(inspect(t, shard, **coords)))]
+    else:
+        values: ValueMesh[torch.Tensor] = _mesh_tensor(t, "show").fetch().get()
+        pairs = list(zip(values.shape.ranks, map(repr, values.values()), strict=True))
+    lines = []
+    for ranks, text in fold(pairs):
+        sep = "\n" if "\n" in text else " "
+        lines.append(f"[{format_ranks(ranks)}]{sep}{text}")
+    print("\n".join(lines))
 
 
 def _mesh_tensor(t: Any, what: str) -> MeshTensor:
     if not isinstance(t, MeshTensor):
         raise MeshUsageError(f"{what}() takes a MeshTensor, got {type(t).__name__}")
     return t
-
-
-def inspect(t: MeshTensor, **point: Selector) -> torch.Tensor:
-    """One rank's copy of ``t`` as a local tensor: ``inspect(t, procs=1)`` (a coordinate
-    per mesh dimension; none on a one-point mesh). For a distributed tensor, that
-    rank's shard. Raises MeshTensorError if an op ``t`` depends on failed."""
-    t = _mesh_tensor(t, "inspect")
-    rank = _rank_of(t, point)
-    view = t._mt_view
-    return view.engine.read(view, t._mt_ref, rank).get()[rank]
-
-
-def show(t: MeshTensor) -> None:
-    """Print every rank's copy of ``t``, equal copies folded: ``[0-3] tensor([...])``."""
-    values: ValueMesh[torch.Tensor] = _mesh_tensor(t, "show").fetch().get()
-    lines = []
-    for ranks, text in fold(zip(values.shape.ranks, map(repr, values.values()), strict=True)):
-        sep = "\n" if "\n" in text else " "
-        lines.append(f"[{format_ranks(ranks)}]{sep}{text}")
-    print("\n".join(lines))
 
 
 def distribute(
@@ -132,6 +176,22 @@ def distribute(
     result._mt_dtensor = True
     result.requires_grad_(tensor.requires_grad)
     return result
+
+
+def slice_mesh(tensors: Any, **selection: Selector) -> Any:
+    """Each mesh tensor in ``tensors`` (a pytree) seen on a slice of its mesh, to be
+    moved with :func:`to_mesh`: ``to_mesh(slice_mesh(h, stage=0), stages.slice(stage=1))``."""
+    return tree_map(
+        lambda t: t.slice_mesh(**selection) if isinstance(t, MeshTensor) else t, tensors
+    )
+
+
+def to_mesh(tensors: Any, procs: ProcMesh) -> Any:
+    """Each mesh tensor (or slice of one) in ``tensors`` (a pytree) moved to ``procs``,
+    rank to rank: see :meth:`MeshTensor.to_mesh`."""
+    return tree_map(
+        lambda t: t.to_mesh(procs) if isinstance(t, MeshTensor | MeshSliceTensor) else t, tensors
+    )
 
 
 def module_to_mesh(module: M, procs: ProcMesh, placements: Sequence[Any] | None = None) -> M:

@@ -158,12 +158,21 @@ class Engine:
 
     # -- reading ----------------------------------------------------------------------
 
-    def read(self, view: View, ref: int, value_rank: int | None = None) -> Future[ValueMesh[Any]]:
-        """Each rank's value of ``ref`` (only ``value_rank``'s if given), or the
-        MeshTensorError naming the op that failed on any rank."""
+    def read(
+        self, view: View, ref: int | list[int], value_rank: int | None = None
+    ) -> Future[ValueMesh[Any]]:
+        """Each rank's value of ``ref`` (a list of values for a list of refs; only
+        ``value_rank``'s if given), or the MeshTensorError naming the op that failed
+        on any rank."""
         self.flush()
         call = self._actors_on(view.ranks).read.call(ref, value_rank)
-        return _then(call, lambda replies: _values(view.shape, replies))
+        return then(call, lambda replies: _values(view.shape, replies))
+
+    def read_rank(self, rank: int, ref: int) -> Future[Any]:
+        """The value of ``ref`` on ``rank`` alone (any object), or its MeshTensorError."""
+        self.flush()
+        call = self._actors_on((rank,)).read.call(ref, rank)
+        return then(call, lambda replies: _values(replies.shape, replies).values()[0])
 
     def stats(self) -> ValueMesh[dict[str, int]]:
         """Per rank: how many tensors it holds (``refs``), for tests and debugging."""
@@ -178,7 +187,7 @@ def _values(shape: Shape, replies: ValueMesh[tuple[str, Any]]) -> ValueMesh[Any]
     return ValueMesh(shape, [v for _, v in replies.values()])
 
 
-def _then(future: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
+def then(future: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
     result: Future[Any] = Future()
 
     def done(f: Future[Any]) -> None:

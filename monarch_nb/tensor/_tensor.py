@@ -216,43 +216,85 @@ class MeshTensor(torch.Tensor):
     def to_mesh(self, procs: Any) -> MeshTensor:
         """This tensor on another mesh of the same size (e.g. the next pipeline stage):
         point ``i`` of this mesh sends to point ``i`` of ``procs``, rank to rank over
-        the data plane (RDMABuffer), not through the controller."""
-        src = self._mt_view
-        engine = src.engine
-        dst_engine = engine_for(procs)
-        if dst_engine is not engine:
-            raise MeshUsageError(
-                f"to_mesh() moves tensors between views of one process mesh ({src!r}); "
-                f"{procs!r} belongs to another process mesh, which is not supported yet: "
-                "fetch the values and distribute() them"
-            )
-        if self._mt_dtensor:
-            raise MeshUsageError(
-                "to_mesh() moves plain mesh tensors; for a distributed tensor, "
-                "call .to_local() (or .full_tensor()) first"
-            )
-        if self.requires_grad and torch.is_grad_enabled():
-            raise MeshUsageError(
-                "to_mesh() is not differentiable yet: move t.detach() (and send gradients "
-                "back with another to_mesh()), or call it inside torch.no_grad()"
-            )
-        dst = engine.view(procs)
-        if len(dst.shape) != len(src.shape):
-            raise MeshUsageError(
-                f"to_mesh() pairs points in order, but {src!r} has {len(src.shape)} and "
-                f"{dst!r} has {len(dst.shape)}; slice them to the same size"
-            )
-        if dst.ranks == src.ranks:
-            return _unary(self, "local", self._mt_meta, view=dst)  # same ranks: an alias
-        line = source_line()
-        xid = next(engine.transfers)
-        out = engine.new_ref()
-        engine.record(src.ranks, ("send", xid, self._mt_ref, list(src.ranks), line))
-        engine.record(
-            dst.ranks,
-            ("recv", out, xid, list(dst.ranks), tuple(self.shape), self.dtype, line),
+        the data plane (RDMABuffer), not through the controller. A mesh with dimensions
+        this one lacks gets copies along them (see :meth:`slice_mesh`)."""
+        return _move(self, self._mt_view, procs)
+
+    def slice_mesh(self, **selection: Any) -> MeshSliceTensor:
+        """This tensor seen on a slice of its mesh (``t.slice_mesh(stage=0)``), to be
+        moved with ``.to_mesh(procs)``: dimensions of ``procs`` that the slice lacks
+        receive copies (one rank's tensor sent to many)."""
+        return MeshSliceTensor(self, self._mt_view.procs.slice(**selection))
+
+
+class MeshSliceTensor:
+    """A mesh tensor restricted to a slice of its mesh: what Monarch's ``slice_mesh``
+    makes. Its one operation is :meth:`to_mesh`."""
+
+    def __init__(self, tensor: MeshTensor, procs: Any) -> None:
+        self.tensor = tensor
+        self.procs = procs
+
+    def to_mesh(self, procs: Any) -> MeshTensor:
+        """The slice's values on ``procs``: point ``i`` to point ``i`` when the sizes match;
+        otherwise dimensions the slice shares with ``procs`` by name pair up and the
+        others receive copies."""
+        return _move(self.tensor, self.tensor._mt_view.engine.view(self.procs), procs)
+
+    def __repr__(self) -> str:
+        return f"MeshSliceTensor({self.tensor!r} on {self.procs.shape!r})"
+
+
+def _move(t: MeshTensor, src: View, procs: Any) -> MeshTensor:
+    engine = src.engine
+    dst_engine = engine_for(procs)
+    if dst_engine is not engine:
+        raise MeshUsageError(
+            f"to_mesh() moves tensors between views of one process mesh ({src!r}); "
+            f"{procs!r} belongs to another process mesh, which is not supported yet: "
+            "fetch the values and distribute() them"
         )
-        return MeshTensor(meta(self.shape, self.dtype), dst, out)
+    if t._mt_dtensor:
+        raise MeshUsageError(
+            "to_mesh() moves plain mesh tensors; for a distributed tensor, "
+            "call .to_local() (or .full_tensor()) first"
+        )
+    if t.requires_grad and torch.is_grad_enabled():
+        raise MeshUsageError(
+            "to_mesh() is not differentiable yet: move t.detach() (and send gradients "
+            "back with another to_mesh()), or call it inside torch.no_grad()"
+        )
+    dst = engine.view(procs)
+    if dst.ranks == src.ranks:
+        return _unary(t, "local", t._mt_meta, view=dst)  # same ranks: an alias
+    pairs = _pairs(src, dst)
+    line = source_line()
+    xid = next(engine.transfers)
+    out = engine.new_ref()
+    engine.record(src.ranks, ("send", xid, t._mt_ref, pairs, line))
+    engine.record(dst.ranks, ("recv", out, xid, tuple(t.shape), t.dtype, line))
+    return MeshTensor(meta(t.shape, t.dtype), dst, out)
+
+
+def _pairs(src: View, dst: View) -> list[tuple[int, int]]:
+    """(source rank, destination rank) for each destination point: in order when the
+    sizes match; else by dimension name, sending copies along dimensions ``src`` lacks."""
+    if len(src.shape) == len(dst.shape):
+        return list(zip(src.ranks, dst.ranks, strict=True))
+    extent = dst.shape.extent
+    unmatched = [d for d in src.shape.labels if d not in extent and src.shape.extent[d] > 1]
+    mismatched = [d for d in src.shape.labels if d in extent and src.shape.extent[d] != extent[d]]
+    if unmatched or mismatched:
+        raise MeshUsageError(
+            f"to_mesh() pairs points in order, but {src!r} has {len(src.shape)} and "
+            f"{dst!r} has {len(dst.shape)}; slice them to the same size, or to dimensions "
+            "that the destination has (the others receive copies)"
+        )
+    pairs = []
+    for point in dst.shape.points():
+        coords = {d: point[d] if d in extent else 0 for d in src.shape.labels}
+        pairs.append((src.shape.slice(**coords).ranks[0], point.rank))
+    return pairs
 
 
 def _unary(t: MeshTensor, kind: str, meta: torch.Tensor, view: View | None = None) -> MeshTensor:
@@ -325,6 +367,20 @@ def _collective(
 # -- the dispatcher: aten op -> meta run + recorded op ------------------------------------
 
 
+def join_view(view: View | None, t: MeshTensor, what: Any) -> View:
+    """``view`` (None before the first mesh tensor), checked to hold ``t`` too: the
+    tensors of one op or call live on one mesh."""
+    other = t._mt_view
+    if view is None:
+        return other
+    if other.ranks != view.ranks or other.engine is not view.engine:
+        raise MeshUsageError(
+            f"{what} mixes tensors on different meshes ({view!r} and {other!r}); "
+            "move one with t.to_mesh(other_mesh)"
+        )
+    return view
+
+
 def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
     """Run ``func`` on mesh tensors: shapes here (meta), the real op on the ranks.
 
@@ -339,13 +395,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
     local: list[int] = []
     for i, x in enumerate(flat):
         if isinstance(x, MeshTensor):
-            if view is None:
-                view = x._mt_view
-            elif x._mt_view.ranks != view.ranks or x._mt_view.engine is not view.engine:
-                raise MeshUsageError(
-                    f"{func} mixes tensors on different meshes ({view!r} and "
-                    f"{x._mt_view!r}); move one with t.to_mesh(other_mesh)"
-                )
+            view = join_view(view, x, func)
             wire[i] = Ref(x._mt_ref)
             metas[i] = x._mt_meta
             inputs[id(x._mt_meta)] = x

@@ -15,7 +15,8 @@ Ops (tuples, first item the kind)::
     ("coll", out, ref, view_id, kind, dims, reduce, arg, src, (shape, dtype))
     ("dist", out, tensor, view_id, placements, src)  distribute_tensor
     ("local" | "full", out, ref, src)                DTensor.to_local / full_tensor
-    ("send", xid, ref, ranks, src) / ("recv", out, xid, ranks, shape, dtype, src)
+    ("send", xid, ref, pairs, src) / ("recv", out, xid, shape, dtype, src)
+    ("call", outs, fn, args, kwargs, src, whole)     a @remote function (by value or path)
     ("seed", seed) / ("drop", refs)
 
 This module imports nothing from the controller side.
@@ -83,7 +84,7 @@ class TensorWorker(Actor):
         )
         self.refs: dict[int, Any] = {}
         self.meshes: dict[int, Any] = {}  # view id -> DeviceMesh
-        self.pinned: dict[str, Any] = {}  # done-key -> (RDMABuffer, tensor) being read
+        self.pinned: dict[str, Any] = {}  # transfer -> (RDMABuffer, tensor, reader keys)
         self._ops: dict[str, Any] = {}
         self.unreported: list[DeferredError] = []  # failures of ops with no outputs
         self.fused = 0  # reductions that shared a collective with the one before
@@ -120,21 +121,34 @@ class TensorWorker(Actor):
             self._release_read_buffers()
 
     @endpoint
-    def read(self, ref: int, value_rank: int | None) -> tuple[str, Any]:
-        """``("err", DeferredError)`` or ``("ok", value)`` (value only on ``value_rank``)."""
-        value = self.refs.get(ref)
+    def read(self, refs: int | list[int], value_rank: int | None) -> tuple[str, Any]:
+        """``("err", DeferredError)`` or ``("ok", value)`` (value only on ``value_rank``);
+        for a list of refs, ``("ok", [value, ...])``."""
         if self.unreported:
             error, self.unreported = self.unreported[0], []
             return ("err", error)
-        if isinstance(value, DeferredError):
-            return ("err", value)
-        if value is None:
-            return ("err", self._error("read", "", LookupError(f"no tensor with ref {ref}")))
+        values = []
+        for ref in [refs] if isinstance(refs, int) else refs:
+            value = self.refs.get(ref, _MISSING)
+            if isinstance(value, DeferredError):
+                return ("err", value)
+            if value is _MISSING:
+                return ("err", self._error("read", "", LookupError(f"no tensor with ref {ref}")))
+            values.append(value)
         if value_rank is not None and value_rank != self.rank:
             return ("ok", None)
+        from torch.utils._pytree import tree_map
+
+        local = tree_map(self._to_host, values)
+        return ("ok", local[0] if isinstance(refs, int) else local)
+
+    def _to_host(self, value: Any) -> Any:
+        """A copy the controller can hold: a DTensor's local shard, on the CPU."""
+        if not isinstance(value, self.torch.Tensor):
+            return value
         if hasattr(value, "to_local"):  # a DTensor: this rank's shard
             value = value.to_local()
-        return ("ok", value.detach().cpu().clone())
+        return value.detach().cpu().clone()
 
     @endpoint
     def stats(self) -> dict[str, int]:
@@ -153,23 +167,12 @@ class TensorWorker(Actor):
             namespace, op, overload = name.split(".")
             func = getattr(getattr(getattr(self.torch.ops, namespace), op), overload)
             self._ops[name] = func
-        refs = self.refs
-        failed: list[DeferredError] = []
-
-        def resolve(x: Any) -> Any:
-            if type(x) is Ref:
-                value = refs[x.id]
-                if isinstance(value, DeferredError):
-                    failed.append(value)
-                return value
-            return x
-
-        from torch.utils._pytree import tree_leaves, tree_map
+        from torch.utils._pytree import tree_leaves
 
         raw = (args, kwargs)
-        args, kwargs = tree_map(resolve, raw)
-        if failed:
-            self._store(outs, failed[0])
+        (args, kwargs), failed = self._resolve(raw)
+        if failed is not None:
+            self._store(outs, failed)
             return
         if factory and kwargs.get("device") is None:
             kwargs["device"] = self.device
@@ -188,7 +191,54 @@ class TensorWorker(Actor):
             return
         tensors = [x for x in tree_leaves(result) if isinstance(x, self.torch.Tensor)]
         for ref, tensor in zip(outs, tensors, strict=False):
-            refs[ref] = tensor  # an in-place op's output is its input: same ref
+            self.refs[ref] = tensor  # an in-place op's output is its input: same ref
+
+    def _call(self, outs, fn, args, kwargs, src, whole) -> None:
+        """A ``@remote`` function: its tensors go to ``outs`` in pytree order (or,
+        when ``whole``, its whole result to ``outs[0]``, for call_on_shard_and_fetch)."""
+        from torch.utils._pytree import tree_leaves
+
+        (args, kwargs), failed = self._resolve((args, kwargs))
+        if failed is not None:
+            self._store(outs, failed)
+            return
+        name = getattr(fn, "__qualname__", repr(fn))
+        try:
+            if isinstance(fn, str):
+                fn = _import_function(fn)
+            result = fn(*args, **kwargs)
+            if whole:
+                self.refs[outs[0]] = result
+                return
+            tensors = [x for x in tree_leaves(result) if isinstance(x, self.torch.Tensor)]
+            if len(tensors) != len(outs):
+                raise TypeError(
+                    f"{name} returned {len(tensors)} tensor(s) here, but {len(outs)} on the "
+                    "controller's shape propagation; make its propagate= match what it returns"
+                )
+        except Exception as exc:
+            self._store(outs, self._error(name, src, exc))
+            return
+        for ref, tensor in zip(outs, tensors, strict=True):
+            self.refs[ref] = tensor
+
+    def _resolve(self, tree: Any) -> tuple[Any, DeferredError | None]:
+        """``tree`` with each Ref replaced by its tensor, and the first failure among them."""
+        from torch.utils._pytree import tree_map
+
+        refs = self.refs
+        failed: list[DeferredError] = []
+
+        def resolve(x: Any) -> Any:
+            if type(x) is Ref:
+                value = refs[x.id]
+                if isinstance(value, DeferredError):
+                    failed.append(value)
+                return value
+            return x
+
+        resolved = tree_map(resolve, tree)
+        return resolved, (failed[0] if failed else None)
 
     def _const(self, out, tensor) -> None:
         self.refs[out] = tensor.to(self.device)
@@ -394,10 +444,14 @@ class TensorWorker(Actor):
 
     # -- moving tensors between meshes over the data plane ----------------------------
 
-    def _send(self, xid, ref, ranks, src) -> None:
+    def _send(self, xid, ref, pairs, src) -> None:
+        """Offer this rank's tensor to the ranks ``pairs`` maps it to (one or several,
+        as a broadcast from a slice): one registered buffer, read by each of them."""
         from ..native import RDMABuffer
 
-        key = f"{xid}/{ranks.index(self.rank)}"
+        readers = [f"{xid}/{dst}" for s, dst in pairs if s == self.rank]
+        if not readers:
+            return
         value = self.refs[ref]
         try:
             if isinstance(value, DeferredError):
@@ -406,17 +460,19 @@ class TensorWorker(Actor):
             if tensor.device.type != "cpu":
                 tensor = tensor.cpu()  # CUDA IPC is not wired into the engine yet
             buffer = RDMABuffer(tensor)
-            self.pinned[f"{key}/done"] = (buffer, tensor)
-            self.store.set(key, pickle.dumps(("ok", buffer)))
+            self.pinned[f"{xid}/from{self.rank}"] = (buffer, tensor, readers)
+            offer = pickle.dumps(("ok", buffer))
         except _Failed as failed:
-            self.store.set(key, pickle.dumps(("err", failed.error)))
+            offer = pickle.dumps(("err", failed.error))
         except Exception as exc:
-            self.store.set(key, pickle.dumps(("err", self._error("to_mesh", src, exc))))
+            offer = pickle.dumps(("err", self._error("to_mesh", src, exc)))
+        for key in readers:
+            self.store.set(key, offer)
 
-    def _recv(self, out, xid, ranks, shape, dtype, src) -> None:
+    def _recv(self, out, xid, shape, dtype, src) -> None:
         from datetime import timedelta
 
-        key = f"{xid}/{ranks.index(self.rank)}"
+        key = f"{xid}/{self.rank}"
         try:
             self.store.wait([key], timedelta(seconds=TRANSFER_TIMEOUT_S))
         except Exception as exc:
@@ -425,6 +481,7 @@ class TensorWorker(Actor):
         status, payload = pickle.loads(self.store.get(key))
         if status == "err":
             self.refs[out] = payload
+            self.store.delete_key(key)
             return
         try:
             tensor = self.torch.empty(shape, dtype=dtype)
@@ -437,11 +494,13 @@ class TensorWorker(Actor):
             self.store.delete_key(key)
 
     def _release_read_buffers(self) -> None:
-        done = [key for key in self.pinned if self.store.check([key])]
-        for key in done:
-            buffer, _ = self.pinned.pop(key)
-            buffer.drop()
-            self.store.delete_key(key)
+        for name, (buffer, _, readers) in list(self.pinned.items()):
+            done = [f"{key}/done" for key in readers]
+            if self.store.check(done):
+                del self.pinned[name]
+                buffer.drop()
+                for key in done:
+                    self.store.delete_key(key)
 
     # -- failures ---------------------------------------------------------------------
 
@@ -455,12 +514,23 @@ class TensorWorker(Actor):
 
     def _fail_outputs(self, op: tuple, error: DeferredError) -> None:
         kind = op[0]
-        if kind == "op":
+        if kind in ("op", "call"):
             self._store(op[1], error)
         elif kind in ("const", "dist", "local", "full", "recv"):
             self.refs[op[1]] = error
         elif kind == "coll":  # in place (no output ref): the input holds the error
             self.refs[op[1] if op[1] is not None else op[2]] = error
+
+
+_MISSING = object()
+
+
+def _import_function(path: str) -> Any:
+    """``"package.module.function"``, imported here (a remote function named by path)."""
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 def _numel(shape: tuple) -> int:
