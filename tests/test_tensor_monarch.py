@@ -197,3 +197,57 @@ def ref_counts_pinned(procs):
     with procs.activate():
         torch.zeros(1)  # the next batch releases buffers that every reader is done with
     return [s["pinned"] for s in engine.stats().values()]
+
+
+# -- mesh tensors meet actors -------------------------------------------------------------
+
+
+class Scaler(monarch_nb.Actor):
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self.rank = monarch_nb.current_rank().rank
+
+    @monarch_nb.endpoint
+    def describe(self, t):
+        return (type(t).__name__, t.tolist())
+
+    @monarch_nb.endpoint
+    def scaled(self, t):
+        return {"scaled": t * self.factor, "rank": self.rank, "ones": torch.ones(2)}
+
+    @monarch_nb.endpoint
+    async def shifted(self, t, by: float):
+        return t + by
+
+
+def test_mesh_tensors_arrive_at_endpoints_as_each_ranks_local_tensor(procs):
+    scalers = procs.spawn("scalers", Scaler, 10.0)
+    v = rank_values(procs)
+    with procs.activate():
+        w = v * 2 + 1  # not yet sent when the call is made: it goes first
+    got = scalers.describe.call(w).get(timeout=60)
+    assert [value for _, value in got] == [("Tensor", [2.0 * r + 1]) for r in range(4)]
+    assert scalers.slice(procs=2).describe.call_one(w).get(timeout=60) == ("Tensor", [5.0])
+    with procs.activate():
+        bad = torch.ones(2)[torch.tensor([7])]
+    with pytest.raises(monarch_nb.SerializationError, match=r"aten.index.*failed"):
+        scalers.describe.call(bad).get(timeout=60)
+    elsewhere = procs.slice(procs=slice(0, 2))
+    with elsewhere.activate():
+        half = torch.ones(1)
+    with pytest.raises(monarch_nb.SerializationError, match=r"only on the processes that hold"):
+        scalers.describe.call(half).get(timeout=60)
+
+
+def test_an_endpoints_local_tensors_become_a_mesh_tensor_with_rref(procs):
+    scalers = procs.spawn("scalers_rref", Scaler, 3.0)
+    v = rank_values(procs)
+    out = scalers.scaled.rref(v)
+    assert isinstance(out["scaled"], MeshTensor)
+    assert out["rank"] == 0  # plain values: rank 0's
+    assert [t.item() for t in out["scaled"].fetch().get(timeout=60).values()] == [0, 3, 6, 9]
+    with procs.activate():
+        total = (out["scaled"] + out["ones"].sum()).reduce("procs")
+    assert monarch_nb.inspect(total).tolist() == [18.0 + 8.0]
+    shifted = scalers.shifted.rref(total, by=1.0)  # async endpoints too
+    assert monarch_nb.inspect(shifted, procs=3).tolist() == [27.0]

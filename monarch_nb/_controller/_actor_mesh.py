@@ -177,6 +177,11 @@ class Endpoint(EndpointBase[R]):
             raise unpicklable_argument(self.label, args, kwargs, exc) from exc
         group.controller.send(group, mesh._shape.ranks, encoded)
 
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Call on every rank and keep the tensors it returns there, as mesh tensors
+        (Monarch's ``rref``; see the tensor engine)."""
+        return self._mesh._procs._tensor_engine("._actors").rref(self, args, kwargs)
+
     def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> PendingCall:
         mesh = self._mesh
         actor_id, name = mesh._actor_id, self._name

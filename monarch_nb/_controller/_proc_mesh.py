@@ -76,9 +76,13 @@ class ProcMesh:
         and ops on mesh tensors run on every rank, and return
         :class:`~monarch_nb.MeshTensor` handles (see :mod:`monarch_nb.tensor`).
         """
-        # The one hook from the core into the tensor engine, resolved on use (as
-        # monarch_nb.breakpoint is), so the core never imports torch.
-        return importlib.import_module("monarch_nb.tensor").activate(self)
+        return self._tensor_engine().activate(self)
+
+    @staticmethod
+    def _tensor_engine(module: str = "") -> Any:
+        # The one way from the core into the tensor engine (activate(), Endpoint.rref),
+        # resolved on use (as monarch_nb.breakpoint is), so the core never imports torch.
+        return importlib.import_module("monarch_nb.tensor" + module)
 
     def point_of_rank(self, rank: int) -> Point:
         return self._shape.point_of_rank(rank)

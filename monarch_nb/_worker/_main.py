@@ -752,7 +752,18 @@ def _die_with_parent(controller_pid: int) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
+_this_worker: Worker | None = None
+
+
+def live_actor(actor_id: int) -> tuple[Any, Context] | None:
+    """The instance and context of actor ``actor_id`` if it lives in this process (for
+    layers above the core that call a neighbour directly: the tensor engine's rref)."""
+    live = _this_worker.actors.get(actor_id) if _this_worker is not None else None
+    return None if live is None else (live.instance, live.context)
+
+
 def main() -> None:
+    global _this_worker
     # Interrupts are how calls stop: whatever mask or disposition the process
     # that launched us had (a blocked or ignored SIGINT is inherited), take
     # SIGINT back for the main thread.
@@ -762,7 +773,7 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
-    worker = Worker(boot)
+    worker = _this_worker = Worker(boot)
     # Layers above the core that must be in place before user code runs (the
     # debugger's breakpoint hook): each module's install_on_worker(worker).
     for name in boot.get("imports", ()):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import sys
 import sysconfig
 import weakref
@@ -82,7 +83,8 @@ class Engine:
         self.generation = group.generation
         ranks = group.shape.ranks
         flat = ProcMesh(group, Shape(["rank"], [len(ranks)], ranks))
-        self.actors = flat.spawn("tensor_engine", TensorWorker)
+        self.token = secrets.token_hex(8)  # names this engine to its rank-side actors
+        self.actors = flat.spawn("tensor_engine", TensorWorker, self.token)
         self.device = torch.device(self.actors.device_name.call().get().values()[0])
         self.all_ranks: tuple[int, ...] = tuple(ranks)
         self._index = {r: i for i, r in enumerate(ranks)}
@@ -170,8 +172,15 @@ class Engine:
 
     def read_rank(self, rank: int, ref: int) -> Future[Any]:
         """The value of ``ref`` on ``rank`` alone (any object), or its MeshTensorError."""
+        return self._ask(rank, "read", ref, rank)
+
+    def describe(self, rank: int, ref: int) -> Future[Any]:
+        """The structure of ``ref``'s value on ``rank``, tensors as TensorMeta."""
+        return self._ask(rank, "describe", ref)
+
+    def _ask(self, rank: int, endpoint: str, *args: Any) -> Future[Any]:
         self.flush()
-        call = self._actors_on((rank,)).read.call(ref, rank)
+        call = getattr(self._actors_on((rank,)), endpoint).call(*args)
         return then(call, lambda replies: _values(replies.shape, replies).values()[0])
 
     def stats(self) -> ValueMesh[dict[str, int]]:

@@ -23,7 +23,7 @@ from .._common._future import Future
 from .._common._public import publish
 from .._common._value_mesh import ValueMesh
 from ._engine import View, engine_for, source_line
-from ._worker import Ref
+from ._worker import Ref, local_tensor
 
 _REDUCE_OPS = ("sum", "avg", "max", "min", "product")
 _READ_HINT = (
@@ -112,10 +112,12 @@ class MeshTensor(torch.Tensor):
         return repr(self)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise MeshUsageError(
-            "a MeshTensor cannot be pickled or sent to a rank: it is a handle held by the "
-            "controller; pass it to ops inside procs.activate(), or read it with inspect()"
-        )
+        """Pickled into an actor call (``actors.step.call(t)``), a mesh tensor arrives on
+        each rank as that rank's local tensor (Monarch's semantics). The ops that make
+        it are sent first, so they run on the rank before the call does."""
+        view = self._mt_view
+        view.engine.flush()
+        return (local_tensor, (view.engine.token, self._mt_ref, view.ranks))
 
     def __bool__(self) -> bool:
         raise MeshUsageError(f"bool() of a MeshTensor needs its value: {_READ_HINT}")

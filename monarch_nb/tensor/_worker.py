@@ -17,6 +17,7 @@ Ops (tuples, first item the kind)::
     ("local" | "full", out, ref, src)                DTensor.to_local / full_tensor
     ("send", xid, ref, pairs, src) / ("recv", out, xid, shape, dtype, src)
     ("call", outs, fn, args, kwargs, src, whole)     a @remote function (by value or path)
+    ("endpoint", out, actor_id, name, args, kwargs, src) / ("split", outs, ref, src)
     ("seed", seed) / ("drop", refs)
 
 This module imports nothing from the controller side.
@@ -61,7 +62,8 @@ class Ref:
 class TensorWorker(Actor):
     """Holds this rank's tensors (``refs``) and runs the ops the controller sends."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = "") -> None:
+        global _local
         import torch
         import torch.distributed as dist
 
@@ -88,6 +90,8 @@ class TensorWorker(Actor):
         self._ops: dict[str, Any] = {}
         self.unreported: list[DeferredError] = []  # failures of ops with no outputs
         self.fused = 0  # reductions that shared a collective with the one before
+        self.token = token  # names the controller's engine: mesh tensors it pickled resolve here
+        _local = self
 
     # -- endpoints --------------------------------------------------------------------
 
@@ -196,8 +200,6 @@ class TensorWorker(Actor):
     def _call(self, outs, fn, args, kwargs, src, whole) -> None:
         """A ``@remote`` function: its tensors go to ``outs`` in pytree order (or,
         when ``whole``, its whole result to ``outs[0]``, for call_on_shard_and_fetch)."""
-        from torch.utils._pytree import tree_leaves
-
         (args, kwargs), failed = self._resolve((args, kwargs))
         if failed is not None:
             self._store(outs, failed)
@@ -207,20 +209,97 @@ class TensorWorker(Actor):
             if isinstance(fn, str):
                 fn = _import_function(fn)
             result = fn(*args, **kwargs)
-            if whole:
-                self.refs[outs[0]] = result
-                return
-            tensors = [x for x in tree_leaves(result) if isinstance(x, self.torch.Tensor)]
-            if len(tensors) != len(outs):
-                raise TypeError(
-                    f"{name} returned {len(tensors)} tensor(s) here, but {len(outs)} on the "
-                    "controller's shape propagation; make its propagate= match what it returns"
-                )
         except Exception as exc:
             self._store(outs, self._error(name, src, exc))
             return
+        if whole:
+            self.refs[outs[0]] = result
+        else:
+            self._split_into(outs, result, name, src)
+
+    def _endpoint(self, out, actor_id, name, args, kwargs, src) -> None:
+        """``endpoint.rref(...)``: call an actor of this process directly, here, and keep
+        its whole result under ``out`` (split into tensors by a later ``split``)."""
+        import asyncio
+        import inspect
+
+        from .._common import _context
+        from .._worker._main import live_actor
+
+        (args, kwargs), failed = self._resolve((args, kwargs))
+        if failed is not None:
+            self.refs[out] = failed
+            return
+        live = live_actor(actor_id)
+        try:
+            if live is None:
+                raise LookupError(f"no actor {actor_id} on rank {self.rank}: it was stopped")
+            instance, context = live
+            previous = _context.set_current(context)
+            try:
+                result = getattr(instance, name)(*args, **kwargs)
+                if inspect.iscoroutine(result):
+                    result = asyncio.run(result)
+            finally:
+                _context.set_current(previous)
+        except Exception as exc:
+            self.refs[out] = self._error(f"{name}.rref", src, exc)
+            return
+        self.refs[out] = result
+
+    @endpoint
+    def describe(self, ref: int) -> tuple[str, Any]:
+        """The structure of the value under ``ref``, each tensor replaced by its
+        TensorMeta: what the controller needs to make mesh tensors of it."""
+        value = self.refs.get(ref, _MISSING)
+        if isinstance(value, DeferredError):
+            return ("err", value)
+        from torch.utils._pytree import tree_map
+
+        def describe(x: Any) -> Any:
+            if isinstance(x, self.torch.Tensor):
+                return TensorMeta(tuple(x.shape), x.dtype, tuple(x.stride()))
+            return x
+
+        return ("ok", tree_map(describe, value))
+
+    def _split(self, outs, ref, src) -> None:
+        value = self.refs.get(ref)
+        if isinstance(value, DeferredError):
+            self._store(outs, value)
+            return
+        self._split_into(outs, value, "rref", src)
+
+    def _split_into(self, outs, result, name, src) -> None:
+        """Store ``result``'s tensors under ``outs``, in pytree order (as many as the
+        controller expects, or the mismatch as every output's error)."""
+        from torch.utils._pytree import tree_leaves
+
+        tensors = [x for x in tree_leaves(result) if isinstance(x, self.torch.Tensor)]
+        if len(tensors) != len(outs):
+            error = TypeError(
+                f"{name} returned {len(tensors)} tensor(s) here, but {len(outs)} on the "
+                "controller's shape propagation; make its propagate= match what it returns"
+            )
+            self._store(outs, self._error(name, src, error))
+            return
         for ref, tensor in zip(outs, tensors, strict=True):
             self.refs[ref] = tensor
+
+    def local_value(self, token: str, ref: int, ranks: tuple[int, ...]) -> Any:
+        """A mesh tensor that arrived pickled inside an actor call: this rank's tensor."""
+        if token != self.token or self.rank not in ranks:
+            where = f"ranks {list(ranks)}" if token == self.token else "another process mesh"
+            raise ValueError(
+                f"a mesh tensor on {where} was sent to rank {self.rank}; mesh tensors reach "
+                "actors only on the processes that hold them (move it with t.to_mesh())"
+            )
+        value = self.refs.get(ref, _MISSING)
+        if isinstance(value, DeferredError):
+            raise RuntimeError(f"{value.op} issued at {value.source} failed: {value.message}")
+        if value is _MISSING:
+            raise LookupError(f"no tensor with ref {ref} on rank {self.rank}")
+        return value.to_local() if hasattr(value, "to_local") else value
 
     def _resolve(self, tree: Any) -> tuple[Any, DeferredError | None]:
         """``tree`` with each Ref replaced by its tensor, and the first failure among them."""
@@ -514,15 +593,39 @@ class TensorWorker(Actor):
 
     def _fail_outputs(self, op: tuple, error: DeferredError) -> None:
         kind = op[0]
-        if kind in ("op", "call"):
+        if kind in ("op", "call", "split"):
             self._store(op[1], error)
-        elif kind in ("const", "dist", "local", "full", "recv"):
+        elif kind in ("const", "dist", "local", "full", "recv", "endpoint"):
             self.refs[op[1]] = error
         elif kind == "coll":  # in place (no output ref): the input holds the error
             self.refs[op[1] if op[1] is not None else op[2]] = error
 
 
 _MISSING = object()
+_local: TensorWorker | None = None  # this process's TensorWorker, once spawned
+
+
+class TensorMeta:
+    """A tensor's shape, dtype and strides, as :meth:`TensorWorker.describe` reports them."""
+
+    __slots__ = ("dtype", "shape", "stride")
+
+    def __init__(self, shape: tuple, dtype: Any, stride: tuple) -> None:
+        self.shape, self.dtype, self.stride = shape, dtype, stride
+
+    def __reduce__(self):
+        return (TensorMeta, (self.shape, self.dtype, self.stride))
+
+
+def local_tensor(token: str, ref: int, ranks: tuple[int, ...]) -> Any:
+    """Unpickles a mesh tensor on a rank (an actor endpoint's argument): the tensor
+    this rank holds for it."""
+    if _local is None:
+        raise ValueError(
+            "a mesh tensor was sent to a process that runs no tensor engine; mesh tensors "
+            "reach actors only on the processes that hold them"
+        )
+    return _local.local_value(token, ref, ranks)
 
 
 def _import_function(path: str) -> Any:
