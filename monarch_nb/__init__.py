@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         slice_mesh,
         to_mesh,
     )
+    from .tensor._gradient import grad_function, grad_generator
     from .tensor._remote import call_on_shard_and_fetch, remote
     from .tensor._tensor import MeshTensor
 
@@ -113,6 +114,8 @@ _DEFINED_IN = {
     "endpoint": "_common._actors",
     "fetch_shard": "tensor._api",
     "get_active_mesh": "tensor._active",
+    "grad_function": "tensor._gradient",
+    "grad_generator": "tensor._gradient",
     "inspect": "tensor._api",
     "module_to_mesh": "tensor._api",
     "no_mesh": "tensor._active",
@@ -212,6 +215,8 @@ __all__ = [
     "fetch",
     "fetch_shard",
     "get_active_mesh",
+    "grad_function",
+    "grad_generator",
     "inspect",
     "module_to_mesh",
     "no_mesh",

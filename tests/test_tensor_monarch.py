@@ -251,3 +251,62 @@ def test_an_endpoints_local_tensors_become_a_mesh_tensor_with_rref(procs):
     assert monarch_nb.inspect(total).tolist() == [18.0 + 8.0]
     shifted = scalers.shifted.rref(total, by=1.0)  # async endpoints too
     assert monarch_nb.inspect(shifted, procs=3).tolist() == [27.0]
+
+
+# -- autograd helpers: grad_generator, grad_function --------------------------------------
+
+
+def _train(model, xs, ys, steps, overlap):
+    losses = []
+    params = list(reversed(list(model.parameters())))
+    for _ in range(steps):
+        loss = ((model(xs) - ys) ** 2).mean()
+        losses.append(loss.detach())
+        if overlap:  # each gradient reduced as soon as backward has it
+            grads = monarch_nb.grad_generator(loss, params)
+        else:
+            grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                g.reduce_("procs", "avg")
+                p -= 0.1 * g
+    return [monarch_nb.inspect(loss).item() for loss in losses]
+
+
+def test_grad_generator_ddp_loop_has_the_plain_loops_losses(procs):
+    from torch import nn
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+        return monarch_nb.module_to_mesh(model, procs)
+
+    x, y = torch.randn(16, 3), torch.randn(16, 1)
+    xs = distribute(x, procs, [Shard(0)]).to_local()
+    ys = distribute(y, procs, [Shard(0)]).to_local()
+    plain = _train(make(), xs, ys, 5, overlap=False)
+    overlapped = _train(make(), xs, ys, 5, overlap=True)
+    assert overlapped == plain
+    assert plain[-1] < plain[0]
+
+
+def test_grad_generator_yields_before_backward_is_done_and_grad_function(procs):
+    w = [torch.ones(2, requires_grad=True) for _ in range(3)]
+    loss = (w[0] * 2).sum() + (w[1] * 3).sum() * (w[2] * 4).sum()
+    events = []
+    w[0].register_hook(lambda g: events.append("backward reached w0"))
+    for g in monarch_nb.grad_generator(loss, [w[2], w[1], w[0]]):
+        events.append(g.tolist())
+    assert events[0] == [24.0, 24.0]  # yielded while backward had not reached w0 yet
+    assert events[1:] == [[24.0, 24.0], "backward reached w0", [2.0, 2.0]]
+    assert w[0].grad is None  # nothing accumulates, as torch.autograd.grad
+
+    @monarch_nb.grad_function
+    def summed(x):
+        return x.reduce("procs", "sum"), lambda g: g.reduce("procs", "sum")
+
+    v = rank_values(procs).requires_grad_()
+    with procs.activate():
+        out = (summed(v) * v).sum()  # rank r: S * v_r, S = v_0 + ... + v_3 = 6
+        (grad,) = torch.autograd.grad(out, [v])  # S, plus v_r's gradient summed by backward
+    assert [t.item() for t in grad.fetch().get(timeout=60).values()] == [12.0] * 4

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         to_mesh,
     )
     from ._errors import MeshTensorError
+    from ._gradient import grad_function, grad_generator
     from ._remote import Remote, call_on_shard_and_fetch, remote
     from ._tensor import MeshSliceTensor, MeshTensor
 
@@ -56,6 +57,8 @@ _DEFINED_IN = {
     "distribute": "._api",
     "fetch_shard": "._api",
     "get_active_mesh": "._active",
+    "grad_function": "._gradient",
+    "grad_generator": "._gradient",
     "inspect": "._api",
     "manual_seed": "._api",
     "module_to_mesh": "._api",
@@ -95,6 +98,8 @@ __all__ = [
     "distribute",
     "fetch_shard",
     "get_active_mesh",
+    "grad_function",
+    "grad_generator",
     "inspect",
     "manual_seed",
     "module_to_mesh",
