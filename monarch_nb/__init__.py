@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     )
     from .tensor._gradient import grad_function, grad_generator
     from .tensor._remote import call_on_shard_and_fetch, remote
+    from .tensor._streams import Stream, get_active_stream
     from .tensor._tensor import MeshTensor
 
 # Public name -> the private module that defines it. Imported on first use
@@ -102,6 +103,7 @@ _DEFINED_IN = {
     "SerializationError": "_common._errors",
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",
+    "Stream": "tensor._streams",
     "ValueMesh": "_common._value_mesh",
     "attach": "_controller._launchers",
     "breakpoint": "debug._remote",
@@ -114,6 +116,7 @@ _DEFINED_IN = {
     "endpoint": "_common._actors",
     "fetch_shard": "tensor._api",
     "get_active_mesh": "tensor._active",
+    "get_active_stream": "tensor._streams",
     "grad_function": "tensor._gradient",
     "grad_generator": "tensor._gradient",
     "inspect": "tensor._api",
@@ -200,6 +203,7 @@ __all__ = [
     "SerializationError",
     "Shape",
     "SpawnError",
+    "Stream",
     "ValueMesh",
     "attach",
     "breakpoint",
@@ -215,6 +219,7 @@ __all__ = [
     "fetch",
     "fetch_shard",
     "get_active_mesh",
+    "get_active_stream",
     "grad_function",
     "grad_generator",
     "inspect",

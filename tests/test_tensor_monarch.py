@@ -6,6 +6,7 @@ import torch
 import monarch_nb
 from monarch_nb import MeshTensor, distribute
 from monarch_nb.tensor import Shard, manual_seed
+from monarch_nb.tensor._engine import engine_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -191,8 +192,6 @@ def test_slice_mesh_sends_one_stage_to_the_next_with_copies_along_missing_dims(p
 
 def ref_counts_pinned(procs):
     """Buffers each rank still offers to readers (none once all have read)."""
-    from monarch_nb.tensor._engine import engine_for
-
     engine = engine_for(procs)
     with procs.activate():
         torch.zeros(1)  # the next batch releases buffers that every reader is done with
@@ -273,7 +272,8 @@ def _train(model, xs, ys, steps, overlap):
     return [monarch_nb.inspect(loss).item() for loss in losses]
 
 
-def test_grad_generator_ddp_loop_has_the_plain_loops_losses(procs):
+def _ddp_problem(procs):
+    """A model factory (same weights each call, on ``procs``) and a sharded batch."""
     from torch import nn
 
     def make():
@@ -284,6 +284,11 @@ def test_grad_generator_ddp_loop_has_the_plain_loops_losses(procs):
     x, y = torch.randn(16, 3), torch.randn(16, 1)
     xs = distribute(x, procs, [Shard(0)]).to_local()
     ys = distribute(y, procs, [Shard(0)]).to_local()
+    return make, xs, ys
+
+
+def test_grad_generator_ddp_loop_has_the_plain_loops_losses(procs):
+    make, xs, ys = _ddp_problem(procs)
     plain = _train(make(), xs, ys, 5, overlap=False)
     overlapped = _train(make(), xs, ys, 5, overlap=True)
     assert overlapped == plain
@@ -310,3 +315,70 @@ def test_grad_generator_yields_before_backward_is_done_and_grad_function(procs):
         out = (summed(v) * v).sum()  # rank r: S * v_r, S = v_0 + ... + v_3 = 6
         (grad,) = torch.autograd.grad(out, [v])  # S, plus v_r's gradient summed by backward
     assert [t.item() for t in grad.fetch().get(timeout=60).values()] == [12.0] * 4
+
+
+# -- streams and borrows ------------------------------------------------------------------
+
+
+def _train_with_comms(model, xs, ys, steps):
+    """Monarch's overlapped DDP: each gradient reduced on a comms stream while backward
+    goes on; the borrow is dropped only before the parameter is updated."""
+    comms = monarch_nb.Stream("comms")
+    losses = []
+    params = list(reversed(list(model.parameters())))
+    for _ in range(steps):
+        loss = ((model(xs) - ys) ** 2).mean()
+        losses.append(loss.detach())
+        lent = []
+        for g in monarch_nb.grad_generator(loss, params):
+            g_comm, borrow = comms.borrow(g, mutable=True)
+            with comms.activate():
+                g_comm.reduce_("procs", "avg")
+            lent.append((g, borrow))
+        with torch.no_grad():
+            for p, (g, borrow) in zip(params, lent, strict=True):
+                borrow.drop()
+                p -= 0.1 * g
+    return [monarch_nb.inspect(loss).item() for loss in losses]
+
+
+def test_a_comms_stream_ddp_loop_has_the_plain_loops_losses(procs):
+    make, xs, ys = _ddp_problem(procs)
+    before = [s["overlapped"] for s in engine_for(procs).stats().values()]
+    assert _train_with_comms(make(), xs, ys, 5) == _train(make(), xs, ys, 5, overlap=False)
+    after = [s["overlapped"] for s in engine_for(procs).stats().values()]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [5 * 4] * 4  # 4 grads a step
+
+
+def test_streams_and_borrows_keep_their_rules(procs):
+    comms = monarch_nb.Stream("comms")
+    assert monarch_nb.get_active_stream().name == "main"
+    v = rank_values(procs)
+    with procs.activate():
+        t = v * 1
+        with comms.activate():
+            assert monarch_nb.get_active_stream() is comms
+            with pytest.raises(monarch_nb.MeshUsageError, match=r"stream 'main'.*comms.borrow"):
+                t + 1
+        shared, borrow = comms.borrow(t)
+        with comms.activate():
+            total = shared.reduce("procs")  # reads on both streams are fine
+            with pytest.raises(monarch_nb.MeshUsageError, match=r"borrowed immutably"):
+                shared.add_(1)
+        doubled = t * 2
+        with pytest.raises(monarch_nb.MeshUsageError, match=r"borrowed immutably"):
+            t.mul_(2)
+        borrow.drop()
+        t.add_(100)  # writable again; the ranks finished the reduction first
+        lent, borrow = comms.borrow(t, mutable=True)
+        with pytest.raises(monarch_nb.MeshUsageError, match=r"lent mutably"):
+            t + 1
+        with comms.activate():
+            lent.reduce_("procs", "max")
+        with borrow:
+            pass
+        with comms.activate(), pytest.raises(monarch_nb.MeshUsageError, match=r"after its"):
+            lent + 1
+    assert monarch_nb.inspect(total).tolist() == [6.0]
+    assert monarch_nb.inspect(doubled, procs=3).tolist() == [6.0]
+    assert [v.item() for v in t.fetch().get(timeout=60).values()] == [103.0] * 4

@@ -41,10 +41,12 @@ if TYPE_CHECKING:
     from ._errors import MeshTensorError
     from ._gradient import grad_function, grad_generator
     from ._remote import Remote, call_on_shard_and_fetch, remote
+    from ._streams import Borrow, Stream, get_active_stream
     from ._tensor import MeshSliceTensor, MeshTensor
 
 _DEFINED_IN = {
     "Activation": "._api",
+    "Borrow": "._streams",
     "MeshSliceTensor": "._tensor",
     "MeshTensor": "._tensor",
     "MeshTensorError": "._errors",
@@ -52,11 +54,13 @@ _DEFINED_IN = {
     "Remote": "._remote",
     "Replicate": "torch.distributed.tensor",
     "Shard": "torch.distributed.tensor",
+    "Stream": "._streams",
     "activate": "._api",
     "call_on_shard_and_fetch": "._remote",
     "distribute": "._api",
     "fetch_shard": "._api",
     "get_active_mesh": "._active",
+    "get_active_stream": "._streams",
     "grad_function": "._gradient",
     "grad_generator": "._gradient",
     "inspect": "._api",
@@ -86,6 +90,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Activation",
+    "Borrow",
     "MeshSliceTensor",
     "MeshTensor",
     "MeshTensorError",
@@ -93,11 +98,13 @@ __all__ = [
     "Remote",
     "Replicate",
     "Shard",
+    "Stream",
     "activate",
     "call_on_shard_and_fetch",
     "distribute",
     "fetch_shard",
     "get_active_mesh",
+    "get_active_stream",
     "grad_function",
     "grad_generator",
     "inspect",

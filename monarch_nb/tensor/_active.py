@@ -1,7 +1,10 @@
-"""Which mesh torch runs on right now: the innermost ``activate()`` or ``no_mesh``.
+"""Which mesh torch runs on right now (the innermost ``activate()`` or ``no_mesh``),
+and which stream.
 
 One stack for the process (as Monarch's active mesh is one global): entries
-are mesh views, or None where ``no_mesh`` made torch local again.
+are mesh views, or None where ``no_mesh`` made torch local again. ``stream`` is
+the active :class:`~._streams.Stream`, None for the main stream (this layer
+only compares it; streams themselves live above the tensors).
 """
 
 from __future__ import annotations
@@ -15,6 +18,20 @@ from .._common._public import publish
 from ._engine import View
 
 _stack: list[View | None] = []
+_streams: list[Any] = []
+stream: Any = None  # the active stream; None: the main one
+
+
+def push_stream(value: Any) -> None:
+    global stream
+    _streams.append(value)
+    stream = value
+
+
+def pop_stream() -> None:
+    global stream
+    _streams.pop()
+    stream = _streams[-1] if _streams else None
 
 
 def current() -> View | None:

@@ -22,6 +22,7 @@ from .._common._errors import MeshUsageError
 from .._common._future import Future
 from .._common._public import publish
 from .._common._value_mesh import ValueMesh
+from . import _active
 from ._engine import View, engine_for, source_line
 from ._worker import Ref, local_tensor
 
@@ -64,6 +65,9 @@ class MeshTensor(torch.Tensor):
     _mt_ref: int
     _mt_placements: tuple[Any, ...] | None  # known for tensors made by distribute()
     _mt_dtensor: bool  # a DTensor on the ranks (distribute(), or ops on such tensors)
+    _mt_stream: Any  # the Stream it belongs to (None: the main stream)
+    _mt_access: str
+    _mt_borrow: Any
 
     @staticmethod
     def __new__(cls, meta: torch.Tensor, view: View, ref: int) -> MeshTensor:
@@ -83,6 +87,9 @@ class MeshTensor(torch.Tensor):
         t._mt_ref = ref
         t._mt_placements = None
         t._mt_dtensor = False
+        t._mt_stream = _active.stream
+        t._mt_access = "rw"  # "r" while borrowed immutably, "" while lent mutably or dropped
+        t._mt_borrow = None  # the Borrow this handle came from, if any
         weakref.finalize(t, view.engine.drops.append, ref).atexit = False
         return t
 
@@ -330,6 +337,8 @@ def _collective(
         raise MeshUsageError(
             f"unknown reduction {reduction!r}; use one of {', '.join(_REDUCE_OPS)}"
         )
+    if t._mt_stream is not _active.stream or t._mt_access != "rw":
+        check_use(t, f"{kind}()", write=inplace)
     if t._mt_dtensor:
         raise MeshUsageError(
             f"{kind}() by dimension takes plain mesh tensors; this one is distributed "
@@ -357,7 +366,8 @@ def _collective(
     mesh_id = engine.device_mesh(view)
     out = None if inplace else engine.new_ref()
     layout = (tuple(t.shape), t.dtype)
-    op = ("coll", out, t._mt_ref, mesh_id, kind, names, reduction, arg, source_line(), layout)
+    side = _active.stream is not None  # a side stream's reductions overlap what follows
+    op = ("coll", out, t._mt_ref, mesh_id, kind, names, reduction, arg, source_line(), layout, side)
     engine.record(view.ranks, op)
     if inplace:
         torch.autograd.graph.increment_version(t)
@@ -367,6 +377,33 @@ def _collective(
 
 
 # -- the dispatcher: aten op -> meta run + recorded op ------------------------------------
+
+
+def check_use(t: MeshTensor, what: Any, *, write: bool) -> None:
+    """Raise if ``t`` may not be used here: it belongs to another stream than the
+    active one, is lent to another stream, or is read-only while borrowed."""
+    if t._mt_stream is not _active.stream:
+        here, there = _stream_name(_active.stream), _stream_name(t._mt_stream)
+        raise MeshUsageError(
+            f"{what} uses a tensor of stream {there!r} while stream {here!r} is active; "
+            f"borrow it for this stream with {here}.borrow(t) (Monarch's streams)"
+        )
+    borrow = t._mt_borrow
+    if t._mt_access == "" and borrow is not None and borrow.dropped:
+        raise MeshUsageError(f"{what} uses a borrowed tensor after its borrow.drop()")
+    if t._mt_access == "":
+        raise MeshUsageError(
+            f"{what} uses a tensor lent mutably to another stream; call borrow.drop() first"
+        )
+    if write and t._mt_access == "r":
+        raise MeshUsageError(
+            f"{what} writes a tensor that is borrowed immutably (both streams may read it, "
+            "neither may write it until borrow.drop()); borrow it with mutable=True"
+        )
+
+
+def _stream_name(stream: Any) -> str:
+    return "main" if stream is None else stream.name
 
 
 def join_view(view: View | None, t: MeshTensor, what: Any) -> View:
@@ -398,6 +435,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
     for i, x in enumerate(flat):
         if isinstance(x, MeshTensor):
             view = join_view(view, x, func)
+            if x._mt_stream is not _active.stream or x._mt_access != "rw":
+                check_use(x, func, write=False)
             wire[i] = Ref(x._mt_ref)
             metas[i] = x._mt_meta
             inputs[id(x._mt_meta)] = x
@@ -449,6 +488,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
     for kind, what in described:
         if kind == "alias":  # in place, or out=: the same handle
             alias = flat[what]
+            if alias._mt_access != "rw":
+                check_use(alias, func, write=True)
             outs.append(alias._mt_ref)
             out_flat.append(alias)
         elif kind == "new":

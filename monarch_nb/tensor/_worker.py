@@ -12,7 +12,8 @@ Ops (tuples, first item the kind)::
     ("op", outs, name, args, kwargs, src, factory)   an aten op; refs in args are Ref
     ("const", out, tensor)                           a value sent by the controller
     ("view", view_id, labels, sizes, ranks)          a DeviceMesh (sent to every rank)
-    ("coll", out, ref, view_id, kind, dims, reduce, arg, src, (shape, dtype))
+    ("coll", out, ref, view_id, kind, dims, reduce, arg, src, (shape, dtype), side)
+    ("sync", ref)                                    a side stream's work on ref completes
     ("dist", out, tensor, view_id, placements, src)  distribute_tensor
     ("local" | "full", out, ref, src)                DTensor.to_local / full_tensor
     ("send", xid, ref, pairs, src) / ("recv", out, xid, shape, dtype, src)
@@ -32,6 +33,7 @@ from typing import Any
 
 from .._common._actors import Actor, endpoint
 from ._errors import DeferredError
+from ._streams_rank import RefTable
 
 # How long a receiving rank waits for the sender's handle (the sender may be
 # busy with earlier work: stages of a pipeline run at their own pace).
@@ -84,12 +86,13 @@ class TensorWorker(Actor):
         self.store: Any = dist.PrefixStore(
             "monarch_nb.tensor/", dist.distributed_c10d._get_default_store()
         )
-        self.refs: dict[int, Any] = {}
+        self.refs = RefTable()  # collectives on side streams settle when read
         self.meshes: dict[int, Any] = {}  # view id -> DeviceMesh
         self.pinned: dict[str, Any] = {}  # transfer -> (RDMABuffer, tensor, reader keys)
         self._ops: dict[str, Any] = {}
         self.unreported: list[DeferredError] = []  # failures of ops with no outputs
         self.fused = 0  # reductions that shared a collective with the one before
+        self.overlapped = 0  # reductions started on a side stream, finished when read
         self.token = token  # names the controller's engine: mesh tensors it pickled resolve here
         _local = self
 
@@ -161,6 +164,7 @@ class TensorWorker(Actor):
             "pinned": len(self.pinned),
             "meshes": len(self.meshes),
             "fused": self.fused,
+            "overlapped": self.overlapped,
         }
 
     # -- ops --------------------------------------------------------------------------
@@ -366,11 +370,15 @@ class TensorWorker(Actor):
 
     # -- collectives along named dimensions ------------------------------------------
 
-    def _coll(self, out, ref, view_id, kind, dims, reduce, arg, src, layout) -> None:
+    def _coll(self, out, ref, view_id, kind, dims, reduce, arg, src, layout, side=False) -> None:
         mesh = self.meshes[view_id]
         value = self.refs[ref]
         label = f"{kind}({', '.join(map(repr, dims))}{f', {reduce!r}' if reduce else ''})"
         error = value if isinstance(value, DeferredError) else None
+        if side and kind == "reduce" and len(dims) == 1 and self._flag_fits(reduce, layout):
+            group = mesh.get_group(dims[0])
+            self._coll_async(out, ref, value, error, group, reduce, layout)
+            return
         result = value
         for dim in dims:
             group = mesh.get_group(dim)
@@ -417,6 +425,7 @@ class TensorWorker(Actor):
     def _fusable(self, op: tuple) -> bool:
         return (
             op[0] == "coll"
+            and not op[10]  # not on a side stream: those start one by one
             and op[1] is None  # in place
             and op[4] == "reduce"
             and self._flag_fits(op[6], (op[9][0], op[9][1]))
@@ -428,7 +437,7 @@ class TensorWorker(Actor):
         as its last element); each input gets its part back, or the root cause."""
         torch = self.torch
         self.fused += len(ops) - 1
-        _, _, _, view_id, _, dims, reduce, _, _, (_, dtype) = ops[0]
+        _, _, _, view_id, _, dims, reduce, _, _, (_, dtype), _ = ops[0]
         mesh = self.meshes[view_id]
         values = [self.refs[op[2]] for op in ops]
         shapes = [op[9][0] for op in ops]
@@ -470,6 +479,14 @@ class TensorWorker(Actor):
         return reduce != "product" and signed and numel <= _FLAG_RIDES_UP_TO
 
     def _reduce_with_flag(self, t, error, group, reduce, layout) -> tuple[Any, Any]:
+        return self._start_reduce(t, error, group, reduce, layout, asynchronous=False)()
+
+    def _start_reduce(self, t, error, group, reduce, layout, *, asynchronous) -> Any:
+        """Start an all-reduce of ``t`` with a failure flag as its last element; the
+        returned function waits for it and gives ``(result, error)``. A synchronous
+        reduction learns a failure's root cause from the rank that had it (another
+        collective); an asynchronous one, finished whenever its output is read,
+        names the collective only, so its ranks never disagree on collectives."""
         torch, dist = self.torch, self.dist
         shape, dtype = layout
         failed = -1 if reduce == "min" else 1  # survives this reduction
@@ -477,13 +494,55 @@ class TensorWorker(Actor):
         data = torch.zeros(shape, dtype=dtype, device=self.device) if error is not None else t
         buffer = torch.cat([data.reshape(-1), flag])
         op = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}[reduce]
-        dist.all_reduce(buffer, op=getattr(dist.ReduceOp, op), group=group)
-        if buffer[-1].item() != 0:
-            return None, self._gather_error(error, group)
-        result = buffer[:-1].reshape(shape)
-        if reduce == "avg":
-            result.div_(dist.get_world_size(group))
-        return result, None
+        work = dist.all_reduce(
+            buffer, op=getattr(dist.ReduceOp, op), group=group, async_op=asynchronous
+        )
+        size = dist.get_world_size(group)
+
+        def finish() -> tuple[Any, Any]:
+            if work is not None:
+                work.wait()
+            if buffer[-1].item() != 0:
+                if not asynchronous:
+                    return None, self._gather_error(error, group)
+                return None, error or self._error(
+                    f"reduce({reduce!r})",
+                    "",
+                    RuntimeError(
+                        "an input of this collective failed on another rank of its group; "
+                        "read that rank's copy of the input for the root cause"
+                    ),
+                )
+            result = buffer[:-1].reshape(shape)
+            if reduce == "avg":
+                result.div_(size)
+            return result, None
+
+        return finish
+
+    def _coll_async(self, out, ref, value, error, group, reduce, layout) -> None:
+        """A reduction on a side stream: started now, settled when its output is read."""
+        finish = self._start_reduce(value, error, group, reduce, layout, asynchronous=True)
+        self.overlapped += 1
+
+        def settle() -> Any:
+            result, failure = finish()
+            if failure is not None:
+                return failure
+            if out is None:
+                value.copy_(result)
+                return value
+            return result
+
+        target = ref if out is None else out
+        if out is not None:
+            self.refs[out] = None
+        self.refs.waiting[target] = settle
+
+    def _sync(self, ref) -> None:
+        """A borrow dropped: the side stream's work on ``ref`` completes before any op
+        that follows on the stream it was borrowed from."""
+        self.refs.settle(ref)
 
     def _agree_on_error(self, error: DeferredError | None, group: Any) -> DeferredError | None:
         torch, dist = self.torch, self.dist
