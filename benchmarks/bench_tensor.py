@@ -6,6 +6,8 @@ Rows:
 
 * controller issue rate: a small op on a mesh tensor of a 4-rank mesh (wall and
   controller CPU per op, no round trip) against the same op on a local tensor;
+* controller CPU per op with shapes propagated on fake tensors against meta
+  tensors, with the shape cache (as in a training loop) and without;
 * an op issued and its value read back (one round trip) against a raw actor call;
 * a 20-step data-parallel MLP training loop on 4 CPU ranks, per step: (a) driven
   by mesh tensors from the controller, (b) as ``%%mesh`` cells (one
@@ -213,6 +215,49 @@ def _issue_rows(procs: ProcMesh, quick: bool) -> list[Row]:
     return rows
 
 
+def _cpu_per_op(procs: ProcMesh, ops: int, propagation: str, cold: bool) -> float:
+    """Controller CPU per small op with shape propagation on ``propagation`` ("fake" or
+    "meta") tensors; ``cold`` forgets propagated shapes before every op."""
+    from monarch_nb.tensor import _tensor
+
+    _tensor.PROPAGATION = propagation
+    _tensor._meta_cache.clear()
+    try:
+        with procs.activate():
+            t = torch.zeros(16)
+        monarch_nb.inspect(t, procs=0)
+        cpu0 = time.process_time()
+        with procs.activate():
+            for _ in range(ops):
+                if cold:
+                    _tensor._meta_cache.clear()
+                t = t + 1
+        cpu = (time.process_time() - cpu0) / ops
+        monarch_nb.inspect(t, procs=0)
+        return cpu
+    finally:
+        _tensor.PROPAGATION = "fake"
+        _tensor._meta_cache.clear()
+
+
+def _propagation_rows(procs: ProcMesh, quick: bool) -> list[Row]:
+    ops = 1_000 if quick else 5_000
+    cases = [
+        (False, "cached, as in a loop", "target <= 1.5x"),
+        (True, "propagated every op", "a new op or shape: paid once per (op, shapes)"),
+    ]
+    return [
+        Row(
+            f"controller CPU per op, shapes on fake tensors ({how})",
+            _cpu_per_op(procs, ops, "fake", cold=cold),
+            _cpu_per_op(procs, ops, "meta", cold=cold),
+            "the same, meta tensors",
+            note,
+        )
+        for cold, how, note in cases
+    ]
+
+
 # -- the 20-step training loop, three ways -----------------------------------------------
 
 
@@ -410,7 +455,7 @@ def run(quick: bool = False) -> list[Row]:
         start = time.perf_counter()
         engine_for(procs)
         engine_start = time.perf_counter() - start
-        rows = _issue_rows(procs, quick)
+        rows = _issue_rows(procs, quick) + _propagation_rows(procs, quick)
         mesh = _mesh_tensor_loop(procs, repeats)
         overlapped = _generator_loop(procs, repeats, comms=True)
         in_order = _generator_loop(procs, repeats, comms=False)

@@ -382,3 +382,29 @@ def test_streams_and_borrows_keep_their_rules(procs):
     assert monarch_nb.inspect(total).tolist() == [6.0]
     assert monarch_nb.inspect(doubled, procs=3).tolist() == [6.0]
     assert [v.item() for v in t.fetch().get(timeout=60).values()] == [103.0] * 4
+
+
+# -- shape propagation on fake tensors ------------------------------------------------------
+
+
+def test_shapes_come_from_fake_tensors_on_the_ranks_device(procs):
+    with procs.activate():
+        x = torch.ones(2, 3)
+        with pytest.raises(monarch_nb.MeshUsageError, match=r"on meta.*keep their tensors on cpu"):
+            x.to("meta")  # a device the ranks do not use: refused here, not on the ranks
+        with pytest.raises(monarch_nb.MeshUsageError, match=r"nonzero.*depends on the values"):
+            x.nonzero()
+        with pytest.raises(RuntimeError, match=r"same reduction dim"):
+            x @ x  # checked here, at once
+        y = (x @ x.T).softmax(-1).to(torch.float64)
+    assert (tuple(y.shape), y.dtype) == ((2, 2), torch.float64)
+    assert monarch_nb.inspect(y).tolist() == [[0.5, 0.5], [0.5, 0.5]]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_ops_on_a_cpu_mesh_are_refused_on_the_controller(procs):
+    with procs.activate():
+        x = torch.ones(2)
+        with pytest.raises(monarch_nb.MeshUsageError, match=r"on cuda.*keep their tensors on cpu"):
+            x.to("cuda")

@@ -53,7 +53,7 @@ def pop(view: View | None) -> None:
 
 @contextmanager
 def suspended() -> Iterator[None]:
-    """torch is local inside (shape propagation runs user code on meta tensors)."""
+    """torch is local inside (shape propagation runs user code on fake tensors)."""
     push(None)
     try:
         yield

@@ -135,7 +135,7 @@ class Remote(Generic[P, R]):
 
 class _Call:
     """One call's arguments: the mesh they run on, what goes on the wire, and
-    stand-ins (meta tensors) for shape propagation."""
+    stand-ins (fake tensors) for shape propagation."""
 
     def __init__(self, remote: Remote[Any, Any], args: tuple, kwargs: dict) -> None:
         flat, self.spec = tree_flatten((args, kwargs))
@@ -205,8 +205,8 @@ def remote(fn: Any = None, *, propagate: Callable[..., Any] | None = None) -> An
     Called with mesh tensors (or inside ``procs.activate()``), it runs on every rank of
     that mesh, each rank on its own tensors, and returns mesh tensors at once, without
     waiting. Their shapes come from ``propagate`` (called with the same arguments, mesh
-    tensors replaced by meta tensors) or, without it, from running ``fn`` itself on fake
-    tensors here (both on fake tensors: no data needed). Tensors it changes in place
+    tensors replaced by fake tensors) or, without it, from running ``fn`` itself on fake
+    tensors here (no data needed). Tensors it changes in place
     stay changed on the ranks. It is not differentiable: autograd does not see it.
     """
     if fn is None:

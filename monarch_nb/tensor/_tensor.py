@@ -2,15 +2,18 @@
 
 A MeshTensor is a ``torch.Tensor`` wrapper subclass with no data: its shape,
 dtype and strides come from a meta tensor kept beside it. Every aten op on
-MeshTensors (``__torch_dispatch__``) is first run on those meta tensors, so
-output shapes and dtypes (and shape errors) are known at once, then recorded
-for the ranks. Because this happens below autograd, ``loss.backward()`` and
-``opt.step()`` run here symbolically and send their ops to the ranks too.
+MeshTensors (``__torch_dispatch__``) is first run on fake tensors shaped as
+those (``FakeTensorMode``, on the ranks' device), so output shapes and dtypes
+(and shape and device errors) are known at once, then recorded for the ranks.
+Because this happens below autograd, ``loss.backward()`` and ``opt.step()`` run
+here symbolically and send their ops to the ranks too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import weakref
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -442,8 +445,6 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
             inputs[id(x._mt_meta)] = x
         elif isinstance(x, torch.Tensor):
             local.append(i)
-        elif isinstance(x, torch.device):
-            metas[i] = torch.device("meta")
     if view is None:
         if active is None:  # only local tensors, outside activate(): not ours
             with torch._C._DisableTorchDispatch():
@@ -477,8 +478,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
     key = _meta_key(func, spec, metas)
     outputs = _meta_cache.get(key) if key is not None else None
     if outputs is None:
-        positions = {id(x._mt_meta): i for i, x in enumerate(flat) if isinstance(x, MeshTensor)}
-        outputs = _run_meta(func, spec, metas, factory, positions)
+        mesh_positions = [i for i, x in enumerate(flat) if isinstance(x, MeshTensor)]
+        outputs = _propagate(func, spec, metas, factory, mesh_positions, view.engine.device)
         if key is not None and len(_meta_cache) < _META_CACHE_SIZE:
             _meta_cache[key] = outputs
     engine = view.engine
@@ -508,7 +509,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
     return tree_unflatten(out_flat, out_spec)
 
 
-# Output metadata per (op, input metadata): the meta kernels are most of the
+# Output metadata per (op, input metadata): the fake kernels are most of the
 # cost of issuing an op, and a training loop issues the same ops again and again.
 _META_CACHE_SIZE = 8192
 _meta_cache: dict[tuple, tuple[list[tuple[str, Any]], Any]] = {}
@@ -537,23 +538,58 @@ def _meta_key(func: Any, spec: Any, metas: list[Any]) -> tuple | None:
     return tuple(key)
 
 
-def _run_meta(
-    func: Any, spec: Any, metas: list[Any], factory: bool, positions: dict[int, int]
+# How output metadata is computed: "fake" runs the op on FakeTensors on the ranks'
+# device (device mismatches and device-only ops are caught here); "meta" on meta
+# tensors (device-blind, the engine's first way; kept to compare in benchmarks).
+PROPAGATION = "fake"
+_fake_mode: Any = None
+
+
+def _propagate(
+    func: Any,
+    spec: Any,
+    metas: list[Any],
+    factory: bool,
+    mesh_positions: list[int],
+    device: torch.device,
 ) -> tuple[list[tuple[str, Any]], Any]:
-    """Run ``func`` on meta tensors; describe each output: an input it aliases (by
-    position), a new tensor's metadata, or a plain value."""
-    meta_args, meta_kwargs = tree_unflatten(metas, spec)
-    if factory:
-        meta_kwargs["device"] = torch.device("meta")
-        meta_kwargs.pop("pin_memory", None)
-    shapes = {i: (tuple(metas[i].shape), metas[i].stride()) for i in positions.values()}
-    try:
-        result = func(*meta_args, **meta_kwargs)
-    except NotImplementedError as exc:
-        raise MeshUsageError(
-            f"{func} cannot run on mesh tensors: its output shape depends on the values, or it "
-            f"has no meta kernel ({exc}); {_READ_HINT}"
-        ) from None
+    """Run ``func`` on stand-ins of its tensors (no data); describe each output: an
+    input it aliases (by position), a new tensor's metadata, or a plain value."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    global _fake_mode
+    fake = PROPAGATION == "fake"
+    if fake and _fake_mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        _fake_mode = FakeTensorMode()
+    on_mesh = set(mesh_positions)
+    with (
+        _disable_current_modes(),
+        _fake_mode if fake else contextlib.nullcontext(),
+        _quiet(_FAKE_LOGGER),
+    ):
+        stand_ins = list(metas)
+        for i, m in enumerate(metas):
+            if isinstance(m, torch.Tensor):
+                where = torch.device("meta") if not fake else device if i in on_mesh else "cpu"
+                stand_ins[i] = torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=where)
+            elif isinstance(m, torch.device) and not fake:
+                stand_ins[i] = torch.device("meta")
+        args, kwargs = tree_unflatten(stand_ins, spec)
+        if factory:
+            kwargs["device"] = (kwargs.get("device") or device) if fake else torch.device("meta")
+            if not fake:
+                kwargs.pop("pin_memory", None)
+        try:
+            result = func(*args, **kwargs)
+        except NotImplementedError as exc:  # meta: no kernel, or a data-dependent shape
+            raise _refused(func, exc) from None
+        except RuntimeError as exc:
+            if type(exc).__name__ in _FAKE_REFUSALS:
+                raise _refused(func, exc) from None
+            raise
+    positions = {id(stand_ins[i]): i for i in mesh_positions}
     out_flat, out_spec = tree_flatten(result)
     described: list[tuple[str, Any]] = []
     for leaf in out_flat:
@@ -562,15 +598,49 @@ def _run_meta(
             continue
         position = positions.get(id(leaf))
         if position is None:
+            if fake and leaf.device.type not in (device.type, "cpu"):
+                raise MeshUsageError(
+                    f"{func} would make a tensor on {leaf.device}, but this mesh's ranks keep "
+                    f"their tensors on {device.type}; leave device= out inside activate()"
+                )
             described.append(("new", (tuple(leaf.shape), leaf.stride(), leaf.dtype)))
             continue
-        if (tuple(leaf.shape), leaf.stride()) != shapes[position]:
+        if (tuple(leaf.shape), leaf.stride()) != (
+            tuple(metas[position].shape),
+            metas[position].stride(),
+        ):
             raise MeshUsageError(
                 f"{func} changes the shape or strides of a mesh tensor in place, which is "
                 "not supported; use the out-of-place op"
             )
         described.append(("alias", position))
     return described, out_spec
+
+
+# FakeTensorMode logs every kernel error it re-raises; the error itself reaches the user.
+_FAKE_LOGGER = logging.getLogger("torch._subclasses.fake_tensor")
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Any:
+    was, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
+# Fake tensors' ways of saying an op's output shape depends on the values.
+_FAKE_REFUSALS = frozenset(
+    {"DynamicOutputShapeException", "DataDependentOutputException", "UnsupportedOperatorException"}
+)
+
+
+def _refused(func: Any, exc: BaseException) -> MeshUsageError:
+    return MeshUsageError(
+        f"{func} cannot run on mesh tensors: its output shape depends on the values, or it "
+        f"has no shape kernel ({type(exc).__name__}: {exc}); {_READ_HINT}"
+    )
 
 
 @functools.cache
