@@ -252,6 +252,26 @@ def test_an_endpoints_local_tensors_become_a_mesh_tensor_with_rref(procs):
     assert monarch_nb.inspect(shifted, procs=3).tolist() == [27.0]
 
 
+class SubMeshDriver(monarch_nb.Actor):
+    """An actor that starts its own 2-rank mesh and drives it with mesh tensors."""
+
+    @monarch_nb.endpoint
+    def drive(self) -> list:
+        procs = monarch_nb.this_host().spawn_procs(per_host={"procs": 2})
+        try:
+            with procs.activate():
+                x = torch.ones(3) * (monarch_nb.current_rank().rank + 2)
+                total = x.reduce("procs", "sum")
+            return [monarch_nb.inspect(total).tolist(), monarch_nb.get_active_stream().name]
+        finally:
+            procs.stop()
+
+
+def test_an_actor_drives_a_sub_mesh_with_the_tensor_engine(procs):
+    driver = procs.slice(procs=1).spawn("driver", SubMeshDriver)
+    assert driver.drive.call_one().get(timeout=240) == [[6.0, 6.0, 6.0], "main"]
+
+
 # -- autograd helpers: grad_generator, grad_function --------------------------------------
 
 
