@@ -755,11 +755,15 @@ _PR_SET_PDEATHSIG = 1
 _this_worker: Worker | None = None
 
 
-def live_actor(actor_id: int) -> tuple[Any, Context] | None:
-    """The instance and context of actor ``actor_id`` if it lives in this process (for
-    layers above the core that call a neighbour directly: the tensor engine's rref)."""
-    live = _this_worker.actors.get(actor_id) if _this_worker is not None else None
-    return None if live is None else (live.instance, live.context)
+def live_actor(actor_id: int) -> tuple[Any, Context, Callable[[Any], Any]] | None:
+    """The instance and context of actor ``actor_id`` if it lives in this process, and
+    what runs its coroutines (the actors' event loop): for layers above the core that
+    call a neighbour directly (the tensor engine's rref)."""
+    worker = _this_worker
+    live = worker.actors.get(actor_id) if worker is not None else None
+    if worker is None or live is None:
+        return None
+    return live.instance, live.context, worker.run_async
 
 
 def main() -> None:

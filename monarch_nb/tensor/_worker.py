@@ -224,7 +224,6 @@ class TensorWorker(Actor):
     def _endpoint(self, out, actor_id, name, args, kwargs, src) -> None:
         """``endpoint.rref(...)``: call an actor of this process directly, here, and keep
         its whole result under ``out`` (split into tensors by a later ``split``)."""
-        import asyncio
         import inspect
 
         from .._common import _context
@@ -238,12 +237,12 @@ class TensorWorker(Actor):
         try:
             if live is None:
                 raise LookupError(f"no actor {actor_id} on rank {self.rank}: it was stopped")
-            instance, context = live
+            instance, context, run_async = live
             previous = _context.set_current(context)
             try:
                 result = getattr(instance, name)(*args, **kwargs)
-                if inspect.iscoroutine(result):
-                    result = asyncio.run(result)
+                if inspect.isawaitable(result):
+                    result = run_async(result)  # on the actors' loop, as a call would be
             finally:
                 _context.set_current(previous)
         except Exception as exc:
