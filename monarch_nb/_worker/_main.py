@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -752,6 +753,17 @@ def _die_with_parent(controller_pid: int) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
+def _quiet_torch_without_numpy() -> None:
+    """Keep torch's "Failed to initialize NumPy" warning out of every rank's output.
+
+    torch's CPU wheel installs no numpy, and ``import torch`` then warns on
+    each rank, which reads like an error in the cell. Nothing here needs numpy
+    (tensors cross the wire without it), and user code calling ``.numpy()``
+    still gets torch's own error saying numpy is missing.
+    """
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+
 def main() -> None:
     # Interrupts are how calls stop: whatever mask or disposition the process
     # that launched us had (a blocked or ignored SIGINT is inherited), take
@@ -759,6 +771,7 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
+    _quiet_torch_without_numpy()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
