@@ -79,7 +79,7 @@ def test_ctrl_c_reaching_another_thread_still_stops_a_blocked_get():
     try:
         with pytest.raises(KeyboardInterrupt):
             fut.get()
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 8  # well before the 10 s safety result
     finally:
         helper.join()
         safety.cancel()
