@@ -9,7 +9,8 @@
 # the quickstart notebook with the Mesh panel listed; and nbconvert executes
 # that notebook headless without a warning. One venv serves both commands, in
 # the order the README gives them (the notebook command adds to the quick
-# start's install). Prints how long each step took.
+# start's install); then `python -m build`'s wheel replaces the editable
+# install there. Prints how long each step took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -106,5 +107,16 @@ for cell in cells:
         if out.get("name") == "stderr" and "warn" in "".join(out["text"]).lower():
             sys.exit("".join(cell["source"]) + "\n--- printed ---\n" + "".join(out["text"]))
 PY
+
+step "python -m build: a wheel with the panel prebuilt, in place of the editable install"
+# The wheel a release would publish: installing it builds nothing (no Node.js,
+# no compiler), and JupyterLab finds the panel it carries.
+{ pip install build && python -m build --outdir "$work/dist" . &&
+    pip uninstall --yes monarch-nb && pip install "$work"/dist/monarch_nb-*.whl; } \
+    >"$work/wheel.log" 2>&1 || fail "building or installing the wheel failed" "$work/wheel.log"
+(cd "$work" && python -c "import monarch_nb.native._memory, monarch_nb; print(monarch_nb.__file__)") |
+    grep -q "/site-packages/monarch_nb/" || fail "monarch_nb does not come from the wheel"
+jupyter labextension list 2>&1 | grep -q "monarch-nb.*enabled.*OK" ||
+    fail "the wheel's panel is not listed by jupyter labextension list"
 
 step "done"
