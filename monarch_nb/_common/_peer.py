@@ -181,11 +181,16 @@ class PeerNode:
                 self._calls[call.call_id] = (call, dict(zip(addresses, ranks, strict=True)))
                 gone = [(r, b.gone) for r, b in zip(ranks, boxes, strict=True) if b.gone]
             frames = encoded.seal()
+            pending = bool(self._new_fds)  # a new outbox for the thread to watch
             for box in boxes:
                 if not box.gone:
                     encoded.send(box.socket, None, frames)
+                    # A send may consume the edge of a reply that just arrived
+                    # (ZMQ_FD is edge-triggered): then the thread must look.
+                    pending = pending or bool(int(box.socket.getsockopt(_EVENTS)) & _POLLIN)
             self.stats.sent += len(boxes)
-        self._wake()
+        if pending:
+            self._wake()
         for rank, why in gone:
             self._fail_rank(call, rank, why)
         if call is None:  # a broadcast: nobody waits to hear that a target is gone
@@ -205,7 +210,9 @@ class PeerNode:
             except zmq.ZMQError:
                 return  # the caller is gone (ROUTER_MANDATORY): nobody waits for this
             self.stats.sent += 1
-        self._wake()
+            pending = int(self.inbox.getsockopt(_EVENTS)) & _POLLIN
+        if pending:
+            self._wake()
 
     def send_to_port(self, address: str, port_id: int, value: Any, is_error: bool) -> None:
         """Deliver ``value`` (or an exception) to port ``port_id`` of the node at ``address``."""
