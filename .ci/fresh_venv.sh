@@ -82,7 +82,8 @@ jupyter labextension list 2>&1 | grep -q "monarch-nb.*enabled.*OK" ||
 # refuses root without --allow-root, and a CI machine has no browser to open.
 lab_options=(--no-browser)
 if [[ $EUID -eq 0 ]]; then lab_options+=(--allow-root); fi
-eval "${NOTEBOOK##* && }" "${lab_options[@]}" >"$work/lab.log" 2>&1 &
+# exec: $! is then jupyter-lab itself, not a subshell whose kill would orphan it.
+eval "exec ${NOTEBOOK##* && } ${lab_options[*]}" >"$work/lab.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 120); do
     if grep -q "is running at" "$work/lab.log"; then break; fi
