@@ -13,6 +13,12 @@ Every process that hosts actors or calls them through a reference has one
   when the peer's process is gone (its socket closes, or refuses to connect),
   which fails the calls waiting on it with :class:`MeshFailure`.
 
+Between hosts (meshes started through host agents) a rank's inbox also
+listens on TCP, on the interface its host reaches the controller through,
+CURVE-encrypted with the tree's server key pair; a connection that cannot
+complete the handshake (no server key) is never read, and frames are capped
+(``ZMQ_MAXMSGSIZE``) so an attacker cannot make a rank buffer a huge one.
+
 Every message is signed with the *tree key*: one key shared by the processes
 of one controller's tree (the controller, its workers, and the meshes those
 start), handed down on each worker's bootstrap pipe, never on a command line.
@@ -37,6 +43,7 @@ from typing import Any
 import zmq
 
 from ._errors import MeshFailure, RemoteFailure
+from ._keys import allow_only
 from ._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
 from ._pending import PendingCall
 from ._rundir import socket_path
@@ -50,7 +57,15 @@ _GONE_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CL
 # A sender's replay windows we keep: bounded, since senders come and go.
 _MAX_SENDERS = 4096
 
+# A frame from another host larger than this is refused before it is buffered.
+MAX_TCP_FRAME_BYTES = int(os.environ.get("MONARCH_NB_MAX_FRAME_BYTES", str(1 << 30)))
+_HANDSHAKE_IVL_MS = 10_000
+
 _tree_key: bytes | None = None
+# The tree's CURVE key pairs (z85): "server_public", "server_secret", "client_public",
+# "client_secret". Every inbox other hosts reach is a server of the first pair
+# and accepts only clients of the second (ZAP).
+_tree_curve: dict[str, str] | None = None
 _node: PeerNode | None = None
 _node_lock = threading.Lock()
 
@@ -69,6 +84,29 @@ def set_tree_key(key: bytes) -> None:
     global _tree_key
     with _node_lock:
         _tree_key = key
+
+
+def tree_curve() -> dict[str, str]:
+    """The tree's CURVE key pairs for inboxes other hosts reach (made on first use)."""
+    global _tree_curve
+    with _node_lock:
+        if _tree_curve is None:
+            server_public, server_secret = zmq.curve_keypair()
+            client_public, client_secret = zmq.curve_keypair()
+            _tree_curve = {
+                "server_public": server_public.decode(),
+                "server_secret": server_secret.decode(),
+                "client_public": client_public.decode(),
+                "client_secret": client_secret.decode(),
+            }
+        return dict(_tree_curve)
+
+
+def set_tree_curve(keys: dict[str, str]) -> None:
+    """Adopt the tree's CURVE keys (a worker's bootstrap)."""
+    global _tree_curve
+    with _node_lock:
+        _tree_curve = dict(keys)
 
 
 def local_node() -> PeerNode:
@@ -119,20 +157,16 @@ WorkHandler = Callable[[Message, list[Any], "PeerRoute"], None]
 class PeerNode:
     """This process's inbox and outboxes; see the module docstring."""
 
-    def __init__(self, address: str, key: bytes) -> None:
-        self.address = address
+    def __init__(self, address: str | None, key: bytes, *, tcp_host: str | None = None) -> None:
+        """An inbox at ``address`` (``ipc://``), and one other hosts reach on
+        ``tcp_host`` if given; with no ``address``, the TCP inbox is the only one."""
+        if address is None and tcp_host is None:
+            raise ValueError("a peer node needs an ipc:// address, a TCP host, or both")
         self.identity = secrets.token_bytes(16)
         self.stats = WireStats()
         self.signer = Signer(key, self.stats)
         self.lock = threading.Lock()
         self._zmq: zmq.Context = zmq.Context.instance()
-        inbox = self._zmq.socket(zmq.ROUTER)
-        inbox.setsockopt(zmq.LINGER, 1000)
-        inbox.setsockopt(zmq.SNDHWM, 0)
-        inbox.setsockopt(zmq.RCVHWM, 0)
-        inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished caller raises
-        inbox.bind(address)
-        self.inbox = inbox
         self._windows: dict[bytes, ReplayWindow] = {}
         self._outboxes: dict[str, _Outbox] = {}
         self._by_fd: dict[int, tuple[str, Any]] = {}
@@ -147,13 +181,55 @@ class PeerNode:
         self.home: tuple[Any, int] | None = None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poller = zmq.Poller()
-        self._poller.register(inbox.getsockopt(zmq.FD), zmq.POLLIN)
         self._poller.register(self._wake_fd, zmq.POLLIN)
-        self._by_fd[inbox.getsockopt(zmq.FD)] = ("inbox", None)
         self._new_fds: list[tuple[int, str, Any]] = []
+        self.tcp_address = ""  # where other hosts reach this inbox, once listening
+        self.tcp_inbox: zmq.Socket | None = None
+        if tcp_host is not None:
+            self._listen_tcp(tcp_host)
+        if address is not None:
+            inbox = self._zmq.socket(zmq.ROUTER)
+            inbox.setsockopt(zmq.LINGER, 1000)
+            inbox.setsockopt(zmq.SNDHWM, 0)
+            inbox.setsockopt(zmq.RCVHWM, 0)
+            inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished caller raises
+            inbox.bind(address)
+            self._new_fds.append((int(inbox.getsockopt(zmq.FD)), "inbox", inbox))
+        else:
+            assert self.tcp_inbox is not None
+            inbox, address = self.tcp_inbox, self.tcp_address
+        self.inbox = inbox
+        self.address = address  # where this process's own references point
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="monarch_nb-peer", daemon=True)
         self._thread.start()
+
+    def _listen_tcp(self, host: str) -> None:
+        """Take messages from other hosts too, on ``host`` (a second, CURVE inbox)."""
+        curve = tree_curve()
+        allow_only(self._zmq, curve["client_public"])
+        sock = self._zmq.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
+        sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+        sock.curve_server = True
+        sock.curve_publickey = curve["server_public"].encode()
+        sock.curve_secretkey = curve["server_secret"].encode()
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        self.tcp_address = f"tcp://{host}:{port}"
+        self.tcp_inbox = sock
+        self._new_fds.append((int(sock.getsockopt(zmq.FD)), "inbox", sock))
+
+    def listen_tcp(self, host: str) -> str:
+        """Listen on ``host`` for other hosts (once); the TCP address."""
+        with self.lock:
+            if self.tcp_inbox is None:
+                self._listen_tcp(host)
+        self._wake_always()
+        return self.tcp_address
 
     # -- sending (any thread) -----------------------------------------------------------
 
@@ -202,15 +278,16 @@ class PeerNode:
                     "was their mesh stopped?"
                 )
 
-    def reply(self, identity: bytes, encoded: Encoded) -> None:
-        """Send a reply back to the sender ``identity`` of a message our inbox took."""
+    def reply(self, identity: bytes, encoded: Encoded, inbox: zmq.Socket | None = None) -> None:
+        """Send a reply back to the sender ``identity`` of a message ``inbox`` took."""
+        inbox = inbox if inbox is not None else self.inbox
         with self.lock:
             try:
-                encoded.send(self.inbox, identity)
+                encoded.send(inbox, identity)
             except zmq.ZMQError:
                 return  # the caller is gone (ROUTER_MANDATORY): nobody waits for this
             self.stats.sent += 1
-            pending = int(self.inbox.getsockopt(_EVENTS)) & _POLLIN
+            pending = int(inbox.getsockopt(_EVENTS)) & _POLLIN
         if pending:
             self._wake()
 
@@ -254,6 +331,9 @@ class PeerNode:
         if threading.current_thread() is not self._thread:
             os.eventfd_write(self._wake_fd, 1)
 
+    def _wake_always(self) -> None:
+        os.eventfd_write(self._wake_fd, 1)
+
     def _outbox(self, address: str) -> _Outbox:
         """The outbox to ``address``, connected on first use (lock held)."""
         box = self._outboxes.get(address)
@@ -264,6 +344,12 @@ class PeerNode:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
+        if address.startswith("tcp://"):  # another host's inbox: CURVE, as its server
+            curve = tree_curve()
+            sock.curve_serverkey = curve["server_public"].encode()
+            sock.curve_publickey = curve["client_public"].encode()
+            sock.curve_secretkey = curve["client_secret"].encode()
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
         monitor = sock.get_monitor_socket(_GONE_EVENTS)
         sock.connect(address)
         box = _Outbox(address, sock, monitor)
@@ -275,12 +361,7 @@ class PeerNode:
     def _run(self) -> None:
         try:
             while not self._closing:
-                self._poller.poll(1000)
-                try:
-                    os.eventfd_read(self._wake_fd)
-                except BlockingIOError:
-                    pass
-                with self.lock:
+                with self.lock:  # sockets made by other threads since: watch them too
                     for fd, kind, box in self._new_fds:
                         self._poller.register(fd, zmq.POLLIN)
                         self._by_fd[fd] = (kind, box)
@@ -289,11 +370,16 @@ class PeerNode:
                 # Edge-triggered FDs: drain every socket on each wake-up.
                 for kind, box in sources:
                     if kind == "inbox":
-                        self._drain_inbox()
+                        self._drain_inbox(box)
                     elif kind == "outbox":
                         self._drain_outbox(box)
                     else:
                         self._drain_monitor(box)
+                self._poller.poll(1000)
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:
+                    pass
         except Exception:
             if not self._closing:
                 traceback.print_exc()
@@ -304,8 +390,8 @@ class PeerNode:
                 return None
             return receive(sock)
 
-    def _drain_inbox(self) -> None:
-        while (frames := self._take(self.inbox)) is not None:
+    def _drain_inbox(self, inbox: zmq.Socket) -> None:
+        while (frames := self._take(inbox)) is not None:
             sender, body = bytes(frames[0].buffer), frames[1:]
             message = self._verify(sender, body)
             if message is None:
@@ -318,7 +404,7 @@ class PeerNode:
                         self.on_interrupt(sender, call_id)
                 case _:
                     if self.on_work is not None:
-                        self.on_work(message, body, PeerRoute(self, sender))
+                        self.on_work(message, body, PeerRoute(self, sender, inbox))
 
     def _verify(self, sender: bytes, body: list[Any]) -> Message | None:
         known = self._windows.get(sender)
@@ -414,23 +500,27 @@ class PeerNode:
                 box.monitor.close(0)
             self._outboxes.clear()
             self.inbox.close(0)
+            if self.tcp_inbox is not None and self.tcp_inbox is not self.inbox:
+                self.tcp_inbox.close(0)
 
 
 class PeerRoute:
     """Where the replies to one message from a peer go: back to its sender."""
 
-    __slots__ = ("node", "sender")
+    __slots__ = ("inbox", "node", "sender")
 
-    def __init__(self, node: PeerNode, sender: bytes) -> None:
+    def __init__(self, node: PeerNode, sender: bytes, inbox: zmq.Socket | None = None) -> None:
         self.node = node
         self.sender = sender
+        self.inbox = inbox  # the socket it came in on (local or from another host)
 
     @property
     def signer(self) -> Signer:
         return self.node.signer
 
     def send(self, message: Message, payload: Any = None) -> None:
-        self.node.reply(self.sender, self.node.encode(message, payload, by_value=False))
+        encoded = self.node.encode(message, payload, by_value=False)
+        self.node.reply(self.sender, encoded, self.inbox)
 
     def send_encoded(self, encoded: Encoded) -> None:
-        self.node.reply(self.sender, encoded)
+        self.node.reply(self.sender, encoded, self.inbox)

@@ -181,9 +181,18 @@ class Worker:
         self.peer: PeerNode | None = None
         self.procs_ref: _refs.ProcsRef | None = None
         if "peer" in boot:  # actors elsewhere may call ours: bind our inbox
-            self.procs_ref = _refs.ProcsRef.from_json(boot["peer"]["ref"])
-            _peer.set_tree_key(bytes.fromhex(boot["peer"]["key"]))
-            self.peer = PeerNode(self.procs_ref.address(self.rank), _peer.tree_key())
+            peer = boot["peer"]
+            self.procs_ref = _refs.ProcsRef.from_json(peer["ref"])
+            _peer.set_tree_key(bytes.fromhex(peer["key"]))
+            _peer.set_tree_curve(peer["curve"])
+            if peer.get("tcp"):  # a mesh on several hosts: other hosts reach us by TCP
+                host = os.environ.get("MONARCH_NB_RDMA_HOST") or "127.0.0.1"
+                self.peer = PeerNode(None, _peer.tree_key(), tcp_host=host)
+                self.procs_ref = dataclasses.replace(
+                    self.procs_ref, table=_refs.compact_table({self.rank: self.peer.address})
+                )
+            else:
+                self.peer = PeerNode(self.procs_ref.address(self.rank), _peer.tree_key())
             self.peer.on_work = self._deliver_from_peer
             self.peer.home = (self.procs_ref, self.rank)
             self.peer.on_interrupt = lambda sender, call_id: self.interrupt_ticket(
@@ -426,7 +435,8 @@ class Worker:
 
     def run(self) -> None:
         self.wire.start()
-        self.send(Hello(os.getpid(), socket.gethostname()))
+        tcp = self.peer.tcp_address if self.peer is not None else ""
+        self.send(Hello(os.getpid(), socket.gethostname(), tcp))
         while True:
             item = self._next_item()
             if item is _WAKE:
