@@ -9,6 +9,7 @@ import pytest
 from process_checks import wait_for_exit
 
 from monarch_nb import Actor, MeshFailure, MeshUsageError, endpoint, this_host
+from monarch_nb._controller._process_group import STOP_GRACE_S
 
 
 class Probe(Actor):
@@ -155,8 +156,8 @@ def test_stopping_a_failed_mesh_is_prompt(procs2):
         time.sleep(0.01)
     started = time.monotonic()
     procs2.stop()  # the surviving rank is asked to exit, not waited out and killed
-    assert time.monotonic() - started < 2.0
-    assert not wait_for_exit({survivor}, 0.5)
+    assert time.monotonic() - started < STOP_GRACE_S - 1  # not the grace's kill
+    assert not wait_for_exit({survivor}, 30)
 
 
 def test_no_hello_is_lost_while_slow_launches_are_under_way(monkeypatch):
