@@ -416,3 +416,16 @@ class CallsLocal(Actor):
 def test_this_proc_in_an_actor_is_its_own_process(procs4):
     user = procs4.slice(procs=2).spawn("uses_this_proc", UsesThisProc)
     assert user.spawn_beside.call_one().get(timeout=60) == (0, 101)
+
+
+class HostUser(Actor):
+    @endpoint
+    def start_and_call(self, host) -> list:
+        with host.spawn_procs(per_host={"procs": 2}, name="owned") as procs:
+            leaves = procs.spawn("owned_leaves", Leaf)
+            return sorted(v[2] for v in leaves.who.call(4).get(timeout=60).values())
+
+
+def test_a_host_mesh_is_a_value_an_actor_spawns_processes_on(procs4):
+    user = procs4.slice(procs=0).spawn("host_user", HostUser)
+    assert user.start_and_call.call_one(this_host()).get(timeout=120) == [4, 4]

@@ -282,6 +282,16 @@ class HostMesh:
     def __repr__(self) -> str:
         return f"<HostMesh {self.hosts}>"
 
+    def __reduce__(self):
+        # This host travels as "the host of whoever receives it": an actor that
+        # spawns processes on it owns them (their supervisor), as in Monarch.
+        if self._agents is None:
+            return (_this_host_of, (socket.gethostname(),))
+        raise MeshUsageError(
+            f"host mesh {self.hosts} is driven by its agents from this controller: "
+            "spawn the processes here and pass the ProcMesh to the actor instead"
+        )
+
     def spawn_procs(
         self,
         per_host: Mapping[str, int] | None = None,
@@ -352,6 +362,15 @@ class HostMesh:
 def this_host(controller: Controller | None = None) -> HostMesh:
     """The host this controller runs on (``controller``: the process default)."""
     return HostMesh(controller)
+
+
+def _this_host_of(hostname: str) -> HostMesh:
+    if hostname != socket.gethostname():
+        raise MeshUsageError(
+            f"a reference to host {hostname!r} reached {socket.gethostname()!r}: only "
+            "a process on that host can start processes there"
+        )
+    return this_host()
 
 
 publish(globals())
