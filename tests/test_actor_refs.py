@@ -429,3 +429,15 @@ class HostUser(Actor):
 def test_a_host_mesh_is_a_value_an_actor_spawns_processes_on(procs4):
     user = procs4.slice(procs=0).spawn("host_user", HostUser)
     assert user.start_and_call.call_one(this_host()).get(timeout=120) == [4, 4]
+
+
+def test_interrupting_a_call_reaches_the_actor_it_waits_on(procs4, relays, leaves):
+    pending = relays.slice(procs=0).sleep_on.call_one(3, 60.0)
+    deadline = time.monotonic() + 30
+    while "Leaf.sleep" not in (procs4.status().ranks[3].work or ""):
+        assert time.monotonic() < deadline, "the call never reached rank 3"
+        time.sleep(0.02)
+    with pytest.raises((KeyboardInterrupt, RemoteError)):
+        pending.interrupt(grace=20)
+    # The leaf stopped sleeping: it answers now, not in a minute.
+    assert leaves.slice(procs=3).who.call_one(1).get(timeout=30)[2] == 1
