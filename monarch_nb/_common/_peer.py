@@ -43,7 +43,6 @@ from typing import Any
 import zmq
 
 from ._errors import MeshFailure, RemoteFailure
-from ._keys import allow_only
 from ._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
 from ._pending import PendingCall
 from ._rundir import socket_path
@@ -206,6 +205,8 @@ class PeerNode:
 
     def _listen_tcp(self, host: str) -> None:
         """Take messages from other hosts too, on ``host`` (a second, CURVE inbox)."""
+        from ._keys import allow_only  # here: zmq.auth loads asyncio, workers start lean
+
         curve = tree_curve()
         allow_only(self._zmq, curve["client_public"])
         sock = self._zmq.socket(zmq.ROUTER)

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._common import _refs
 from .._common._actors import Actor, endpoint_names
-from .._common._endpoint import EndpointBase, no_such_endpoint, unpicklable_argument
+from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshFailure, MeshUsageError
+from .._common._mesh_base import ActorMeshBase
 from .._common._messages import Call, StopActor
 from .._common._pending import PendingCall
 from .._common._public import publish
@@ -44,7 +45,7 @@ A = TypeVar("A", bound=Actor)
 __all__ = ["ActorMesh", "Endpoint", "unpicklable_argument"]
 
 
-class ActorMesh(Generic[A]):
+class ActorMesh(ActorMeshBase, Generic[A]):
     """Handles to one actor per point of a mesh. Endpoints are attributes.
 
     Slicing (``.slice(procs=0)``) selects a subset of the same actors. An actor
@@ -73,30 +74,8 @@ class ActorMesh(Generic[A]):
         self._plain_methods = {n for n in dir(cls) if callable(getattr(cls, n, None))}
         self._generation = generation
 
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def endpoints(self) -> list[str]:
-        return list(self._endpoints)
-
-    def __len__(self) -> int:
-        return len(self._shape)
-
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r}>"
-
-    def __getattr__(self, name: str) -> Endpoint[Any]:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name in self._endpoints:
-            return Endpoint(self, name)
-        raise no_such_endpoint(self._cls_name, name, self._endpoints, self._plain_methods)
 
     def _view(self, shape: Shape) -> ActorMesh[A]:
         view = object.__new__(ActorMesh)
@@ -126,12 +105,6 @@ class ActorMesh(Generic[A]):
         if error is not None:
             return error
         return group.failure_for(self._shape.ranks)
-
-    def _sent_to(self, shape: Shape) -> tuple[Any, ...]:
-        """What a call tells the callee about the slice it went to (message_rank)."""
-        if shape == self._spawned:
-            return ()
-        return (shape.labels, shape.sizes, shape.ranks)
 
     def __reduce__(self):
         procs = self._group.ref()
@@ -193,5 +166,7 @@ class Endpoint(EndpointBase[R]):
             encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
         )
 
+
+ActorMesh._endpoint_type = Endpoint
 
 publish(globals())
