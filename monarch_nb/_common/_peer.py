@@ -182,7 +182,8 @@ class PeerNode:
         self._poller = zmq.Poller()
         self._poller.register(self._wake_fd, zmq.POLLIN)
         self._new_fds: list[tuple[int, str, Any]] = []
-        self.tcp_address = ""  # where other hosts reach this inbox, once listening
+        self.tcp_addresses: list[str] = []  # where other hosts reach this inbox
+        self._tcp_hosts: set[str] = set()
         self.tcp_inbox: zmq.Socket | None = None
         if tcp_host is not None:
             self._listen_tcp(tcp_host)
@@ -204,33 +205,43 @@ class PeerNode:
         self._thread.start()
 
     def _listen_tcp(self, host: str) -> None:
-        """Take messages from other hosts too, on ``host`` (a second, CURVE inbox)."""
-        from ._keys import allow_only  # here: zmq.auth loads asyncio, workers start lean
+        """Take messages from other hosts too, on ``host``: a CURVE inbox (one socket,
+        an endpoint per host address asked for). Lock held, or not yet shared."""
+        if host in self._tcp_hosts:
+            return
+        sock = self.tcp_inbox
+        if sock is None:
+            from ._keys import allow_only  # here: zmq.auth loads asyncio, workers start lean
 
-        curve = tree_curve()
-        allow_only(self._zmq, curve["client_public"])
-        sock = self._zmq.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
-        sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
-        sock.curve_server = True
-        sock.curve_publickey = curve["server_public"].encode()
-        sock.curve_secretkey = curve["server_secret"].encode()
+            curve = tree_curve()
+            allow_only(self._zmq, curve["client_public"])
+            sock = self._zmq.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
+            sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+            sock.curve_server = True
+            sock.curve_publickey = curve["server_public"].encode()
+            sock.curve_secretkey = curve["server_secret"].encode()
+            self.tcp_inbox = sock
+            self._new_fds.append((int(sock.getsockopt(zmq.FD)), "inbox", sock))
         port = sock.bind_to_random_port(f"tcp://{host}")
-        self.tcp_address = f"tcp://{host}:{port}"
-        self.tcp_inbox = sock
-        self._new_fds.append((int(sock.getsockopt(zmq.FD)), "inbox", sock))
+        self._tcp_hosts.add(host)
+        self.tcp_addresses.append(f"tcp://{host}:{port}")
 
-    def listen_tcp(self, host: str) -> str:
-        """Listen on ``host`` for other hosts (once); the TCP address."""
+    @property
+    def tcp_address(self) -> str:
+        """Where other hosts reach this inbox ("" if it does not listen for them)."""
+        return self.tcp_addresses[0] if self.tcp_addresses else ""
+
+    def listen_tcp(self, host: str) -> None:
+        """Listen on ``host`` too, for other hosts (a controller whose host meshes
+        reach it at different addresses listens on each)."""
         with self.lock:
-            if self.tcp_inbox is None:
-                self._listen_tcp(host)
+            self._listen_tcp(host)
         self._wake_always()
-        return self.tcp_address
 
     # -- sending (any thread) -----------------------------------------------------------
 

@@ -11,6 +11,7 @@ sender sent them.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections import deque
@@ -29,16 +30,18 @@ class Port(Generic[T]):
 
     __slots__ = ("_address", "_host", "_port_id", "_tcp")
 
-    def __init__(self, address: str, port_id: int, host: str = "", tcp: str = "") -> None:
+    def __init__(
+        self, address: str, port_id: int, host: str = "", tcp: tuple[str, ...] = ()
+    ) -> None:
         self._address = address  # the owner's inbox (a socket on the owner's host)
         self._port_id = port_id
         self._host = host or socket.gethostname()
-        self._tcp = tcp  # where other hosts reach the owner, if it listens for them
+        self._tcp = tuple(tcp)  # where other hosts reach the owner, if it listens for them
 
     def _target(self) -> str:
         if self._host == socket.gethostname() or not self._tcp:
             return self._address
-        return self._tcp
+        return _nearest(self._tcp)
 
     def send(self, value: T) -> None:
         """Deliver ``value`` to the receiver (without waiting)."""
@@ -53,11 +56,25 @@ class Port(Generic[T]):
 
     def __reduce__(self):
         tcp = self._tcp
-        if not tcp:  # sent on by its owner: it may listen for other hosts by now
-            node = node_or_none()
-            if node is not None and node.address == self._address:
-                tcp = node.tcp_address
+        node = node_or_none()
+        if node is not None and node.address == self._address:
+            tcp = tuple(node.tcp_addresses)  # sent by its owner: it may listen for more by now
         return (Port, (self._address, self._port_id, self._host, tcp))
+
+
+def _nearest(addresses: tuple[str, ...]) -> str:
+    """The owner's TCP address most likely reachable from here: the one sharing the
+    longest prefix with this host's own address on the mesh's network."""
+    mine = os.environ.get("MONARCH_NB_RDMA_HOST", "").split(".")
+
+    def shared(address: str) -> int:
+        theirs = address.removeprefix("tcp://").rsplit(":", 1)[0].split(".")
+        same = 0
+        while same < min(len(mine), len(theirs)) and mine[same] == theirs[same]:
+            same += 1
+        return same
+
+    return max(addresses, key=shared)
 
 
 class PortReceiver(Generic[T]):
@@ -73,7 +90,7 @@ class PortReceiver(Generic[T]):
 
     @property
     def port(self) -> Port[T]:
-        return Port(self._node.address, self._port_id, "", self._node.tcp_address)
+        return Port(self._node.address, self._port_id, "", tuple(self._node.tcp_addresses))
 
     def _deliver(self, value: Any, is_error: bool) -> None:
         with self._lock:
