@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from . import events
     from ._common._actors import Actor, endpoint
-    from ._common._context import Context, context, current_rank
+    from ._common._context import Context, context, current_rank, current_size
     from ._common._errors import (
         CallCancelled,
         CallTimeout,
@@ -43,13 +43,13 @@ if TYPE_CHECKING:
         SpawnError,
     )
     from ._common._future import Future
-    from ._common._shape import Point, Shape
+    from ._common._shape import Extent, Point, Shape
     from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
     from ._controller._calls import ReplyStream
     from ._controller._events import RankState
     from ._controller._launchers import attach, slurm_hosts, ssh_hosts
-    from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
+    from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._controller._status import MeshState, MeshStatus, RankStatus
     from .debug._remote import breakpoint
     from .tensor._api import distribute, inspect, module_to_mesh, show
@@ -67,6 +67,7 @@ _DEFINED_IN = {
     "Context": "_common._context",
     "Endpoint": "_controller._actor_mesh",
     "EndpointError": "_common._errors",
+    "Extent": "_common._shape",
     "Future": "_common._future",
     "HostMesh": "_controller._proc_mesh",
     "MeshFailure": "_common._errors",
@@ -90,11 +91,13 @@ _DEFINED_IN = {
     "breakpoint": "debug._remote",
     "context": "_common._context",
     "current_rank": "_common._context",
+    "current_size": "_common._context",
     "distribute": "tensor._api",
     "endpoint": "_common._actors",
     "inspect": "tensor._api",
     "module_to_mesh": "tensor._api",
     "show": "tensor._api",
+    "shutdown_context": "_controller._proc_mesh",
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
     "this_host": "_controller._proc_mesh",
@@ -149,6 +152,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "EndpointError",
+    "Extent",
     "Future",
     "HostMesh",
     "MeshFailure",
@@ -173,12 +177,14 @@ __all__ = [
     "context",
     "current_mesh",
     "current_rank",
+    "current_size",
     "distribute",
     "endpoint",
     "events",
     "inspect",
     "module_to_mesh",
     "show",
+    "shutdown_context",
     "slurm_hosts",
     "ssh_hosts",
     "this_host",

@@ -36,6 +36,8 @@ class Context:
 _current: Context | None = None
 # Set by the worker: how to hand a child mesh's failure to its owner actor.
 _supervision_hook: Callable[[Any, MeshFailure], None] | None = None
+# Set by the controller side: what to do with the failure of a mesh no actor owns.
+_unowned_hook: Callable[[MeshFailure], None] | None = None
 
 
 def set_current(ctx: Context | None) -> Context | None:
@@ -63,6 +65,12 @@ def current_rank() -> Point:
     return context().point
 
 
+def current_size() -> dict[str, int]:
+    """The size of each dimension of the mesh the running code belongs to:
+    ``{"hosts": 2, "gpus": 8}`` (Monarch's ``current_size()``)."""
+    return dict(context().point.extent)
+
+
 def current_actor_or_none() -> Any:
     return _current.actor if _current is not None else None
 
@@ -72,9 +80,17 @@ def set_supervision_hook(hook: Callable[[Any, MeshFailure], None] | None) -> Non
     _supervision_hook = hook
 
 
+def set_unowned_failure_hook(hook: Callable[[MeshFailure], None] | None) -> None:
+    global _unowned_hook
+    _unowned_hook = hook
+
+
 def report_child_failure(owner: Any, error: MeshFailure) -> None:
-    """A mesh that ``owner`` (an actor, or None) started has failed."""
-    if owner is not None and _supervision_hook is not None:
+    """A mesh that ``owner`` (an actor, or None: no actor) started has failed."""
+    if owner is None:
+        if _unowned_hook is not None:
+            _unowned_hook(error)
+    elif _supervision_hook is not None:
         _supervision_hook(owner, error)
 
 

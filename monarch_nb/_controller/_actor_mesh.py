@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._common._actors import Actor, endpoint_names
 from .._common._errors import EndpointError, MeshFailure, MeshUsageError, SerializationError
-from .._common._future import Future, failed
+from .._common._future import Future, completed, failed
 from .._common._messages import Call, StopActor
 from .._common._public import publish
-from .._common._shape import Selector, Shape
+from .._common._shape import MeshShape, Shape
 from .._common._value_mesh import ValueMesh
 from ._calls import ReplyStream, send_call
 
@@ -41,10 +41,11 @@ R = TypeVar("R")
 A = TypeVar("A", bound=Actor)
 
 
-class ActorMesh(Generic[A]):
+class ActorMesh(MeshShape, Generic[A]):
     """Handles to one actor per point of a mesh. Endpoints are attributes.
 
-    Slicing (``.slice(procs=0)``) selects a subset of the same actors.
+    Slicing (``.slice(procs=0)``) selects a subset of the same actors; the shape
+    reads as every mesh's (``extent``, ``size(dim)``, ``flatten``, ``split``, ...).
     """
 
     def __init__(
@@ -105,18 +106,24 @@ class ActorMesh(Generic[A]):
             endpoints=self._endpoints,
         )
 
-    def slice(self, **selection: Selector) -> ActorMesh[A]:
-        """The actors at the selected points (an int drops that dimension)."""
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
+        # A view of the same actors at the points ``shape`` keeps.
         view = object.__new__(ActorMesh)
         view.__dict__.update(self.__dict__)
-        view._shape = self._shape.slice(**selection)
+        view._shape = shape
         return view
 
-    def stop(self) -> None:
-        """Remove these actors from their processes (the processes keep running)."""
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Remove these actors from their processes (the processes keep running).
+
+        Returns a future that is done once the stop is sent: calls made after it
+        reach the actors after the stop, so they fail. (``reason`` is accepted as
+        Monarch's is.)
+        """
         group = self._group
         if self._generation == group.generation:
             group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
+        return completed(None)
 
     def _check_usable(self) -> MeshFailure | None:
         group = self._group
