@@ -236,3 +236,18 @@ def test_a_rank_stops_being_busy_as_soon_as_it_replies(procs4):
     assert slow.waiting_ranks() == [2]
     slow.get(timeout=10)
     assert procs4.busy_ranks() == []
+
+
+def test_an_actor_mesh_reads_its_shape_and_stop_returns_a_future(procs4):
+    counters = procs4.split(procs=("dp", "tp"), tp=2).spawn("grid", Counter, 0)
+    assert counters.sizes == {"dp": 2, "tp": 2}
+    assert counters.size("tp") == 2
+    assert counters.extent.nelements == 4
+    row = counters.slice(dp=1)
+    assert row.add.call(1).get(timeout=10).values() == [1, 1]
+    flat = counters.flatten("rank")
+    assert flat.add.call(1).get(timeout=10).item(rank=3) == 2
+    stopped = counters.stop()
+    assert stopped.get(timeout=5) is None
+    with pytest.raises(RemoteError, match="it was stopped"):
+        counters.add.call(1).get(timeout=10)
