@@ -120,7 +120,7 @@ class Point(Mapping[str, int]):
 class Shape:
     """Dimension names and sizes, and the global rank at every point (row-major)."""
 
-    __slots__ = ("_index", "labels", "ranks", "sizes")
+    __slots__ = ("_extent", "_index", "labels", "ranks", "sizes")
 
     def __init__(self, labels: Sequence[str], sizes: Sequence[int], ranks: Sequence[int]):
         if len(labels) != len(sizes):
@@ -143,6 +143,7 @@ class Shape:
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.ranks: tuple[int, ...] = tuple(ranks)
         self._index = {r: i for i, r in enumerate(self.ranks)}
+        self._extent = Extent(self.labels, self.sizes)  # immutable: one for every point
 
     @classmethod
     def from_sizes(cls, sizes: Mapping[str, int], first_rank: int = 0) -> Shape:
@@ -175,7 +176,7 @@ class Shape:
     @property
     def extent(self) -> Extent:
         """The dimensions and their sizes, a mapping ``{dimension: size}``."""
-        return Extent(self.labels, self.sizes)
+        return self._extent
 
     def size(self, dim: str | Sequence[str] | None = None) -> int:
         """Points along ``dim``, the product over several dims, or (None) all points."""
