@@ -47,12 +47,12 @@ if TYPE_CHECKING:
     from ._common._local_actors import this_proc
     from ._common._pending import ReplyStream
     from ._common._ports import Channel, Port, PortReceiver
-    from ._common._shape import Point, Shape
+    from ._common._shape import Extent, Point, Shape
     from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
     from ._controller._events import RankState
     from ._controller._launchers import attach, slurm_hosts, ssh_hosts
-    from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
+    from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._controller._status import MeshState, MeshStatus, RankStatus
     from .debug._remote import breakpoint
     from .tensor._api import distribute, inspect, module_to_mesh, show
@@ -71,6 +71,7 @@ _DEFINED_IN = {
     "Context": "_common._context",
     "Endpoint": "_controller._actor_mesh",
     "EndpointError": "_common._errors",
+    "Extent": "_common._shape",
     "Future": "_common._future",
     "HostMesh": "_controller._proc_mesh",
     "MeshFailure": "_common._errors",
@@ -104,6 +105,7 @@ _DEFINED_IN = {
     "module_to_mesh": "tensor._api",
     "send": "_common._endpoint",
     "show": "tensor._api",
+    "shutdown_context": "_controller._proc_mesh",
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
     "this_host": "_controller._proc_mesh",
@@ -160,6 +162,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "EndpointError",
+    "Extent",
     "Future",
     "HostMesh",
     "MeshFailure",
@@ -195,6 +198,7 @@ __all__ = [
     "module_to_mesh",
     "send",
     "show",
+    "shutdown_context",
     "slurm_hosts",
     "ssh_hosts",
     "this_host",

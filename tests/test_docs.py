@@ -117,10 +117,11 @@ def test_bash_blocks_are_run_or_checked(page):
             if command in ci or command == "bash .ci/run":  # the second is CI itself
                 continue
             words = command.split()
-            assert words[0] == "python" and len(words) > 1, (
+            assert words[0] == "python", (
                 f"{_name(page)}:{line}: {command!r} is run by no script in .ci/; run it "
                 "there (so CI tests it), or end the line with '# (not run by CI: why)'"
             )
+            assert len(words) > 1, f"{_name(page)}:{line}: {command!r} names no script"
             target = words[1:3] if words[1] == "-m" else words[1:2]
             out = subprocess.run(
                 [sys.executable, *target, "--help"],

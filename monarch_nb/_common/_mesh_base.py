@@ -10,11 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from ._endpoint import EndpointBase, no_such_endpoint
-from ._shape import Shape
+from ._shape import MeshShape, Shape
 
 
-class ActorMeshBase:
-    """Shape, name and endpoints of an actor mesh; ``mesh.ep`` is an endpoint."""
+class ActorMeshBase(MeshShape):
+    """Shape, name and endpoints of an actor mesh; ``mesh.ep`` is an endpoint.
+
+    A subclass makes a view of itself with ``_new_with_shape`` (``slice``,
+    ``flatten``, ``split`` and ``rename`` come from :class:`MeshShape`).
+    """
 
     _shape: Shape
     _spawned: Shape  # the shape it was spawned on: message_rank is relative to a slice

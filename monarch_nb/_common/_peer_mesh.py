@@ -100,9 +100,8 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r} (reference)>"
 
-    def slice(self, **selection: Selector) -> PeerActorMesh[A]:
-        """The actors at the selected points (an int drops that dimension)."""
-        return PeerActorMesh(self._ref, self._shape.slice(**selection))
+    def _new_with_shape(self, shape: Shape) -> PeerActorMesh[A]:
+        return PeerActorMesh(self._ref, shape)
 
     def stop(self) -> None:
         """Remove these actors from their processes (the processes keep running)."""

@@ -28,11 +28,12 @@ from .._common import _refs
 from .._common._actors import Actor, endpoint_names
 from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshFailure, MeshUsageError
+from .._common._future import Future, completed
 from .._common._mesh_base import ActorMeshBase
 from .._common._messages import Call, StopActor
 from .._common._pending import PendingCall
 from .._common._public import publish
-from .._common._shape import Selector, Shape
+from .._common._shape import Shape
 from ._calls import send_call
 
 if TYPE_CHECKING:
@@ -48,8 +49,9 @@ __all__ = ["ActorMesh", "Endpoint", "unpicklable_argument"]
 class ActorMesh(ActorMeshBase, Generic[A]):
     """Handles to one actor per point of a mesh. Endpoints are attributes.
 
-    Slicing (``.slice(procs=0)``) selects a subset of the same actors. An actor
-    mesh is a value: pass it to another actor (as an argument, a spawn
+    Slicing (``.slice(procs=0)``) selects a subset of the same actors; the shape
+    reads as every mesh's (``extent``, ``size(dim)``, ``flatten``, ``split``, ...).
+    An actor mesh is a value: pass it to another actor (as an argument, a spawn
     argument, inside a container) and that actor calls it directly.
     """
 
@@ -77,21 +79,24 @@ class ActorMesh(ActorMeshBase, Generic[A]):
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r}>"
 
-    def _view(self, shape: Shape) -> ActorMesh[A]:
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
+        # A view of the same actors at the points ``shape`` keeps.
         view = object.__new__(ActorMesh)
         view.__dict__.update(self.__dict__)
         view._shape = shape
         return view
 
-    def slice(self, **selection: Selector) -> ActorMesh[A]:
-        """The actors at the selected points (an int drops that dimension)."""
-        return self._view(self._shape.slice(**selection))
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Remove these actors from their processes (the processes keep running).
 
-    def stop(self) -> None:
-        """Remove these actors from their processes (the processes keep running)."""
+        Returns a future that is done once the stop is sent: calls made after it
+        reach the actors after the stop, so they fail. (``reason`` is accepted as
+        Monarch's is.)
+        """
         group = self._group
         if self._generation == group.generation:
             group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
+        return completed(None)
 
     def _check_usable(self) -> MeshFailure | None:
         group = self._group
@@ -124,7 +129,7 @@ class ActorMesh(ActorMeshBase, Generic[A]):
             _refs.ViewRef.of(self._spawned),
         )
         # Sent away and come back (returned by an actor): this same mesh again.
-        _refs.register_actors(ref, self, ActorMesh._view)
+        _refs.register_actors(ref, self, ActorMesh._new_with_shape)
         return (_refs.rebuild_actors, (ref, _refs.ViewRef.of(self._shape)))
 
 

@@ -517,7 +517,7 @@ class Worker:
         previous = _context.set_current(ctx)
         self._active.append(message.actor_id)
         try:
-            instance = self.user_code(f"spawn {name!r}", lambda: cls(*args, **kwargs))
+            instance = self.user_code(f"spawn {name!r}", lambda: _construct(cls, args, kwargs))
         except BaseException as exc:
             route.send(Failure(call_id, self.failure_of(exc), False))
             return
@@ -726,12 +726,21 @@ class Worker:
         self.post(lambda: self._supervise(owner, error))
 
     def _supervise(self, owner: Any, error: MeshFailure) -> None:
+        # As an endpoint call of the owner: its context, interruptible, and an
+        # ``async def __supervise__`` awaited on the actor's loop.
+        live = next((a for a in self.actors.values() if a.instance is owner), None)
+        previous = _context.set_current(live.context if live else None)
+        label = f"{type(owner).__name__}.__supervise__"
         try:
-            handled = bool(owner.__supervise__(error))
-            why = "its __supervise__ returned False"
+            handled = self.user_code(
+                label, lambda: self._call_maybe_async(owner.__supervise__, (error,), {})
+            )
+            why = f"its __supervise__ returned {handled!r}"
         except BaseException as exc:
             handled = False
             why = f"its __supervise__ raised {type(exc).__name__}: {exc}"
+        finally:
+            _context.set_current(previous)
         if not handled:
             self.send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
 
@@ -743,6 +752,32 @@ _WAKE = object()
 def _resolve(waker: Any) -> None:
     if not waker.done():
         waker.set_result(None)
+
+
+def _construct(cls: type, args: tuple, kwargs: dict) -> Any:
+    """``cls(*args, **kwargs)``, with the instance current while its ``__init__`` runs,
+    so a process mesh it starts there is owned (supervised) by it."""
+    if type(cls).__call__ is not type.__call__:
+        return cls(*args, **kwargs)  # a metaclass that constructs in its own way
+    instance = cls.__new__(cls, *args, **kwargs)
+    if isinstance(instance, cls):
+        spawning = _context.context()
+        _context.set_current(dataclasses.replace(spawning, actor=instance))
+        try:
+            type(instance).__init__(instance, *args, **kwargs)
+        finally:
+            _context.set_current(spawning)
+    return instance
+
+
+def _no_debugger(*args: Any, **kwargs: Any) -> None:
+    """``breakpoint()`` on a rank whose controller serves no debugger prompt."""
+    raise RuntimeError(
+        "breakpoint() on a rank needs a debugger prompt on the controller, and this "
+        "mesh was started without one: in a script call monarch_nb.debug.install() "
+        "before spawn_procs() (a notebook's %load_ext monarch_nb does it); "
+        "PYTHONBREAKPOINT=0 makes breakpoint() do nothing"
+    )
 
 
 def _die_with_parent(controller_pid: int) -> None:
@@ -786,6 +821,10 @@ def main() -> None:
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
     worker = Worker(boot)
+    if not os.environ.get("PYTHONBREAKPOINT"):
+        # stdin is /dev/null: pdb would quit at once (a bare BdbQuit). The
+        # debugger's install_on_worker below replaces this with its prompt.
+        sys.breakpointhook = _no_debugger
     # Layers above the core that must be in place before user code runs (the
     # debugger's breakpoint hook): each module's install_on_worker(worker).
     for name in boot.get("imports", ()):
