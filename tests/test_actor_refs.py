@@ -441,3 +441,16 @@ def test_interrupting_a_call_reaches_the_actor_it_waits_on(procs4, relays, leave
         pending.interrupt(grace=20)
     # The leaf stopped sleeping: it answers now, not in a minute.
     assert leaves.slice(procs=3).who.call_one(1).get(timeout=30)[2] == 1
+
+
+def test_stream_items_are_pairs_and_monarchs_futures(relays, leaves):
+    import asyncio as aio
+
+    items = list(leaves.who.stream(6))
+    assert sorted(v[2] for _, v in items) == [6] * 4  # ours: (point, value)
+    assert sorted(item.get()[2] for item in items) == [6] * 4  # Monarch's: futures
+
+    async def awaited():
+        return [(await item)[2] for item in leaves.who.stream(7)]
+
+    assert aio.run(awaited()) == [7] * 4
