@@ -5,10 +5,13 @@ Linux), installation still succeeds and ``monarch_nb.native.RDMABuffer`` raises
 an error that says why the native data plane is unavailable.
 
 The JupyterLab "Mesh" panel (``labextension/``) is optional too: when Node.js
-and npm are on PATH, building a wheel (``pip install .``, ``pip install -e .``)
-builds it into ``monarch_nb/labextension/`` and installs it where JupyterLab
-finds prebuilt extensions (``share/jupyter/labextensions/monarch-nb``);
-without them it says so and installs without the panel.
+and npm are on PATH, building a wheel or an sdist (``pip install .``, ``pip
+install -e .``, ``python -m build``) builds it into ``monarch_nb/labextension/``
+and ships it as data files, installed where JupyterLab finds prebuilt
+extensions (``share/jupyter/labextensions/monarch-nb``); a wheel or sdist that
+carries it installs without Node.js. Without Node.js (and no panel built
+earlier) it says so and installs without the panel. Each step says what it
+builds on stderr, which pip shows with ``-v``.
 ``MONARCH_NB_REQUIRE_LABEXTENSION=1`` makes a missing or failed build an error.
 """
 
@@ -23,6 +26,12 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.editable_wheel import editable_wheel
 
 
+def progress(message: str) -> None:
+    """Say what the build is doing; pip shows it with ``-v`` (it hides a build's output
+    otherwise), ``python -m build`` and ``setup.py`` always."""
+    print(f"monarch_nb: {message}", file=sys.stderr, flush=True)
+
+
 class OptionalBuildExt(build_ext):
     """Build extensions, but report a failure instead of aborting the install."""
 
@@ -33,6 +42,7 @@ class OptionalBuildExt(build_ext):
             self._warn(exc)
 
     def build_extension(self, ext: Extension) -> None:
+        progress(f"compiling the C extension {ext.name} (the native data plane)")
         try:
             super().build_extension(ext)
         except Exception as exc:
@@ -66,7 +76,9 @@ LABEXTENSION_SOURCE = HERE / "labextension"
 LABEXTENSION_OUTPUT = HERE / "monarch_nb" / "labextension"  # "outputDir" there
 LABEXTENSION_TIMEOUT_S = 600
 # Commands that produce an installable tree; metadata-only runs (egg_info) build nothing.
-_BUILDS = {"build", "build_py", "bdist_wheel", "editable_wheel", "develop", "install"}
+# An sdist carries the built panel too (as data files), so a wheel built from it,
+# as ``python -m build`` does, needs no Node.js.
+_BUILDS = {"build", "build_py", "bdist_wheel", "editable_wheel", "develop", "install", "sdist"}
 
 
 def _labextension_inputs() -> list[Path]:
@@ -105,7 +117,9 @@ def build_labextension() -> None:
         print(f"warning: {message}", file=sys.stderr)
         return
     if _labextension_up_to_date():
+        progress("the JupyterLab Mesh panel is already built (monarch_nb/labextension/)")
         return
+    progress("building the JupyterLab Mesh panel with npm (about a minute the first time)")
     try:
         installed = LABEXTENSION_SOURCE / "node_modules" / ".package-lock.json"
         lockfile = LABEXTENSION_SOURCE / "package-lock.json"
@@ -118,6 +132,7 @@ def build_labextension() -> None:
                 # same pinned versions and takes what this platform needs.
                 _npm(npm, "install", "--no-audit", "--no-fund")
         _npm(npm, "run", "build")
+        progress("built the JupyterLab Mesh panel into monarch_nb/labextension/")
     except (OSError, subprocess.SubprocessError) as exc:
         message = f"building the JupyterLab Mesh panel failed ({exc}); installing without it"
         if required:
@@ -126,7 +141,7 @@ def build_labextension() -> None:
 
 
 def _npm(npm: str, *args: str) -> None:
-    print(f"monarch_nb: npm {' '.join(args)} in labextension/", file=sys.stderr)
+    progress(f"npm {' '.join(args)} in labextension/")
     subprocess.run(
         [npm, *args], cwd=LABEXTENSION_SOURCE, check=True, timeout=LABEXTENSION_TIMEOUT_S
     )

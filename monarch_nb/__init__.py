@@ -47,12 +47,12 @@ if TYPE_CHECKING:
     from ._common._local_actors import this_proc
     from ._common._pending import ReplyStream
     from ._common._ports import Channel, Port, PortReceiver
-    from ._common._shape import Point, Shape
+    from ._common._shape import Extent, Point, Shape
     from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
     from ._controller._events import RankState
     from ._controller._launchers import attach, slurm_hosts, ssh_hosts
-    from ._controller._proc_mesh import HostMesh, ProcMesh, this_host
+    from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._controller._status import MeshState, MeshStatus, RankStatus
     from .debug._remote import breakpoint
     from .tensor._active import get_active_mesh, no_mesh
@@ -83,6 +83,7 @@ _DEFINED_IN = {
     "Context": "_common._context",
     "Endpoint": "_controller._actor_mesh",
     "EndpointError": "_common._errors",
+    "Extent": "_common._shape",
     "Future": "_common._future",
     "HostMesh": "_controller._proc_mesh",
     "MeshFailure": "_common._errors",
@@ -125,6 +126,7 @@ _DEFINED_IN = {
     "remote": "tensor._remote",
     "send": "_common._endpoint",
     "show": "tensor._api",
+    "shutdown_context": "_controller._proc_mesh",
     "slice_mesh": "tensor._api",
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
@@ -183,6 +185,7 @@ __all__ = [
     "Context",
     "Endpoint",
     "EndpointError",
+    "Extent",
     "Future",
     "HostMesh",
     "MeshFailure",
@@ -228,6 +231,7 @@ __all__ = [
     "remote",
     "send",
     "show",
+    "shutdown_context",
     "slice_mesh",
     "slurm_hosts",
     "ssh_hosts",

@@ -13,8 +13,18 @@ import os
 import signal
 import sys
 import time
+import warnings
+from typing import Any
 
-from monarch_nb import Actor, MeshFailure, RemoteError, current_rank, endpoint, this_host
+from monarch_nb import (
+    Actor,
+    MeshFailure,
+    RemoteError,
+    __version__,
+    current_rank,
+    endpoint,
+    this_host,
+)
 
 
 class Greeter(Actor):
@@ -42,6 +52,10 @@ class Greeter(Actor):
         return os.getpid()
 
     @endpoint
+    def scale(self, tensor: Any, by: float) -> Any:
+        return tensor * by
+
+    @endpoint
     def all_reduce(self) -> list[float]:
         import torch
         import torch.distributed as dist
@@ -66,8 +80,10 @@ def demo(procs_per_host: int) -> None:
         print(greeters.hello.call().get(timeout=30))
 
         step("call_one() on a slice, choose() one rank, stream() replies as they come")
-        print(greeters.slice(procs=1).square.call_one(7).get(timeout=30))
-        print(greeters.square.choose(3).get(timeout=30))
+        one = greeters.slice(procs=1).square.call_one(7).get(timeout=30)
+        print(f"slice(procs=1).square.call_one(7) = {one}")
+        print(f"square.choose(3) = {greeters.square.choose(3).get(timeout=30)}  (any one rank)")
+        print("square.stream(5):")
         for point, value in greeters.square.stream(5):
             print(f"  {dict(point)} -> {value}")
 
@@ -78,8 +94,14 @@ def demo(procs_per_host: int) -> None:
             print(error.render())
 
         if importlib.util.find_spec("torch") is not None:
+            step("a 4 MiB tensor to every rank and back: its bytes travel beside the message")
+            ones = _torch().ones(1024, 1024)
+            print("scale.call(torch.ones(1024, 1024), 10):")
+            for point, scaled in greeters.scale.call(ones, 10).get(timeout=60):
+                print(f"  {dict(point)} -> shape {tuple(scaled.shape)}, sum {scaled.sum():.0f}")
+
             step("torch.distributed with no arguments: gloo all_reduce over every rank")
-            print(greeters.all_reduce.call().get(timeout=120))
+            print(f"all_reduce of [rank, rank] = {greeters.all_reduce.call().get(timeout=120)}")
 
         step("a rank dies: the call fails at once, naming it; restart() brings fresh ones")
         pid = greeters.slice(procs=procs_per_host - 1).pid.call_one().get(timeout=30)
@@ -91,8 +113,26 @@ def demo(procs_per_host: int) -> None:
             print(f"MeshFailure: {failure}")
         procs.restart()
         greeters = procs.spawn("greeters", Greeter, "welcome back")
-        print(greeters.square.call(2).get(timeout=30))
+        print(f"square.call(2) after restart() = {greeters.square.call(2).get(timeout=30)}")
     step(f"stopped: {procs}")
+
+
+def _torch() -> Any:
+    """torch, imported only when the demo reaches its tensor steps.
+
+    Without numpy (torch's CPU wheel installs none) ``import torch`` warns
+    "Failed to initialize NumPy"; the demo needs no numpy, so it says nothing.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+        import torch
+    return torch
+
+
+DESCRIPTION = """\
+A Jupyter-first, single-controller distributed environment for PyTorch.
+"python -m monarch_nb" is the same command; "monarch-nb agent --help" shows the
+agent's own options."""
 
 
 class _Steps:
@@ -111,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
         agent_main(argv[1:])
         return 0
-    parser = argparse.ArgumentParser(prog="python -m monarch_nb", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="monarch-nb",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run_demo = sub.add_parser("demo", help="run the quick start headless")
     run_demo.add_argument("--procs", type=int, default=4, help="ranks to start (default 4)")

@@ -106,6 +106,11 @@ def run_first_cell_once_the_kernel_is_up(page) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for _ in range(20):
+        # On a loaded machine JupyterLab may ask which kernel to start (its kernel
+        # specs arrived late); the preferred one is selected: accept it, as a user would.
+        select_kernel = page.locator(".jp-Dialog:has-text('Select Kernel') .jp-mod-accept")
+        if select_kernel.count():
+            select_kernel.first.click()
         page.click(".jp-Notebook .jp-Cell >> nth=0")
         page.keyboard.press("Shift+Enter")
         try:

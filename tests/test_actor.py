@@ -14,6 +14,7 @@ from monarch_nb import (
     EndpointError,
     MeshUsageError,
     RemoteError,
+    SpawnError,
     ValueMesh,
     context,
     current_rank,
@@ -236,3 +237,49 @@ def test_a_rank_stops_being_busy_as_soon_as_it_replies(procs4):
     assert slow.waiting_ranks() == [2]
     slow.get(timeout=10)
     assert procs4.busy_ranks() == []
+
+
+def test_an_actor_mesh_reads_its_shape_and_stop_returns_a_future(procs4):
+    counters = procs4.split(procs=("dp", "tp"), tp=2).spawn("grid", Counter, 0)
+    assert counters.sizes == {"dp": 2, "tp": 2}
+    assert counters.size("tp") == 2
+    assert counters.extent.nelements == 4
+    row = counters.slice(dp=1)
+    assert row.add.call(1).get(timeout=10).values() == [1, 1]
+    flat = counters.flatten("rank")
+    assert flat.add.call(1).get(timeout=10).item(rank=3) == 2
+    stopped = counters.stop()
+    assert stopped.get(timeout=5) is None
+    with pytest.raises(RemoteError, match="it was stopped"):
+        counters.add.call(1).get(timeout=10)
+
+
+class MadeByNew(Actor):
+    """A class that constructs in __new__ too: spawn must call both, as cls(...) does."""
+
+    def __new__(cls, x: int):
+        instance = super().__new__(cls)
+        instance.from_new = x
+        return instance
+
+    def __init__(self, x: int):
+        self.from_init = x * 2
+        self.current_during_init = context().actor is self  # the actor owns what it starts
+
+    @endpoint
+    def made(self) -> tuple[int, int, bool]:
+        return self.from_new, self.from_init, self.current_during_init
+
+
+class NoInit(Actor):
+    @endpoint
+    def ok(self) -> bool:
+        return True
+
+
+def test_spawn_constructs_as_calling_the_class_does(procs4):
+    made = procs4.slice(procs=0).spawn("made", MadeByNew, 3)
+    assert made.made.call_one().get(timeout=10) == (3, 6, True)
+    with pytest.raises(SpawnError, match="NoInit\\(\\) takes no arguments"):
+        procs4.slice(procs=0).spawn("noinit", NoInit, 1)
+    assert procs4.slice(procs=0).spawn("noinit", NoInit).ok.call_one().get(timeout=10)

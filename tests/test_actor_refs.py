@@ -416,3 +416,41 @@ class CallsLocal(Actor):
 def test_this_proc_in_an_actor_is_its_own_process(procs4):
     user = procs4.slice(procs=2).spawn("uses_this_proc", UsesThisProc)
     assert user.spawn_beside.call_one().get(timeout=60) == (0, 101)
+
+
+class HostUser(Actor):
+    @endpoint
+    def start_and_call(self, host) -> list:
+        with host.spawn_procs(per_host={"procs": 2}, name="owned") as procs:
+            leaves = procs.spawn("owned_leaves", Leaf)
+            return sorted(v[2] for v in leaves.who.call(4).get(timeout=60).values())
+
+
+def test_a_host_mesh_is_a_value_an_actor_spawns_processes_on(procs4):
+    user = procs4.slice(procs=0).spawn("host_user", HostUser)
+    assert user.start_and_call.call_one(this_host()).get(timeout=120) == [4, 4]
+
+
+def test_interrupting_a_call_reaches_the_actor_it_waits_on(procs4, relays, leaves):
+    pending = relays.slice(procs=0).sleep_on.call_one(3, 60.0)
+    deadline = time.monotonic() + 30
+    while "Leaf.sleep" not in (procs4.status().ranks[3].work or ""):
+        assert time.monotonic() < deadline, "the call never reached rank 3"
+        time.sleep(0.02)
+    with pytest.raises((KeyboardInterrupt, RemoteError)):
+        pending.interrupt(grace=20)
+    # The leaf stopped sleeping: it answers now, not in a minute.
+    assert leaves.slice(procs=3).who.call_one(1).get(timeout=30)[2] == 1
+
+
+def test_stream_items_are_pairs_and_monarchs_futures(relays, leaves):
+    import asyncio as aio
+
+    items = list(leaves.who.stream(6))
+    assert sorted(v[2] for _, v in items) == [6] * 4  # ours: (point, value)
+    assert sorted(item.get()[2] for item in items) == [6] * 4  # Monarch's: futures
+
+    async def awaited():
+        return [(await item)[2] for item in leaves.who.stream(7)]
+
+    assert aio.run(awaited()) == [7] * 4

@@ -101,13 +101,14 @@ def test_stopping_a_mesh_under_a_flood_of_calls_completes_every_future_once():
         procs.stop()  # races the replies still arriving and the calls still being sent
         flooder.join()
     for fut in futures:
-        fut.exception(timeout=10)
+        fut.exception(timeout=60)
     assert counts == [1] * CALLS
     assert _in_flight(procs) == 0  # every call's load on its ranks was taken back
     values = [f for f in futures if f.exception(timeout=0) is None]
     failed = [f for f in futures if isinstance(f.exception(timeout=0), MeshFailure)]
     assert len(values) + len(failed) == CALLS
-    assert values, "some calls should have returned before the stop"
+    # How many calls returned before the stop depends on the machine's load (on a
+    # busy one, none may have): only that each one that did carries both replies.
     for fut in values[:50]:
         assert len(fut.get(timeout=0)) == 2
 

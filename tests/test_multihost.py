@@ -19,7 +19,7 @@ import pytest
 import zmq
 from process_checks import wait_for_exit
 
-from monarch_nb import MeshFailure, MeshUsageError, RankState, attach, ssh_hosts
+from monarch_nb import MeshFailure, MeshUsageError, RankState, RemoteError, attach, ssh_hosts
 from monarch_nb._common._wire import OWN, Signer, WireStats
 
 # "ssh HOST COMMAND" without ssh: run COMMAND here, with a shell, as sshd would.
@@ -350,3 +350,60 @@ def test_shutting_down_the_hosts_stops_their_meshes_cleanly(caplog) -> None:
     assert procs.failure is None
     assert "killed" not in caplog.text
     assert not wait_for_exit(set(pids), 10)
+
+
+def test_actors_on_different_hosts_call_each_other_directly(hosts2) -> None:
+    from actor_hosts import Caller, Leaf  # importable by the agents' workers
+
+    from monarch_nb import Channel
+
+    with hosts2.spawn_procs({"procs": 1}) as procs:
+        leaves = procs.spawn("leaves", Leaf)
+        callers = procs.spawn("callers", Caller, leaves)
+        # Each host's caller calls every leaf, its own host's and the other's, over TCP.
+        got = callers.call_all.call(5).get(timeout=60)
+        assert [sorted(v) for v in got.values()] == [[(0, 5), (1, 5)]] * 2
+        # The references name TCP inboxes on the hosts' interface, CURVE-encrypted.
+        ref = leaves.__reduce__()[1][0]
+        assert ref.procs.address(1).startswith("tcp://127.0.0.1:")
+        # A port on the controller, reached from the ranks.
+        port, receiver = Channel.open()
+        callers.send_to.call(port).get(timeout=60)
+        assert sorted(receiver.recv().get(timeout=60) for _ in range(2)) == [0, 1]
+        # A rank killed mid-call fails its caller on the other host.
+        pending = callers.slice(hosts=0).sleep_on.call_one(1, 60.0)
+        deadline = time.monotonic() + 30
+        while "Leaf.sleep" not in (procs.status().ranks[1].work or ""):
+            assert time.monotonic() < deadline, "the call never reached rank 1"
+            time.sleep(0.05)
+        os.kill(procs.pids[1], signal.SIGKILL)
+        # Either the caller hears it first ("cannot be reached"), or the controller
+        # fails the whole mesh first: both name rank 1, neither hangs.
+        with pytest.raises((MeshFailure, RemoteError), match="rank 1"):
+            pending.get(timeout=60)
+
+
+def test_an_unauthenticated_client_cannot_talk_to_a_ranks_tcp_inbox(hosts2) -> None:
+    from actor_hosts import Leaf
+
+    with hosts2.spawn_procs({"procs": 1}) as procs:
+        leaves = procs.spawn("leaves", Leaf)
+        address = leaves.__reduce__()[1][0].procs.address(0)
+        plain = zmq.Context.instance().socket(zmq.DEALER)
+        curve = zmq.Context.instance().socket(zmq.DEALER)
+        public, secret = zmq.curve_keypair()
+        other_public, _ = zmq.curve_keypair()
+        curve.curve_serverkey, curve.curve_publickey, curve.curve_secretkey = (
+            other_public,
+            public,
+            secret,
+        )
+        try:
+            for sock in (plain, curve):
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(address)
+                sock.send_multipart([b"\0" * 40, os.urandom(1 << 16)])
+            assert leaves.who.call(1).get(timeout=60).values() == [(0, 1), (1, 1)]
+        finally:
+            plain.close(0)
+            curve.close(0)

@@ -95,3 +95,55 @@ def test_a_dead_owner_fails_the_read_clearly(procs2):
     procs2.kill([0])
     with pytest.raises(RDMAOwnerGoneError):
         handle.read_into(torch.empty(1000), transport="tcp").get(timeout=30)
+
+
+class InlineOwner(Actor):
+    """Monarch's idiom: build the buffer inside the endpoint and return it."""
+
+    def __init__(self) -> None:
+        self.weights = torch.arange(16, dtype=torch.float32)
+
+    @endpoint
+    def weights_handle(self) -> RDMABuffer:
+        return RDMABuffer(self.weights.view(torch.uint8).flatten())
+
+    @endpoint
+    def short_lived(self) -> RDMABuffer:
+        return RDMABuffer(torch.zeros(4), lifetime="object")
+
+    @endpoint
+    def total(self) -> float:
+        return float(self.weights.sum())
+
+
+def test_a_buffer_returned_inline_stays_readable_until_dropped(procs4):
+    import gc
+
+    from monarch_nb.native import RDMAAction, RDMABufferDroppedError, is_rdma_available
+
+    assert is_rdma_available()
+    owner = procs4.slice(procs=1).spawn("inline_owner", InlineOwner)
+    handle = owner.weights_handle.call_one().get(timeout=30)
+    gc.collect()
+    assert handle.size() == handle.size == 64  # Monarch's size() and our size, both
+    larger = torch.zeros(100, dtype=torch.uint8)  # a larger destination is fine
+    assert handle.read_into(larger, timeout=30).get(timeout=60) == 64
+    assert larger[:64].view(torch.float32).tolist() == [float(i) for i in range(16)]
+    # A smaller source writes the buffer's start.
+    handle.write_from(torch.full((8,), 255, dtype=torch.uint8)).get(timeout=60)
+    assert owner.total.call_one().get(timeout=30) != float(sum(range(16)))
+    out = torch.zeros(64, dtype=torch.uint8)
+    assert RDMAAction().read_remote(out, handle).submit(timeout=30).get(timeout=60) == 64
+    assert handle.drop().get(timeout=10) is None
+    with pytest.raises(RDMABufferDroppedError):
+        handle.read_into(out).get(timeout=30)
+    # lifetime="object": the owner's object went away with the endpoint, and so did
+    # the registration.
+    gone = owner.short_lived.call_one().get(timeout=30)
+    with pytest.raises(RDMABufferDroppedError):
+        gone.read_into(torch.zeros(4)).get(timeout=30)
+
+
+def test_a_bad_lifetime_is_named():
+    with pytest.raises(ValueError, match="lifetime='forever'"):
+        RDMABuffer(bytearray(8), lifetime="forever")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import queue
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -111,6 +113,28 @@ def test_the_comm_in_a_real_kernel() -> None:
         results = [d for d in seen if d["type"] == "result"]
         assert results[0]["message"] == "mesh 'mesh' stopped"
         wait_gone(pids)
+
+
+def test_a_front_end_without_the_panel_hears_nothing_of_it(tmp_path: Path) -> None:
+    # nbconvert (like nbval) has no handler for the panel's comm target: a comm the
+    # kernel opened to it would be answered with a warning on every run.
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(src)
+        for src in ("%load_ext monarch_nb", "%mesh start --procs 1", "%mesh stop")
+    ]
+    path = tmp_path / "no_panel.ipynb"
+    nbformat.write(notebook, path)
+    out = subprocess.run(
+        [sys.executable, "-m", "nbconvert", "--to", "notebook", "--execute", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "comm target" not in out.stderr, out.stderr
 
 
 # -- the panel in JupyterLab, in headless Chromium -------------------------------------

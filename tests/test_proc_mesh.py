@@ -9,6 +9,7 @@ import pytest
 from process_checks import wait_for_exit
 
 from monarch_nb import Actor, MeshFailure, MeshUsageError, endpoint, this_host
+from monarch_nb._controller._process_group import STOP_GRACE_S
 
 
 class Probe(Actor):
@@ -155,8 +156,8 @@ def test_stopping_a_failed_mesh_is_prompt(procs2):
         time.sleep(0.01)
     started = time.monotonic()
     procs2.stop()  # the surviving rank is asked to exit, not waited out and killed
-    assert time.monotonic() - started < 2.0
-    assert not wait_for_exit({survivor}, 0.5)
+    assert time.monotonic() - started < STOP_GRACE_S - 1  # not the grace's kill
+    assert not wait_for_exit({survivor}, 30)
 
 
 def test_no_hello_is_lost_while_slow_launches_are_under_way(monkeypatch):
@@ -185,3 +186,40 @@ def test_no_hello_is_lost_while_slow_launches_are_under_way(monkeypatch):
         assert procs.state == "running"
     assert len(launched) == 3
     assert Controller.get().stats.dropped_unknown_peer == dropped
+
+
+def test_a_process_mesh_reads_its_shape_as_monarchs_do(procs4):
+    grid = procs4.split(procs=("dp", "tp"), tp=2)
+    assert grid.sizes == {"dp": 2, "tp": 2}
+    assert grid.extent["tp"] == 2
+    assert grid.size("dp") == 2
+    assert grid.size() == 4
+    assert grid.slice(tp=1).pids == [procs4.pids[1], procs4.pids[3]]
+    flat = grid.slice(tp=1).flatten("rank")
+    assert flat.sizes == {"rank": 2}
+    assert flat.pids == [procs4.pids[1], procs4.pids[3]]
+    assert grid.rename(dp="data").sizes == {"data": 2, "tp": 2}
+    assert grid.to_table().splitlines()[2] == "    0 | 0 | 1"
+
+
+def test_stop_and_shutdown_return_futures_once_stopped():
+    import asyncio
+
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    pids = procs.pids
+    stopped = procs.stop()
+    assert stopped.done()  # a plain procs.stop() has stopped the mesh already
+    assert stopped.get(timeout=1) is None
+    assert not wait_for_exit(set(pids), 1.0)
+    assert procs.stop().get() is None  # again: nothing left to do
+
+    async def main() -> list[int]:
+        async with this_host().spawn_procs(per_host={"procs": 2}) as mesh:
+            pids = mesh.pids
+        assert mesh.state == "stopped"
+        await mesh.stop()  # Monarch's spelling, on a stopped mesh
+        await this_host().shutdown()
+        return pids
+
+    assert not wait_for_exit(set(asyncio.run(main())), 1.0)
+    # shutdown_context() stops every mesh of the process: tests/test_monarch_surface.py

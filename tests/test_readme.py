@@ -1,4 +1,4 @@
-"""The README's promises: its first example runs as written, and so does the demo."""
+"""The front door's promises: the first script prints what it says, and the demo runs."""
 
 import re
 import subprocess
@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def first_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## First example", 1)[1]
+    text = (ROOT / "docs" / "api.md").read_text()
+    section = text.split("## A first script", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -36,6 +36,12 @@ def test_the_demo_runs_headless():
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    assert "{0-3: [6.0, 6.0]}" in out.stdout  # the gloo all_reduce
+    assert out.stderr == ""  # no warning, from any rank
+    assert "slice(procs=1).square.call_one(7) = 49" in out.stdout  # values come labelled
+    assert "{'procs': 3} -> shape (1024, 1024), sum 10485760" in out.stdout  # a tensor round trip
+    assert "all_reduce of [rank, rank] = ValueMesh({procs: 4}) {0-3: [6.0, 6.0]}" in out.stdout
     assert "was killed by signal SIGKILL" in out.stdout
+    assert "square.call(2) after restart() = ValueMesh({procs: 4}) {0-3: 4}" in out.stdout
     assert "stopped: <ProcMesh 'demo' {procs: 4} stopped>" in out.stdout
+    unlabelled = [line for line in out.stdout.splitlines() if re.fullmatch(r"[\d{}:\-, ]+", line)]
+    assert not unlabelled, f"the demo printed values without saying what they are: {unlabelled}"

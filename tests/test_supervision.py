@@ -281,3 +281,154 @@ def test_interrupt_reaches_busy_user_code_and_the_mesh_stays_usable(procs2):
     # An interrupt between calls is ignored: nothing is lost, nothing breaks.
     procs2.interrupt(ranks=[0, 1])
     assert busy.spin.call(0).get(timeout=10).values() == ["finished"] * 2
+
+
+class InitParent(Actor):
+    """Starts its child mesh in __init__, as Monarch programs often do."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+        self.children = this_host().spawn_procs(per_host={"procs": 2}, name="child")
+
+    @endpoint
+    def child_pids(self) -> list[int]:
+        return self.children.pids
+
+    @endpoint
+    def supervised(self) -> list[str]:
+        return self.seen
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.seen.append(f"{current_rank().rank}: {failure}")
+        return True
+
+
+def test_a_mesh_started_in_init_is_supervised_by_its_actor(procs2):
+    parent = procs2.slice(procs=1).spawn("parent", InitParent)
+    child_pids = parent.child_pids.call_one().get(timeout=30)
+    os.kill(child_pids[0], signal.SIGKILL)
+    seen = _wait_for(lambda: parent.supervised.call_one().get(timeout=10))
+    assert seen[0].startswith("1: ")  # ran as the actor, on its rank
+    assert "SIGKILL" in seen[0]
+    assert procs2.state == "running"  # handled: nothing propagates
+    procs2.stop()
+    assert not wait_for_exit(set(child_pids), 5.0)
+
+
+class AsyncParent(Actor):
+    def __init__(self, handle: bool):
+        self.handle = handle
+        self.awaited: list[str] = []
+        self.children = None
+
+    @endpoint
+    def start_children(self) -> list[int]:
+        self.children = this_host().spawn_procs(per_host={"procs": 1}, name="child")
+        return self.children.pids
+
+    @endpoint
+    def awaited_failures(self) -> list[str]:
+        return self.awaited
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        import asyncio
+
+        await asyncio.sleep(0)
+        self.awaited.append(str(failure))
+        return self.handle
+
+
+def test_an_async_supervise_is_awaited_and_its_answer_counts(procs2):
+    handler = procs2.slice(procs=0).spawn("handler", AsyncParent, True)
+    refuser = procs2.slice(procs=1).spawn("refuser", AsyncParent, False)
+    handled_pids = handler.start_children.call_one().get(timeout=30)
+    refused_pids = refuser.start_children.call_one().get(timeout=30)
+    os.kill(handled_pids[0], signal.SIGKILL)
+    seen = _wait_for(lambda: handler.awaited_failures.call_one().get(timeout=10))
+    assert "SIGKILL" in seen[0]
+    assert procs2.state == "running"
+    # A coroutine is not "handled": the awaited False propagates.
+    os.kill(refused_pids[0], signal.SIGKILL)
+    _wait_for(lambda: procs2.state == "failed")
+    assert "AsyncParent did not handle (its __supervise__ returned False)" in str(procs2.failure)
+    procs2.stop()
+    assert not wait_for_exit(set(handled_pids + refused_pids), 5.0)
+
+
+def test_an_assigned_unhandled_fault_hook_sees_the_controllers_mesh_failures(procs2):
+    import monarch_nb.actor
+
+    failures: list[MeshFailure] = []
+    called = threading.Event()
+    caller: list[str] = []
+
+    def hook(failure: MeshFailure) -> None:
+        caller.append(threading.current_thread().name)
+        failures.append(failure)
+        called.set()
+
+    monarch_nb.actor.unhandled_fault_hook = hook
+    try:
+        assert monarch_nb.actor.unhandled_fault_hook is hook
+        os.kill(procs2.pids[1], signal.SIGKILL)
+        assert called.wait(30)
+    finally:
+        monarch_nb.actor.unhandled_fault_hook = None  # back to the default
+    assert isinstance(failures[0], MeshFailure)
+    assert failures[0].ranks == (1,)
+    assert "SIGKILL" in failures[0].report()
+    assert caller == ["monarch_nb-faults"]  # never the I/O thread
+    assert procs2.state == "failed"  # the hook returned: the mesh stays failed all the same
+    from monarch_nb._controller._supervision import default_unhandled_fault_hook
+
+    assert monarch_nb.actor.unhandled_fault_hook is default_unhandled_fault_hook
+
+
+def test_a_fault_hook_that_raises_interrupts_the_main_thread(tmp_path):
+    # As in Monarch: sys.exit() in the hook makes the fault unhandled.
+    script = tmp_path / "program.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, signal, sys, time
+            import monarch_nb.actor
+            from monarch_nb.actor import this_host
+
+            def hook(failure):
+                sys.exit(1)
+
+            monarch_nb.actor.unhandled_fault_hook = hook
+            procs = this_host().spawn_procs(per_host={"procs": 2})
+            os.kill(procs.pids[0], signal.SIGKILL)
+            try:
+                time.sleep(60)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            procs.stop()
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "interrupted", out.stderr[-2000:]
+    assert "unhandled_fault_hook 'hook' raised SystemExit" in out.stderr
+    assert "SIGKILL" in out.stderr
+
+
+class Pauser(Actor):
+    @endpoint
+    def pause(self) -> int:
+        breakpoint()  # what a Monarch program does
+        return 1
+
+
+def test_breakpoint_without_a_debugger_says_what_to_call(monkeypatch):
+    from monarch_nb._controller import _process_group
+
+    monkeypatch.delenv("PYTHONBREAKPOINT", raising=False)
+    monkeypatch.setattr(_process_group, "WORKER_IMPORTS", [])  # as in a plain script
+    with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        pausers = procs.spawn("pauser", Pauser)
+        with pytest.raises(RemoteError, match=r"call monarch_nb\.debug\.install\(\)") as info:
+            pausers.pause.call().get(timeout=30)
+        assert info.value.ranks == (0, 1)
+        assert "BdbQuit" not in str(info.value)

@@ -46,3 +46,37 @@ def test_value_mesh_pickles_and_compares():
     assert pickle.loads(pickle.dumps(vm)) == vm
     with pytest.raises(MeshUsageError, match="3 values for a shape of 2 points"):
         ValueMesh(Shape.from_sizes({"procs": 2}), [1, 2, 3])
+
+
+def test_item_takes_every_dimension_by_keyword():
+    vm = ValueMesh(Shape.from_sizes({"hosts": 2, "gpus": 3}), list("abcdef"))
+    assert vm.item(hosts=1, gpus=0) == "d"
+    assert vm.slice(hosts=1, gpus=2).item() == "f"  # a point: no dimensions left
+    assert vm.slice(gpus=slice(1, 2)).item(hosts=0) == "b"  # a size-1 dimension may be left out
+    with pytest.raises(MeshUsageError, match=r"every dimension .* missing \['gpus'\]"):
+        vm.item(hosts=0)
+    with pytest.raises(MeshUsageError, match=r"unknown \['procs'\]"):
+        vm.item(hosts=0, gpus=0, procs=0)
+
+
+def test_slice_and_flatten_are_views_of_the_same_values():
+    vm = ValueMesh(Shape.from_sizes({"hosts": 2, "gpus": 3}), list("abcdef"))
+    column = vm.slice(gpus=1)
+    assert column.values() == ["b", "e"]
+    assert column.shape.ranks == (1, 4)  # global ranks, as every view
+    assert column[4] == "e"
+    flat = vm.slice(gpus=[2, 0]).flatten("rank")
+    assert flat.extent == {"rank": 4}
+    assert [(p["rank"], p.rank, v) for p, v in flat.items()][:2] == [(0, 2, "c"), (1, 0, "a")]
+    assert vm.split(gpus=("x",)).extent == {"hosts": 2, "x": 3}
+    assert vm.rename(hosts="dp").item(dp=0, gpus=0) == "a"
+
+
+def test_a_value_mesh_reads_its_shape_as_a_mesh_does():
+    vm = ValueMesh(Shape.from_sizes({"hosts": 2, "gpus": 3}), list("abcdef"))
+    assert vm.sizes == {"hosts": 2, "gpus": 3}
+    assert vm.extent.nelements == 6
+    assert vm.size("gpus") == 3
+    assert vm.size() == len(vm) == 6
+    assert next(p.extent for p, _ in vm.slice(hosts=0).items()) == {"gpus": 3}
+    assert "hosts\\gpus" in vm.to_table()

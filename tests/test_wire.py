@@ -2,6 +2,9 @@
 
 import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -13,6 +16,8 @@ from monarch_nb import Actor, endpoint
 from monarch_nb._common._messages import Call, Value
 from monarch_nb._common._wire import ReplayWindow, Signer, WireStats, decode_payload, new_key
 from monarch_nb._controller._client import Controller
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Evil:
@@ -210,8 +215,20 @@ def test_large_buffers_travel_out_of_band(procs4, value):
         torch.tensor(3.5),
         torch.randn(2000, requires_grad=True),
         torch.randn(4, dtype=torch.complex64),
+        torch.randn(2000, dtype=torch.complex64).conj(),  # a lazy conjugate: resolved on send
+        torch.arange(20000, dtype=torch.int32)[5000:],  # a view that starts inside its storage
     ],
-    ids=["f64-3d", "bf16-transposed", "bool", "empty", "scalar", "requires-grad", "complex"],
+    ids=[
+        "f64-3d",
+        "bf16-transposed",
+        "bool",
+        "empty",
+        "scalar",
+        "requires-grad",
+        "complex",
+        "conj",
+        "offset",
+    ],
 )
 def test_tensors_round_trip_exactly(procs4, tensor):
     echo = procs4.slice(procs=1).spawn("tensors", Echo)
@@ -222,6 +239,30 @@ def test_tensors_round_trip_exactly(procs4, tensor):
     assert torch.equal(result.detach(), tensor.detach())
     if result.numel() and result.dtype != torch.bool:
         result.detach().add_(1)  # received tensors are writable, without a warning
+
+
+def test_tensors_cross_the_wire_without_numpy(tmp_path):
+    """torch's CPU wheel installs no numpy: tensors still travel, and no rank warns."""
+    hidden = tmp_path / "hide_numpy" / "numpy"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text(
+        'raise ModuleNotFoundError("numpy is hidden by this test", name="numpy")\n'
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(hidden.parent), str(ROOT), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "tensor_round_trip.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "numpy on the ranks: ValueMesh({procs: 2}) {0-1: False}" in out.stdout
+    assert "tensor round trips ok" in out.stdout
+    assert "NumPy" not in out.stdout + out.stderr, "a rank warned about numpy"
 
 
 def test_sockets_bind_to_loopback_and_the_key_is_never_on_a_command_line(procs4):

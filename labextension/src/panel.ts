@@ -5,7 +5,9 @@
  * It talks to the kernel over a comm to target `monarch_nb.panel` (served by
  * `monarch_nb/magics/_panel.py` once `%load_ext monarch_nb` ran): the kernel
  * sends snapshots, the panel sends actions. The panel opens the comm when it
- * meets a kernel; a kernel that loads the extension later opens one to us.
+ * meets a kernel, and again when that kernel runs code naming monarch_nb (a
+ * `%load_ext monarch_nb` later on). The kernel never opens one itself: a front
+ * end without this panel (nbconvert, nbval) would warn that it has no handler.
  */
 import type { ISessionContext } from '@jupyterlab/apputils';
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
@@ -127,7 +129,17 @@ export class MeshPanel extends Widget {
     if (kernel && !this._connections.has(kernel)) {
       const connection: IConnection = { comm: null, snapshot: null };
       this._connections.set(kernel, connection);
-      kernel.registerCommTarget(COMM_TARGET, comm => this._answer(kernel, comm));
+      kernel.iopubMessage.connect((_, msg) => {
+        // The comm_open goes after this cell on the kernel's shell channel, so
+        // the kernel answers it once the cell (and its %load_ext) has run.
+        if (
+          !connection.comm &&
+          msg.header.msg_type === 'execute_input' &&
+          String((msg.content as { code?: unknown }).code).includes('monarch_nb')
+        ) {
+          this._open(kernel);
+        }
+      });
       kernel.statusChanged.connect((_, status) => {
         if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
           connection.comm = null;
@@ -150,12 +162,6 @@ export class MeshPanel extends Widget {
     } catch (error) {
       console.warn('monarch_nb: could not open the panel comm', error);
     }
-  }
-
-  /** A comm the kernel opened (`%load_ext monarch_nb` ran): say we are here. */
-  private _answer(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): void {
-    this._adopt(kernel, comm);
-    comm.send({ action: 'refresh', mesh: '' });
   }
 
   private _adopt(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): void {

@@ -80,6 +80,8 @@ _task_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
 )
 # Set by the worker: how to hand a child mesh's failure to its owner actor.
 _supervision_hook: Callable[[Any, MeshFailure], None] | None = None
+# Set by the controller side: what to do with the failure of a mesh no actor owns.
+_unowned_hook: Callable[[MeshFailure], None] | None = None
 
 
 def set_current(ctx: Context | None) -> Context | None:
@@ -117,12 +119,8 @@ def current_rank() -> Point:
 
 def current_size() -> dict[str, int]:
     """``{dimension: size}`` of the slice the current message was sent to (the
-    actor's whole mesh for a call to all of it)."""
-    ctx = context()
-    shape = ctx.message_shape or ctx.shape
-    if shape is None:
-        return {"ranks": ctx.world_size}
-    return dict(zip(shape.labels, shape.sizes, strict=True))
+    actor's whole mesh for a call to all of it), as Monarch's ``current_size()``."""
+    return dict(context().message_rank.extent)
 
 
 def current_actor_or_none() -> Any:
@@ -134,9 +132,17 @@ def set_supervision_hook(hook: Callable[[Any, MeshFailure], None] | None) -> Non
     _supervision_hook = hook
 
 
+def set_unowned_failure_hook(hook: Callable[[MeshFailure], None] | None) -> None:
+    global _unowned_hook
+    _unowned_hook = hook
+
+
 def report_child_failure(owner: Any, error: MeshFailure) -> None:
-    """A mesh that ``owner`` (an actor, or None) started has failed."""
-    if owner is not None and _supervision_hook is not None:
+    """A mesh that ``owner`` (an actor, or None: no actor) started has failed."""
+    if owner is None:
+        if _unowned_hook is not None:
+            _unowned_hook(error)
+    elif _supervision_hook is not None:
         _supervision_hook(owner, error)
 
 

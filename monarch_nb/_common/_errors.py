@@ -168,6 +168,10 @@ class MeshFailure(MonarchNbError):
             lines += self.cause.render().splitlines()
         return lines
 
+    def report(self) -> str:
+        """The whole story as text: the failure, and the remote traceback of its cause."""
+        return "\n".join(self._render_traceback_())
+
 
 class CallTimeout(MonarchNbError, TimeoutError):
     """Some ranks did not reply within the timeout; ``.ranks`` names them."""

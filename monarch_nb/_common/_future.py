@@ -40,8 +40,9 @@ def set_wait_pump(pump: Callable[[Future[Any], float | None], None] | None) -> N
 class Future(Generic[T]):
     """The eventual result of an operation on the mesh.
 
-    Use ``fut.get(timeout=None)`` to block for the value, or ``await fut`` from a
-    coroutine. Both raise the operation's error if it failed.
+    Use ``fut.get(timeout=None)`` (or its alias ``fut.result()``) to block for the
+    value, or ``await fut`` (or ``fut.as_asyncio()``) from a coroutine. All raise
+    the operation's error if it failed.
 
     Example::
 
@@ -131,6 +132,10 @@ class Future(Generic[T]):
             raise self._exception
         return self._result
 
+    def result(self, timeout: float | None = None) -> T:
+        """The same as :meth:`get` (the name ``concurrent.futures`` and Monarch use)."""
+        return self.get(timeout)
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait like ``get`` but return the error (or None) instead of raising it."""
         if not self._wait(timeout) and not self._done:
@@ -158,6 +163,28 @@ class Future(Generic[T]):
             yield from waiter.__await__()
         return self.get()
 
+    def as_asyncio(self) -> asyncio.Future[T]:
+        """An ``asyncio.Future`` of the running loop that completes with this one.
+
+        Call it from a coroutine (it needs a running loop; RuntimeError otherwise).
+        Each call gives a fresh asyncio future; none of them consumes this one,
+        so ``get()`` and ``await`` still work, and cancelling the asyncio future
+        does not cancel the operation.
+        """
+        import asyncio
+
+        loop = asyncio.get_running_loop()  # RuntimeError off a loop, as Monarch's
+        mirror: asyncio.Future[T] = loop.create_future()
+
+        def copy(_: Future[T]) -> None:
+            try:
+                loop.call_soon_threadsafe(_copy_into, mirror, self)
+            except RuntimeError:
+                pass  # the loop was closed; nobody is waiting any more
+
+        self.add_done_callback(copy)
+        return mirror
+
     def __repr__(self) -> str:
         if not self.done():
             state = "pending"
@@ -171,6 +198,25 @@ class Future(Generic[T]):
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+def _copy_into(mirror: asyncio.Future[Any], source: Future[Any]) -> None:
+    if mirror.done():
+        return  # cancelled by its awaiter
+    exc = source._exception
+    if exc is None:
+        mirror.set_result(source._result)
+    elif isinstance(exc, StopIteration):  # asyncio refuses it, as a coroutine would
+        mirror.set_exception(RuntimeError(f"the operation raised StopIteration: {exc!r}"))
+    else:
+        mirror.set_exception(exc)
+
+
+def completed(value: T) -> Future[T]:
+    """A future that already holds ``value``."""
+    fut: Future[T] = Future()
+    fut.set_result(value)
+    return fut
 
 
 def failed(exc: BaseException) -> Future[Any]:

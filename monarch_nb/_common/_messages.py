@@ -200,9 +200,12 @@ class StatusQuery(Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class Hello(Message):
+    """A worker is up; ``peer`` is where other hosts reach its inbox (if they may)."""
+
     TAG: ClassVar[int] = 40
     pid: int
     host: str
+    peer: str = ""
 
 
 @_message

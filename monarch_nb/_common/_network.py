@@ -49,6 +49,7 @@ def worker_env(address: str, env: dict[str, str]) -> dict[str, str]:
     and gloo/NCCL on the interface the controller is reached through (unless the
     user chose already)."""
     out = dict(env)
+    out.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # see _process_group: faster RDMA reads
     if address and not address.startswith("127."):
         out.setdefault("MONARCH_NB_RDMA_HOST", address)
         interface = interface_of(address)

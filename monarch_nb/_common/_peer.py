@@ -13,6 +13,12 @@ Every process that hosts actors or calls them through a reference has one
   when the peer's process is gone (its socket closes, or refuses to connect),
   which fails the calls waiting on it with :class:`MeshFailure`.
 
+Between hosts (meshes started through host agents) a rank's inbox also
+listens on TCP, on the interface its host reaches the controller through,
+CURVE-encrypted with the tree's server key pair; a connection that cannot
+complete the handshake (no server key) is never read, and frames are capped
+(``ZMQ_MAXMSGSIZE``) so an attacker cannot make a rank buffer a huge one.
+
 Every message is signed with the *tree key*: one key shared by the processes
 of one controller's tree (the controller, its workers, and the meshes those
 start), handed down on each worker's bootstrap pipe, never on a command line.
@@ -50,7 +56,15 @@ _GONE_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CL
 # A sender's replay windows we keep: bounded, since senders come and go.
 _MAX_SENDERS = 4096
 
+# A frame from another host larger than this is refused before it is buffered.
+MAX_TCP_FRAME_BYTES = int(os.environ.get("MONARCH_NB_MAX_FRAME_BYTES", str(1 << 30)))
+_HANDSHAKE_IVL_MS = 10_000
+
 _tree_key: bytes | None = None
+# The tree's CURVE key pairs (z85): "server_public", "server_secret", "client_public",
+# "client_secret". Every inbox other hosts reach is a server of the first pair
+# and accepts only clients of the second (ZAP).
+_tree_curve: dict[str, str] | None = None
 _node: PeerNode | None = None
 _node_lock = threading.Lock()
 
@@ -69,6 +83,29 @@ def set_tree_key(key: bytes) -> None:
     global _tree_key
     with _node_lock:
         _tree_key = key
+
+
+def tree_curve() -> dict[str, str]:
+    """The tree's CURVE key pairs for inboxes other hosts reach (made on first use)."""
+    global _tree_curve
+    with _node_lock:
+        if _tree_curve is None:
+            server_public, server_secret = zmq.curve_keypair()
+            client_public, client_secret = zmq.curve_keypair()
+            _tree_curve = {
+                "server_public": server_public.decode(),
+                "server_secret": server_secret.decode(),
+                "client_public": client_public.decode(),
+                "client_secret": client_secret.decode(),
+            }
+        return dict(_tree_curve)
+
+
+def set_tree_curve(keys: dict[str, str]) -> None:
+    """Adopt the tree's CURVE keys (a worker's bootstrap)."""
+    global _tree_curve
+    with _node_lock:
+        _tree_curve = dict(keys)
 
 
 def local_node() -> PeerNode:
@@ -119,20 +156,16 @@ WorkHandler = Callable[[Message, list[Any], "PeerRoute"], None]
 class PeerNode:
     """This process's inbox and outboxes; see the module docstring."""
 
-    def __init__(self, address: str, key: bytes) -> None:
-        self.address = address
+    def __init__(self, address: str | None, key: bytes, *, tcp_host: str | None = None) -> None:
+        """An inbox at ``address`` (``ipc://``), and one other hosts reach on
+        ``tcp_host`` if given; with no ``address``, the TCP inbox is the only one."""
+        if address is None and tcp_host is None:
+            raise ValueError("a peer node needs an ipc:// address, a TCP host, or both")
         self.identity = secrets.token_bytes(16)
         self.stats = WireStats()
         self.signer = Signer(key, self.stats)
         self.lock = threading.Lock()
         self._zmq: zmq.Context = zmq.Context.instance()
-        inbox = self._zmq.socket(zmq.ROUTER)
-        inbox.setsockopt(zmq.LINGER, 1000)
-        inbox.setsockopt(zmq.SNDHWM, 0)
-        inbox.setsockopt(zmq.RCVHWM, 0)
-        inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished caller raises
-        inbox.bind(address)
-        self.inbox = inbox
         self._windows: dict[bytes, ReplayWindow] = {}
         self._outboxes: dict[str, _Outbox] = {}
         self._by_fd: dict[int, tuple[str, Any]] = {}
@@ -147,13 +180,68 @@ class PeerNode:
         self.home: tuple[Any, int] | None = None
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._poller = zmq.Poller()
-        self._poller.register(inbox.getsockopt(zmq.FD), zmq.POLLIN)
         self._poller.register(self._wake_fd, zmq.POLLIN)
-        self._by_fd[inbox.getsockopt(zmq.FD)] = ("inbox", None)
         self._new_fds: list[tuple[int, str, Any]] = []
+        self.tcp_addresses: list[str] = []  # where other hosts reach this inbox
+        self._tcp_hosts: set[str] = set()
+        self.tcp_inbox: zmq.Socket | None = None
+        if tcp_host is not None:
+            self._listen_tcp(tcp_host)
+        if address is not None:
+            inbox = self._zmq.socket(zmq.ROUTER)
+            inbox.setsockopt(zmq.LINGER, 1000)
+            inbox.setsockopt(zmq.SNDHWM, 0)
+            inbox.setsockopt(zmq.RCVHWM, 0)
+            inbox.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished caller raises
+            inbox.bind(address)
+            self._new_fds.append((int(inbox.getsockopt(zmq.FD)), "inbox", inbox))
+        else:
+            assert self.tcp_inbox is not None
+            inbox, address = self.tcp_inbox, self.tcp_address
+        self.inbox = inbox
+        self.address = address  # where this process's own references point
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="monarch_nb-peer", daemon=True)
         self._thread.start()
+
+    def _listen_tcp(self, host: str) -> None:
+        """Take messages from other hosts too, on ``host``: a CURVE inbox (one socket,
+        an endpoint per host address asked for). Lock held, or not yet shared."""
+        if host in self._tcp_hosts:
+            return
+        sock = self.tcp_inbox
+        if sock is None:
+            from ._keys import allow_only  # here: zmq.auth loads asyncio, workers start lean
+
+            curve = tree_curve()
+            allow_only(self._zmq, curve["client_public"])
+            sock = self._zmq.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
+            sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+            sock.curve_server = True
+            sock.curve_publickey = curve["server_public"].encode()
+            sock.curve_secretkey = curve["server_secret"].encode()
+            self.tcp_inbox = sock
+            self._new_fds.append((int(sock.getsockopt(zmq.FD)), "inbox", sock))
+        port = sock.bind_to_random_port(f"tcp://{host}")
+        self._tcp_hosts.add(host)
+        self.tcp_addresses.append(f"tcp://{host}:{port}")
+
+    @property
+    def tcp_address(self) -> str:
+        """Where other hosts reach this inbox ("" if it does not listen for them)."""
+        return self.tcp_addresses[0] if self.tcp_addresses else ""
+
+    def listen_tcp(self, host: str) -> None:
+        """Listen on ``host`` too, for other hosts (a controller whose host meshes
+        reach it at different addresses listens on each)."""
+        with self.lock:
+            self._listen_tcp(host)
+        self._wake_always()
 
     # -- sending (any thread) -----------------------------------------------------------
 
@@ -181,11 +269,16 @@ class PeerNode:
                 self._calls[call.call_id] = (call, dict(zip(addresses, ranks, strict=True)))
                 gone = [(r, b.gone) for r, b in zip(ranks, boxes, strict=True) if b.gone]
             frames = encoded.seal()
+            pending = bool(self._new_fds)  # a new outbox for the thread to watch
             for box in boxes:
                 if not box.gone:
                     encoded.send(box.socket, None, frames)
+                    # A send may consume the edge of a reply that just arrived
+                    # (ZMQ_FD is edge-triggered): then the thread must look.
+                    pending = pending or bool(int(box.socket.getsockopt(_EVENTS)) & _POLLIN)
             self.stats.sent += len(boxes)
-        self._wake()
+        if pending:
+            self._wake()
         for rank, why in gone:
             self._fail_rank(call, rank, why)
         if call is None:  # a broadcast: nobody waits to hear that a target is gone
@@ -197,15 +290,18 @@ class PeerNode:
                     "was their mesh stopped?"
                 )
 
-    def reply(self, identity: bytes, encoded: Encoded) -> None:
-        """Send a reply back to the sender ``identity`` of a message our inbox took."""
+    def reply(self, identity: bytes, encoded: Encoded, inbox: zmq.Socket | None = None) -> None:
+        """Send a reply back to the sender ``identity`` of a message ``inbox`` took."""
+        inbox = inbox if inbox is not None else self.inbox
         with self.lock:
             try:
-                encoded.send(self.inbox, identity)
+                encoded.send(inbox, identity)
             except zmq.ZMQError:
                 return  # the caller is gone (ROUTER_MANDATORY): nobody waits for this
             self.stats.sent += 1
-        self._wake()
+            pending = int(inbox.getsockopt(_EVENTS)) & _POLLIN
+        if pending:
+            self._wake()
 
     def send_to_port(self, address: str, port_id: int, value: Any, is_error: bool) -> None:
         """Deliver ``value`` (or an exception) to port ``port_id`` of the node at ``address``."""
@@ -247,6 +343,9 @@ class PeerNode:
         if threading.current_thread() is not self._thread:
             os.eventfd_write(self._wake_fd, 1)
 
+    def _wake_always(self) -> None:
+        os.eventfd_write(self._wake_fd, 1)
+
     def _outbox(self, address: str) -> _Outbox:
         """The outbox to ``address``, connected on first use (lock held)."""
         box = self._outboxes.get(address)
@@ -257,6 +356,12 @@ class PeerNode:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.setsockopt(zmq.RCVHWM, 0)
+        if address.startswith("tcp://"):  # another host's inbox: CURVE, as its server
+            curve = tree_curve()
+            sock.curve_serverkey = curve["server_public"].encode()
+            sock.curve_publickey = curve["client_public"].encode()
+            sock.curve_secretkey = curve["client_secret"].encode()
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
         monitor = sock.get_monitor_socket(_GONE_EVENTS)
         sock.connect(address)
         box = _Outbox(address, sock, monitor)
@@ -268,12 +373,7 @@ class PeerNode:
     def _run(self) -> None:
         try:
             while not self._closing:
-                self._poller.poll(1000)
-                try:
-                    os.eventfd_read(self._wake_fd)
-                except BlockingIOError:
-                    pass
-                with self.lock:
+                with self.lock:  # sockets made by other threads since: watch them too
                     for fd, kind, box in self._new_fds:
                         self._poller.register(fd, zmq.POLLIN)
                         self._by_fd[fd] = (kind, box)
@@ -282,11 +382,16 @@ class PeerNode:
                 # Edge-triggered FDs: drain every socket on each wake-up.
                 for kind, box in sources:
                     if kind == "inbox":
-                        self._drain_inbox()
+                        self._drain_inbox(box)
                     elif kind == "outbox":
                         self._drain_outbox(box)
                     else:
                         self._drain_monitor(box)
+                self._poller.poll(1000)
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:
+                    pass
         except Exception:
             if not self._closing:
                 traceback.print_exc()
@@ -297,8 +402,8 @@ class PeerNode:
                 return None
             return receive(sock)
 
-    def _drain_inbox(self) -> None:
-        while (frames := self._take(self.inbox)) is not None:
+    def _drain_inbox(self, inbox: zmq.Socket) -> None:
+        while (frames := self._take(inbox)) is not None:
             sender, body = bytes(frames[0].buffer), frames[1:]
             message = self._verify(sender, body)
             if message is None:
@@ -311,7 +416,7 @@ class PeerNode:
                         self.on_interrupt(sender, call_id)
                 case _:
                     if self.on_work is not None:
-                        self.on_work(message, body, PeerRoute(self, sender))
+                        self.on_work(message, body, PeerRoute(self, sender, inbox))
 
     def _verify(self, sender: bytes, body: list[Any]) -> Message | None:
         known = self._windows.get(sender)
@@ -407,23 +512,27 @@ class PeerNode:
                 box.monitor.close(0)
             self._outboxes.clear()
             self.inbox.close(0)
+            if self.tcp_inbox is not None and self.tcp_inbox is not self.inbox:
+                self.tcp_inbox.close(0)
 
 
 class PeerRoute:
     """Where the replies to one message from a peer go: back to its sender."""
 
-    __slots__ = ("node", "sender")
+    __slots__ = ("inbox", "node", "sender")
 
-    def __init__(self, node: PeerNode, sender: bytes) -> None:
+    def __init__(self, node: PeerNode, sender: bytes, inbox: zmq.Socket | None = None) -> None:
         self.node = node
         self.sender = sender
+        self.inbox = inbox  # the socket it came in on (local or from another host)
 
     @property
     def signer(self) -> Signer:
         return self.node.signer
 
     def send(self, message: Message, payload: Any = None) -> None:
-        self.node.reply(self.sender, self.node.encode(message, payload, by_value=False))
+        encoded = self.node.encode(message, payload, by_value=False)
+        self.node.reply(self.sender, encoded, self.inbox)
 
     def send_encoded(self, encoded: Encoded) -> None:
-        self.node.reply(self.sender, encoded)
+        self.node.reply(self.sender, encoded, self.inbox)

@@ -15,9 +15,10 @@ from typing import Any, Generic, TypeVar
 
 from . import _refs
 from ._actors import Actor, endpoint_names
-from ._endpoint import EndpointBase, no_such_endpoint, unpicklable_argument
+from ._endpoint import EndpointBase, unpicklable_argument
 from ._errors import MeshUsageError, SerializationError, SpawnError
 from ._future import Future
+from ._mesh_base import ActorMeshBase
 from ._messages import Call, Spawn, StopActor
 from ._peer import local_node
 from ._pending import CallFuture, PendingCall
@@ -84,7 +85,7 @@ def _stop(future: CallFuture, why: str, grace: float) -> Any:
     raise KeyboardInterrupt
 
 
-class PeerActorMesh(Generic[A]):
+class PeerActorMesh(ActorMeshBase, Generic[A]):
     """An actor mesh held by another actor (or by a controller that did not spawn it)."""
 
     def __init__(self, ref: _refs.ActorRef, shape: Shape) -> None:
@@ -94,35 +95,13 @@ class PeerActorMesh(Generic[A]):
         self._name = ref.name
         self._cls_name = ref.cls_name
         self._endpoints = list(ref.endpoints)
-
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def endpoints(self) -> list[str]:
-        return list(self._endpoints)
-
-    def __len__(self) -> int:
-        return len(self._shape)
+        self._plain_methods = set()
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r} (reference)>"
 
-    def __getattr__(self, name: str) -> PeerEndpoint[Any]:
-        if name.startswith("__") or name.startswith("_"):
-            raise AttributeError(name)
-        if name in self._endpoints:
-            return PeerEndpoint(self, name)
-        raise no_such_endpoint(self._cls_name, name, self._endpoints, set())
-
-    def slice(self, **selection: Selector) -> PeerActorMesh[A]:
-        """The actors at the selected points (an int drops that dimension)."""
-        return PeerActorMesh(self._ref, self._shape.slice(**selection))
+    def _new_with_shape(self, shape: Shape) -> PeerActorMesh[A]:
+        return PeerActorMesh(self._ref, shape)
 
     def stop(self) -> None:
         """Remove these actors from their processes (the processes keep running)."""
@@ -132,11 +111,6 @@ class PeerActorMesh(Generic[A]):
             [procs.address(r) for r in self._shape.ranks],
             node.encode(StopActor(self._ref.actor_id)),
         )
-
-    def _sent_to(self, shape: Shape) -> tuple[Any, ...]:
-        if shape == self._spawned:
-            return ()
-        return (shape.labels, shape.sizes, shape.ranks)
 
     def __reduce__(self):
         return (_refs.rebuild_actors, (self._ref, _refs.ViewRef.of(self._shape)))
@@ -255,3 +229,6 @@ class PeerProcMesh:
 
     def __reduce__(self):
         return (_refs.rebuild_procs, (self._ref, _refs.ViewRef.of(self._shape)))
+
+
+PeerActorMesh._endpoint_type = PeerEndpoint

@@ -24,7 +24,7 @@ counted twice nor lost.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any, Protocol
 
 from ._errors import (
@@ -253,8 +253,27 @@ class PendingCall:
         self.future._call = None
 
 
+class StreamItem(tuple):
+    """One reply of a stream: a ``(point, value)`` pair, which is also Monarch's
+    "future of the value" (``item.get()``, ``item.result()``, ``await item``),
+    so a loop written for either API reads it."""
+
+    __slots__ = ()
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self[1]
+
+    result = get
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self[1]
+        yield  # a generator that finishes at once: nothing to wait for
+
+
 class ReplyStream:
-    """``(point, value)`` pairs in the order replies arrive; iterate or ``async for``."""
+    """Replies in the order they arrive: iterate (or ``async for``) to get
+    ``(point, value)`` pairs; each is also a future of its value, as Monarch's
+    ``stream()`` yields (``for f in ep.stream(): f.get()``)."""
 
     def __init__(self, items: list[Future[tuple[Point, Any]]]) -> None:
         self._items = items
@@ -262,15 +281,15 @@ class ReplyStream:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self) -> Iterator[tuple[Point, Any]]:
+    def __iter__(self) -> Iterator[StreamItem]:
         for item in self._items:
-            yield item.get()
+            yield StreamItem(item.get())
 
-    async def _aiter(self) -> AsyncIterator[tuple[Point, Any]]:
+    async def _aiter(self) -> AsyncIterator[StreamItem]:
         for item in self._items:
-            yield await item
+            yield StreamItem(await item)
 
-    def __aiter__(self) -> AsyncIterator[tuple[Point, Any]]:
+    def __aiter__(self) -> AsyncIterator[StreamItem]:
         return self._aiter()
 
 

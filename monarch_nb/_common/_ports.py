@@ -11,13 +11,15 @@ sender sent them.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from collections import deque
 from typing import Any, Generic, TypeVar
 
 from ._errors import MeshUsageError
 from ._future import Future
-from ._peer import local_node
+from ._peer import local_node, node_or_none
 from ._public import publish
 
 T = TypeVar("T")
@@ -26,25 +28,53 @@ T = TypeVar("T")
 class Port(Generic[T]):
     """The sending end of a channel: ``port.send(value)``, ``port.exception(exc)``."""
 
-    __slots__ = ("_address", "_port_id")
+    __slots__ = ("_address", "_host", "_port_id", "_tcp")
 
-    def __init__(self, address: str, port_id: int) -> None:
-        self._address = address
+    def __init__(
+        self, address: str, port_id: int, host: str = "", tcp: tuple[str, ...] = ()
+    ) -> None:
+        self._address = address  # the owner's inbox (a socket on the owner's host)
         self._port_id = port_id
+        self._host = host or socket.gethostname()
+        self._tcp = tuple(tcp)  # where other hosts reach the owner, if it listens for them
+
+    def _target(self) -> str:
+        if self._host == socket.gethostname() or not self._tcp:
+            return self._address
+        return _nearest(self._tcp)
 
     def send(self, value: T) -> None:
         """Deliver ``value`` to the receiver (without waiting)."""
-        local_node().send_to_port(self._address, self._port_id, value, False)
+        local_node().send_to_port(self._target(), self._port_id, value, False)
 
     def exception(self, exc: BaseException) -> None:
         """Make the receiver's next ``recv()`` raise ``exc``."""
-        local_node().send_to_port(self._address, self._port_id, exc, True)
+        local_node().send_to_port(self._target(), self._port_id, exc, True)
 
     def __repr__(self) -> str:
         return f"<Port {self._port_id} at {self._address}>"
 
     def __reduce__(self):
-        return (Port, (self._address, self._port_id))
+        tcp = self._tcp
+        node = node_or_none()
+        if node is not None and node.address == self._address:
+            tcp = tuple(node.tcp_addresses)  # sent by its owner: it may listen for more by now
+        return (Port, (self._address, self._port_id, self._host, tcp))
+
+
+def _nearest(addresses: tuple[str, ...]) -> str:
+    """The owner's TCP address most likely reachable from here: the one sharing the
+    longest prefix with this host's own address on the mesh's network."""
+    mine = os.environ.get("MONARCH_NB_RDMA_HOST", "").split(".")
+
+    def shared(address: str) -> int:
+        theirs = address.removeprefix("tcp://").rsplit(":", 1)[0].split(".")
+        same = 0
+        while same < min(len(mine), len(theirs)) and mine[same] == theirs[same]:
+            same += 1
+        return same
+
+    return max(addresses, key=shared)
 
 
 class PortReceiver(Generic[T]):
@@ -60,7 +90,7 @@ class PortReceiver(Generic[T]):
 
     @property
     def port(self) -> Port[T]:
-        return Port(self._node.address, self._port_id)
+        return Port(self._node.address, self._port_id, "", tuple(self._node.tcp_addresses))
 
     def _deliver(self, value: Any, is_error: bool) -> None:
         with self._lock:

@@ -13,6 +13,7 @@ becomes that process's own mesh object again; anywhere else, a peer mesh
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import weakref
@@ -63,9 +64,48 @@ class ViewRef:
         return Shape(self.labels, self.sizes, expand_ranks(self.runs))
 
 
+# Where the ranks of a mesh on several hosts listen: per host address, its
+# ranks' TCP ports as runs of (first rank, first port, count), both counting up.
+Table = tuple[tuple[str, tuple[tuple[int, int, int], ...]], ...]
+
+
+def compact_table(addresses: dict[int, str]) -> Table:
+    """``{rank: "tcp://host:port"}`` as a :data:`Table` (small when ports are in order)."""
+    by_host: dict[str, list[tuple[int, int]]] = {}
+    for rank in sorted(addresses):
+        host, port_text = addresses[rank].removeprefix("tcp://").rsplit(":", 1)
+        by_host.setdefault(host, []).append((rank, int(port_text)))
+    table = []
+    for host, pairs in by_host.items():
+        runs: list[tuple[int, int, int]] = []
+        for rank, port in pairs:
+            if runs:
+                first_rank, first_port, count = runs[-1]
+                if rank == first_rank + count and port == first_port + count:
+                    runs[-1] = (first_rank, first_port, count + 1)
+                    continue
+            runs.append((rank, port, 1))
+        table.append((host, tuple(runs)))
+    return tuple(table)
+
+
+@functools.lru_cache(maxsize=64)
+def _table_lookup(table: Table) -> dict[int, str]:
+    return {
+        first_rank + k: f"tcp://{host}:{first_port + k}"
+        for host, runs in table
+        for first_rank, first_port, count in runs
+        for k in range(count)
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class ProcsRef:
-    """One generation of a process group: where its ranks' inboxes are."""
+    """One generation of a process group: where its ranks' inboxes are.
+
+    On one host, a rank's inbox is ``prefix + str(rank)`` (a socket in the
+    run directory); across hosts, ``table`` lists each host's TCP ports.
+    """
 
     group: str  # the group's random id
     generation: int
@@ -73,6 +113,7 @@ class ProcsRef:
     host: str  # the host whose run directory holds the inboxes
     prefix: str  # a rank's inbox address is prefix + str(rank)
     world: ViewRef  # the whole group's shape
+    table: Table = ()  # a mesh on several hosts: where each rank listens
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcsRef:
@@ -89,18 +130,23 @@ class ProcsRef:
                 tuple(world["sizes"]),
                 tuple(tuple(run) for run in world["runs"]),
             ),
+            tuple(
+                (host, tuple(tuple(run) for run in runs)) for host, runs in data.get("table", ())
+            ),
         )
 
     def address(self, rank: int) -> str:
+        if self.table:
+            return _table_lookup(self.table)[rank]
         return f"{self.prefix}{rank}"
 
     def check_reachable(self) -> None:
         from ._errors import MeshUsageError
 
-        if self.host != socket.gethostname():
+        if not self.table and self.host != socket.gethostname():
             raise MeshUsageError(
-                f"mesh {self.name!r} runs on host {self.host!r}: actor-to-actor messages "
-                "between hosts are not supported yet; call it from the controller"
+                f"mesh {self.name!r} has its inboxes on host {self.host!r} only: "
+                "pass references from the controller that started it"
             )
 
 

@@ -13,6 +13,7 @@ so a worker does not pay cloudpickle's import on start.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import linecache
 import os
@@ -99,16 +100,30 @@ def _reduce_tensor(torch: Any, t: Any) -> Any:
         or type(t) is not torch.Tensor
     ):
         return NotImplemented  # torch's own pickling handles the rare cases
-    flat = t.detach().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8).numpy() if flat.numel() else None
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    nbytes = flat.numel() * flat.element_size()
     dtype = str(t.dtype).removeprefix("torch.")
-    if raw is None:
-        data: Any = b""
-    elif raw.nbytes >= OUT_OF_BAND_THRESHOLD:
-        data = pickle.PickleBuffer(raw)
+    data: Any
+    if nbytes == 0:
+        data = b""
+    elif nbytes >= OUT_OF_BAND_THRESHOLD:
+        data = pickle.PickleBuffer(_tensor_memory(flat, nbytes))
     else:
-        data = raw.tobytes()
+        data = bytes(_tensor_memory(flat, nbytes))
     return _rebuild_tensor, (data, dtype, tuple(t.shape), t.requires_grad)
+
+
+def _tensor_memory(flat: Any, nbytes: int) -> ctypes.Array[ctypes.c_ubyte]:
+    """The bytes of a contiguous CPU tensor as a buffer, without a copy.
+
+    torch exposes a tensor's memory to the buffer protocol only through
+    ``.numpy()``, and torch's CPU wheel does not install numpy; a ctypes
+    array over ``data_ptr()`` is the same zero-copy view with the standard
+    library alone. It holds the tensor, so the memory outlives the view.
+    """
+    memory = (ctypes.c_ubyte * nbytes).from_address(flat.data_ptr())
+    memory._tensor = flat  # type: ignore[attr-defined]
+    return memory
 
 
 def _rebuild_tensor(data: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool) -> Any:

@@ -9,24 +9,88 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 from ._errors import MeshUsageError, format_ranks
 from ._public import publish
 
 Selector = int | slice | Sequence[int]
+M = TypeVar("M", bound="MeshShape")
+
+
+class Extent(Mapping[str, int]):
+    """Dimension names and their sizes, as Monarch's ``Extent``: a read-only mapping
+    ``{"hosts": 2, "gpus": 4}`` that also has ``.labels``, ``.sizes`` and ``.nelements``.
+    """
+
+    __slots__ = ("labels", "sizes")
+
+    def __init__(self, labels: Sequence[str], sizes: Sequence[int]) -> None:
+        if len(labels) != len(sizes):
+            raise MeshUsageError(f"{len(labels)} dimension names but {len(sizes)} sizes")
+        self.labels: tuple[str, ...] = tuple(labels)
+        self.sizes: tuple[int, ...] = tuple(sizes)
+
+    @property
+    def nelements(self) -> int:
+        """The number of points: the product of the sizes."""
+        total = 1
+        for size in self.sizes:
+            total *= size
+        return total
+
+    def __getitem__(self, label: str) -> int:
+        try:
+            return self.sizes[self.labels.index(label)]
+        except ValueError:
+            raise KeyError(label) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self) == dict(other)
+
+    def __hash__(self) -> int:
+        return hash((self.labels, self.sizes))
+
+    def __repr__(self) -> str:
+        return f"Extent({dict(self)!r})"
+
+    def __reduce__(self):
+        return (Extent, (self.labels, self.sizes))
 
 
 class Point(Mapping[str, int]):
     """A point of a mesh: its coordinate per dimension, plus its global ``rank``.
 
-    Behaves as a read-only mapping ``{"hosts": 0, "gpus": 3}``.
+    Behaves as a read-only mapping ``{"hosts": 0, "gpus": 3}``. A point taken
+    from a shape also knows that shape's ``extent`` (``point.size("gpus")``).
     """
 
-    __slots__ = ("_coords", "rank")
+    __slots__ = ("_coords", "_extent", "rank")
 
-    def __init__(self, coords: Mapping[str, int], rank: int) -> None:
+    def __init__(self, coords: Mapping[str, int], rank: int, extent: Extent | None = None) -> None:
         self._coords = dict(coords)
         self.rank = rank
+        self._extent = extent
+
+    @property
+    def extent(self) -> Extent:
+        """The sizes of the mesh this point belongs to."""
+        if self._extent is None:
+            raise MeshUsageError(
+                f"{self!r} was made without its mesh's extent; take points from a mesh "
+                "(mesh.shape.point_of_rank(r), ValueMesh.items()) to know their extent"
+            )
+        return self._extent
+
+    def size(self, label: str) -> int:
+        """The size of dimension ``label`` of the mesh this point belongs to."""
+        return self.extent[label]
 
     def __getitem__(self, dim: str) -> int:
         return self._coords[dim]
@@ -50,13 +114,13 @@ class Point(Mapping[str, int]):
         return hash((self.rank, tuple(self._coords.items())))
 
     def __reduce__(self):
-        return (Point, (self._coords, self.rank))
+        return (Point, (self._coords, self.rank, self._extent))
 
 
 class Shape:
     """Dimension names and sizes, and the global rank at every point (row-major)."""
 
-    __slots__ = ("_index", "labels", "ranks", "sizes")
+    __slots__ = ("_extent", "_index", "labels", "ranks", "sizes")
 
     def __init__(self, labels: Sequence[str], sizes: Sequence[int], ranks: Sequence[int]):
         if len(labels) != len(sizes):
@@ -79,6 +143,7 @@ class Shape:
         self.sizes: tuple[int, ...] = tuple(sizes)
         self.ranks: tuple[int, ...] = tuple(ranks)
         self._index = {r: i for i, r in enumerate(self.ranks)}
+        self._extent = Extent(self.labels, self.sizes)  # immutable: one for every point
 
     @classmethod
     def from_sizes(cls, sizes: Mapping[str, int], first_rank: int = 0) -> Shape:
@@ -109,9 +174,21 @@ class Shape:
         return (Shape, (self.labels, self.sizes, self.ranks))
 
     @property
-    def extent(self) -> dict[str, int]:
-        """``{dimension: size}``."""
-        return dict(zip(self.labels, self.sizes, strict=False))
+    def extent(self) -> Extent:
+        """The dimensions and their sizes, a mapping ``{dimension: size}``."""
+        return self._extent
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """Points along ``dim``, the product over several dims, or (None) all points."""
+        if dim is None:
+            return len(self.ranks)
+        if isinstance(dim, str):
+            self._check_dims("take the size of", [dim])
+            return self.sizes[self.labels.index(dim)]
+        total = 1
+        for d in dim:
+            total *= self.size(d)
+        return total
 
     # -- rank <-> point -------------------------------------------------------
 
@@ -125,7 +202,8 @@ class Shape:
 
     def point(self, index: int) -> Point:
         """The ``index``-th point of this shape (0 <= index < len)."""
-        return Point(dict(zip(self.labels, self.coords(index), strict=False)), self.ranks[index])
+        coords = dict(zip(self.labels, self.coords(index), strict=False))
+        return Point(coords, self.ranks[index], self.extent)
 
     def points(self) -> Iterator[Point]:
         return (self.point(i) for i in range(len(self)))
@@ -207,30 +285,160 @@ class Shape:
         labels = [new_names.get(label, label) for label in self.labels]
         return Shape(labels, self.sizes, self.ranks)
 
-    def split(self, **dims: Mapping[str, int]) -> Shape:
-        """The same points with a dimension split into several (row-major):
-        ``Shape.from_sizes({"procs": 4}).split(procs={"dp": 2, "tp": 2})``.
+    def flatten(self, name: str) -> Shape:
+        """The same points, row-major, along one dimension called ``name``."""
+        return Shape([name], [len(self.ranks)], self.ranks)
+
+    def split(self, **dims: Any) -> Shape:
+        """The same points with dimensions split into several (row-major).
+
+        Two spellings. Ours names each new dimension with its size::
+
+            Shape.from_sizes({"procs": 4}).split(procs={"dp": 2, "tp": 2})
+
+        Monarch's names the new dimensions and gives sizes as keywords of their
+        own; one size per split may be left out and is inferred::
+
+            Shape.from_sizes({"hosts": 4, "gpus": 8}).split(hosts=("dp", "pp"), pp=2)
         """
-        self._check_dims("split", dims)
+        parts_of: dict[str, list[tuple[str, int | None]]] = {}
+        sizes_given: dict[str, int] = {}
+        for key, value in dims.items():
+            if key in self.labels:
+                if isinstance(value, Mapping):
+                    parts_of[key] = list(value.items())
+                elif isinstance(value, Sequence) and not isinstance(value, str):
+                    parts_of[key] = [(part, None) for part in value]
+                else:
+                    raise MeshUsageError(
+                        f"split({key}={value!r}): give the new dimensions as a tuple of names "
+                        f"({key}=('dp', 'tp'), tp=2) "
+                        f"or a dict of sizes ({key}={{'dp': 2, 'tp': 2}})"
+                    )
+            elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                sizes_given[key] = value
+            else:
+                raise MeshUsageError(
+                    f"split({key}={value!r}): {key!r} is not a dimension of this mesh "
+                    f"({list(self.labels)!r}), so it must be the positive int size of a new one"
+                )
         labels: list[str] = []
         sizes: list[int] = []
         for label, size in zip(self.labels, self.sizes, strict=True):
-            parts = dims.get(label)
-            if parts is None:
-                labels.append(label)
-                sizes.append(size)
-                continue
-            total = 1
-            for part in parts.values():
-                total *= part if isinstance(part, int) else 0
-            if not parts or total != size:
+            parts = parts_of.get(label, [(label, size)])
+            resolved = [
+                (part, given if given is not None else sizes_given.pop(part, None))
+                for part, given in parts
+            ]
+            unknown = [part for part, given in resolved if given is None]
+            known = 1
+            for _, given in resolved:
+                known *= given if given is not None else 1
+            if len(unknown) > 1:
                 raise MeshUsageError(
-                    f"cannot split {label!r} (size {size}) into {dict(parts)!r}: "
+                    f"cannot infer the sizes of both {unknown[0]!r} and {unknown[1]!r} when "
+                    f"splitting {label!r}; give one, e.g. {unknown[1]}=2"
+                )
+            if unknown and known > 0 and size % known == 0:
+                resolved = [(p, g if g is not None else size // known) for p, g in resolved]
+            elif unknown or known != size or not parts:
+                raise MeshUsageError(
+                    f"cannot split {label!r} (size {size}) into "
+                    f"{ {p: ('?' if g is None else g) for p, g in resolved}!r}: "
                     f"the sizes must multiply to {size}"
                 )
-            labels.extend(parts)
-            sizes.extend(parts.values())
+            labels.extend(p for p, _ in resolved)
+            sizes.extend(g for _, g in resolved)  # type: ignore[misc]  # all resolved
+        if sizes_given:
+            raise MeshUsageError(
+                f"split(): sizes {sizes_given!r} name no new dimension; "
+                f"the new dimensions are {[p for p in labels if p not in self.labels]!r}"
+            )
         return Shape(labels, sizes, self.ranks)
+
+    def to_table(self) -> str:
+        """The global rank at every point, as a text table (one per leading index past 2-D)."""
+        return _table(self)
+
+
+def _table(shape: Shape) -> str:
+    if not shape.labels:
+        return f"rank {shape.ranks[0]}"
+    *outer, rows_label, cols_label = ("", *shape.labels) if len(shape.labels) == 1 else shape.labels
+    cols = shape.extent[cols_label]
+    rows = shape.extent[rows_label] if rows_label else 1
+    per_table = rows * cols
+    blocks = []
+    outer_sizes = [shape.extent[d] for d in outer]
+    for block, coords in enumerate(itertools.product(*(range(n) for n in outer_sizes))):
+        ranks = shape.ranks[block * per_table : (block + 1) * per_table]
+        head = [f"{rows_label}\\{cols_label}" if rows_label else cols_label]
+        grid = [head + [str(c) for c in range(cols)]]
+        for r in range(rows):
+            cells = [str(rank) for rank in ranks[r * cols : (r + 1) * cols]]
+            grid.append([str(r) if rows_label else "rank", *cells])
+        width = [max(len(row[i]) for row in grid) for i in range(cols + 1)]
+        lines = [
+            " | ".join(cell.rjust(w) for cell, w in zip(row, width, strict=True)) for row in grid
+        ]
+        lines.insert(1, "-+-".join("-" * w for w in width))
+        title = ", ".join(f"{d}={c}" for d, c in zip(outer, coords, strict=True))
+        blocks.append((f"{title}:\n" if title else "") + "\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+class MeshShape:
+    """What every mesh (process, actor, value) says and does about its shape, as
+    Monarch's meshes do: ``extent``, ``size()``, ``sizes``, and views that keep the
+    same points (``slice``, ``flatten``, ``split``, ``rename``).
+
+    A subclass has a ``shape`` and makes a view of itself with ``_new_with_shape``.
+    """
+
+    __slots__ = ()
+
+    @property
+    def shape(self) -> Shape:
+        raise NotImplementedError
+
+    def _new_with_shape(self: M, shape: Shape) -> M:
+        raise NotImplementedError
+
+    @property
+    def extent(self) -> Extent:
+        """The dimensions and their sizes: ``mesh.extent["gpus"]``."""
+        return self.shape.extent
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """``{dimension: size}``."""
+        return dict(self.shape.extent)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """Points along ``dim`` (or the product over several), or all points."""
+        return self.shape.size(dim)
+
+    def slice(self: M, **selection: Selector) -> M:
+        """A view of the selected points: an int drops the dimension, a slice or
+        a list of ints keeps it: ``mesh.slice(hosts=0, gpus=slice(0, 2))``."""
+        return self._new_with_shape(self.shape.slice(**selection))
+
+    def flatten(self: M, name: str) -> M:
+        """A view with every dimension folded into one called ``name`` (row-major)."""
+        return self._new_with_shape(self.shape.flatten(name))
+
+    def split(self: M, **dims: Any) -> M:
+        """A view with dimensions split (see :meth:`Shape.split`):
+        ``mesh.split(procs=("dp", "tp"), tp=2)`` or ``mesh.split(procs={"dp": 2, "tp": 2})``."""
+        return self._new_with_shape(self.shape.split(**dims))
+
+    def rename(self: M, **new_names: str) -> M:
+        """A view with dimensions renamed: ``mesh.rename(procs="dp")``."""
+        return self._new_with_shape(self.shape.rename(**new_names))
+
+    def to_table(self) -> str:
+        """The global rank at every point of this mesh, as a text table."""
+        return self.shape.to_table()
 
 
 def _resolve(label: str, size: int, sel: Selector) -> list[int]:

@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 from ._errors import MeshUsageError, format_ranks
 from ._fold import MAX_GROUPS_SHOWN, fold, more
 from ._public import publish
-from ._shape import Point, Shape
+from ._shape import MeshShape, Point, Shape
 
 T = TypeVar("T")
 
@@ -18,23 +18,31 @@ _short_repr.maxstring = 60
 _short_repr.maxother = 60
 
 
-class ValueMesh(Generic[T]):
+class ValueMesh(MeshShape, Generic[T]):
     """The values a mesh produced, one per point.
 
     - ``vm[rank]`` (an int: a *global* rank) or ``vm[{"procs": 2}]`` (a point);
+    - ``vm.item(procs=2)`` (Monarch's spelling: every dimension by keyword);
     - ``vm.items()`` yields ``(Point, value)``; ``vm.values()`` lists values;
-    - ``len(vm)`` is the number of points; iteration yields ``(point, value)``.
+    - ``len(vm)`` is the number of points; iteration yields ``(point, value)``;
+    - as every mesh: ``.slice(procs=0)``, ``.flatten("rank")``, ``.extent``,
+      ``.size(dim)``, ``.split(...)``, ``.rename(...)``: views over the same values.
 
     The repr folds equal values: ``ValueMesh({procs: 4}) {0-3: 42}``.
     """
 
-    __slots__ = ("_values", "shape")
+    __slots__ = ("_shape", "_values")
 
     def __init__(self, shape: Shape, values: Sequence[T]) -> None:
         if len(values) != len(shape):
             raise MeshUsageError(f"{len(values)} values for a shape of {len(shape)} points")
-        self.shape = shape
+        self._shape = shape
         self._values = list(values)
+
+    @property
+    def shape(self) -> Shape:
+        """The points the values are at."""
+        return self._shape
 
     def __len__(self) -> int:
         return len(self._values)
@@ -45,6 +53,29 @@ class ValueMesh(Generic[T]):
     def items(self) -> Iterator[tuple[Point, T]]:
         """``(point, value)`` pairs in row-major order."""
         return ((self.shape.point(i), v) for i, v in enumerate(self._values))
+
+    def item(self, **point: int) -> T:
+        """The value at ``point``, every dimension by keyword: ``vm.item(hosts=0, gpus=3)``.
+
+        Dimensions of size 1 may be left out, so a one-point mesh answers ``item()``.
+        """
+        full = {
+            label: point.pop(label, 0) if size == 1 else point.pop(label)
+            for label, size in zip(self.shape.labels, self.shape.sizes, strict=True)
+            if label in point or size == 1
+        }
+        missing = [label for label in self.shape.labels if label not in full]
+        if point or missing:
+            raise MeshUsageError(
+                f"item() takes every dimension of {self.shape!r} by keyword"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; unknown {sorted(point)}" if point else "")
+            )
+        return self._values[self.shape.index_of_point(full)]
+
+    def _new_with_shape(self, shape: Shape) -> ValueMesh[T]:
+        # A view: the same values at the points the new shape keeps.
+        return ValueMesh(shape, [self._values[self.shape.index_of_rank(r)] for r in shape.ranks])
 
     def values(self) -> list[T]:
         """The values in row-major order."""

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._common import _refs
 from .._common._actors import Actor, endpoint_names
-from .._common._endpoint import EndpointBase, no_such_endpoint, unpicklable_argument
+from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshFailure, MeshUsageError
+from .._common._future import Future, completed
+from .._common._mesh_base import ActorMeshBase
 from .._common._messages import Call, StopActor
 from .._common._pending import PendingCall
 from .._common._public import publish
-from .._common._shape import Selector, Shape
+from .._common._shape import Shape
 from ._calls import send_call
 
 if TYPE_CHECKING:
@@ -44,11 +46,12 @@ A = TypeVar("A", bound=Actor)
 __all__ = ["ActorMesh", "Endpoint", "unpicklable_argument"]
 
 
-class ActorMesh(Generic[A]):
+class ActorMesh(ActorMeshBase, Generic[A]):
     """Handles to one actor per point of a mesh. Endpoints are attributes.
 
-    Slicing (``.slice(procs=0)``) selects a subset of the same actors. An actor
-    mesh is a value: pass it to another actor (as an argument, a spawn
+    Slicing (``.slice(procs=0)``) selects a subset of the same actors; the shape
+    reads as every mesh's (``extent``, ``size(dim)``, ``flatten``, ``split``, ...).
+    An actor mesh is a value: pass it to another actor (as an argument, a spawn
     argument, inside a container) and that actor calls it directly.
     """
 
@@ -73,46 +76,27 @@ class ActorMesh(Generic[A]):
         self._plain_methods = {n for n in dir(cls) if callable(getattr(cls, n, None))}
         self._generation = generation
 
-    @property
-    def shape(self) -> Shape:
-        return self._shape
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def endpoints(self) -> list[str]:
-        return list(self._endpoints)
-
-    def __len__(self) -> int:
-        return len(self._shape)
-
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r}>"
 
-    def __getattr__(self, name: str) -> Endpoint[Any]:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name in self._endpoints:
-            return Endpoint(self, name)
-        raise no_such_endpoint(self._cls_name, name, self._endpoints, self._plain_methods)
-
-    def _view(self, shape: Shape) -> ActorMesh[A]:
+    def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
+        # A view of the same actors at the points ``shape`` keeps.
         view = object.__new__(ActorMesh)
         view.__dict__.update(self.__dict__)
         view._shape = shape
         return view
 
-    def slice(self, **selection: Selector) -> ActorMesh[A]:
-        """The actors at the selected points (an int drops that dimension)."""
-        return self._view(self._shape.slice(**selection))
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Remove these actors from their processes (the processes keep running).
 
-    def stop(self) -> None:
-        """Remove these actors from their processes (the processes keep running)."""
+        Returns a future that is done once the stop is sent: calls made after it
+        reach the actors after the stop, so they fail. (``reason`` is accepted as
+        Monarch's is.)
+        """
         group = self._group
         if self._generation == group.generation:
             group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
+        return completed(None)
 
     def _check_usable(self) -> MeshFailure | None:
         group = self._group
@@ -126,12 +110,6 @@ class ActorMesh(Generic[A]):
         if error is not None:
             return error
         return group.failure_for(self._shape.ranks)
-
-    def _sent_to(self, shape: Shape) -> tuple[Any, ...]:
-        """What a call tells the callee about the slice it went to (message_rank)."""
-        if shape == self._spawned:
-            return ()
-        return (shape.labels, shape.sizes, shape.ranks)
 
     def __reduce__(self):
         procs = self._group.ref()
@@ -151,7 +129,7 @@ class ActorMesh(Generic[A]):
             _refs.ViewRef.of(self._spawned),
         )
         # Sent away and come back (returned by an actor): this same mesh again.
-        _refs.register_actors(ref, self, ActorMesh._view)
+        _refs.register_actors(ref, self, ActorMesh._new_with_shape)
         return (_refs.rebuild_actors, (ref, _refs.ViewRef.of(self._shape)))
 
 
@@ -198,5 +176,7 @@ class Endpoint(EndpointBase[R]):
             encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
         )
 
+
+ActorMesh._endpoint_type = Endpoint
 
 publish(globals())

@@ -29,8 +29,9 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from .._common import _keys
+from .._common import _keys, _network
 from .._common._errors import MeshFailure, MeshUsageError
 from .._common._messages import (
     AgentHeartbeat,
@@ -170,6 +171,16 @@ class HostAgents:
             "heartbeat_s": self.heartbeat_s,
             "timeout_s": self.timeout_s,
         }
+
+    def bind_host(self) -> str:
+        """An address of this machine that the agents' hosts reach (where the
+        controller's own actor inbox listens for them)."""
+        if self.endpoint:
+            return urlsplit(self.endpoint).hostname or "127.0.0.1"
+        for agent in self.agents:  # attach: we connected to them; answer from that side
+            if agent.address:
+                return _network.source_address_towards(f"tcp://{agent.address}:9")
+        return "127.0.0.1"
 
     def listen(self, bind_host: str) -> str:
         """Open the controller's CURVE endpoint for these agents; returns it."""

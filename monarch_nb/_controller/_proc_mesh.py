@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._common import _refs
 from .._common._actors import Actor
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
+from .._common._future import Future, completed
 from .._common._messages import Spawn
 from .._common._public import publish
-from .._common._shape import Point, Selector, Shape
+from .._common._shape import MeshShape, Point, Shape
 from .._common._value_mesh import ValueMesh
 from . import _cells
 from ._actor_mesh import ActorMesh, unpicklable_argument
@@ -31,11 +32,14 @@ A = TypeVar("A", bound=Actor)
 _actor_ids = itertools.count(1)
 
 
-class ProcMesh:
+class ProcMesh(MeshShape):
     """A mesh of worker processes. Views made by :meth:`slice` share the processes.
 
     Start one with ``this_host().spawn_procs(per_host={"procs": 4})``; use it as
-    a context manager to stop it at the end.
+    a context manager (``with`` or ``async with``) to stop it at the end.
+
+    Its shape reads as every mesh's: ``extent``, ``size(dim)``, ``sizes``,
+    ``to_table()``; ``slice``, ``flatten``, ``split`` and ``rename`` make views.
     """
 
     def __init__(self, group: ProcGroup, shape: Shape) -> None:
@@ -58,18 +62,8 @@ class ProcMesh:
     def __repr__(self) -> str:
         return f"<ProcMesh {self._group.name!r} {self._shape!r} {self.state}>"
 
-    def slice(self, **selection: Selector) -> ProcMesh:
-        """A view of the selected processes: ``procs.slice(procs=slice(0, 2))``."""
-        return ProcMesh(self._group, self._shape.slice(**selection))
-
-    def rename(self, **new_names: str) -> ProcMesh:
-        """A view with dimensions renamed: ``procs.rename(procs="dp")``."""
-        return ProcMesh(self._group, self._shape.rename(**new_names))
-
-    def split(self, **dims: Mapping[str, int]) -> ProcMesh:
-        """A view with a dimension split into several (row-major), for data, tensor
-        and pipeline parallelism: ``procs.split(procs={"dp": 2, "tp": 2})``."""
-        return ProcMesh(self._group, self._shape.split(**dims))
+    def _new_with_shape(self, shape: Shape) -> ProcMesh:
+        return ProcMesh(self._group, shape)
 
     def activate(self) -> Any:
         """Run torch on this mesh: inside ``with procs.activate():`` factory functions
@@ -236,9 +230,15 @@ class ProcMesh:
 
     # -- life cycle -----------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop every process of this mesh (all views), waiting for them to exit."""
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every process of this mesh (all views), waiting for them to exit.
+
+        Returns once they have exited, with a future that is already done, so
+        Monarch's ``procs.stop().get()`` and ``await procs.stop()`` work as well
+        as a plain ``procs.stop()``. (``reason`` is accepted as Monarch's is.)
+        """
         self._group.stop()
+        return completed(None)
 
     def restart(self) -> None:
         """Replace every process with a fresh one; spawn actors again afterwards."""
@@ -248,6 +248,12 @@ class ProcMesh:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __reduce__(self):
@@ -285,6 +291,16 @@ class HostMesh:
 
     def __repr__(self) -> str:
         return f"<HostMesh {self.hosts}>"
+
+    def __reduce__(self):
+        # This host travels as "the host of whoever receives it": an actor that
+        # spawns processes on it owns them (their supervisor), as in Monarch.
+        if self._agents is None:
+            return (_this_host_of, (socket.gethostname(),))
+        raise MeshUsageError(
+            f"host mesh {self.hosts} is driven by its agents from this controller: "
+            "spawn the processes here and pass the ProcMesh to the actor instead"
+        )
 
     def spawn_procs(
         self,
@@ -341,10 +357,15 @@ class HostMesh:
         group.start()
         return ProcMesh(group, group.shape)
 
-    def shutdown(self) -> None:
-        """Stop the agents (a multi-host mesh) and every process they run."""
+    def shutdown(self) -> Future[None]:
+        """Stop the agents (a multi-host mesh) and every process they run.
+
+        Returns once they have stopped, with a future that is already done
+        (Monarch's ``hosts.shutdown().get()`` and ``await`` work too).
+        """
         if self._agents is not None:
             self._agents.shutdown()
+        return completed(None)
 
     def __enter__(self) -> HostMesh:
         return self
@@ -352,10 +373,42 @@ class HostMesh:
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
 
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
 
 def this_host(controller: Controller | None = None) -> HostMesh:
     """The host this controller runs on (``controller``: the process default)."""
     return HostMesh(controller)
+
+
+def _this_host_of(hostname: str) -> HostMesh:
+    if hostname != socket.gethostname():
+        raise MeshUsageError(
+            f"a reference to host {hostname!r} reached {socket.gethostname()!r}: only "
+            "a process on that host can start processes there"
+        )
+    return this_host()
+
+
+def shutdown_context() -> Future[None]:
+    """Stop every process mesh and host mesh this process started, as Monarch's
+    ``shutdown_context()``: blocking, then a future that is already done.
+
+    Safe to call twice, or when nothing was started; meshes started afterwards
+    work as usual. (Interpreter exit does the same, with a kill instead of a
+    graceful stop.)
+    """
+    controller = Controller._default
+    if controller is not None and not controller.loop.stopping:
+        for group in list(controller.groups):
+            group.stop()
+        for hosts in list(controller.host_meshes):
+            hosts.shutdown()
+    return completed(None)
 
 
 publish(globals())

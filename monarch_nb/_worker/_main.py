@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -180,9 +181,18 @@ class Worker:
         self.peer: PeerNode | None = None
         self.procs_ref: _refs.ProcsRef | None = None
         if "peer" in boot:  # actors elsewhere may call ours: bind our inbox
-            self.procs_ref = _refs.ProcsRef.from_json(boot["peer"]["ref"])
-            _peer.set_tree_key(bytes.fromhex(boot["peer"]["key"]))
-            self.peer = PeerNode(self.procs_ref.address(self.rank), _peer.tree_key())
+            peer = boot["peer"]
+            self.procs_ref = _refs.ProcsRef.from_json(peer["ref"])
+            _peer.set_tree_key(bytes.fromhex(peer["key"]))
+            _peer.set_tree_curve(peer["curve"])
+            if peer.get("tcp"):  # a mesh on several hosts: other hosts reach us by TCP
+                host = os.environ.get("MONARCH_NB_RDMA_HOST") or "127.0.0.1"
+                self.peer = PeerNode(None, _peer.tree_key(), tcp_host=host)
+                self.procs_ref = dataclasses.replace(
+                    self.procs_ref, table=_refs.compact_table({self.rank: self.peer.address})
+                )
+            else:
+                self.peer = PeerNode(self.procs_ref.address(self.rank), _peer.tree_key())
             self.peer.on_work = self._deliver_from_peer
             self.peer.home = (self.procs_ref, self.rank)
             self.peer.on_interrupt = lambda sender, call_id: self.interrupt_ticket(
@@ -425,7 +435,8 @@ class Worker:
 
     def run(self) -> None:
         self.wire.start()
-        self.send(Hello(os.getpid(), socket.gethostname()))
+        tcp = self.peer.tcp_address if self.peer is not None else ""
+        self.send(Hello(os.getpid(), socket.gethostname(), tcp))
         while True:
             item = self._next_item()
             if item is _WAKE:
@@ -506,7 +517,7 @@ class Worker:
         previous = _context.set_current(ctx)
         self._active.append(message.actor_id)
         try:
-            instance = self.user_code(f"spawn {name!r}", lambda: cls(*args, **kwargs))
+            instance = self.user_code(f"spawn {name!r}", lambda: _construct(cls, args, kwargs))
         except BaseException as exc:
             route.send(Failure(call_id, self.failure_of(exc), False))
             return
@@ -715,12 +726,21 @@ class Worker:
         self.post(lambda: self._supervise(owner, error))
 
     def _supervise(self, owner: Any, error: MeshFailure) -> None:
+        # As an endpoint call of the owner: its context, interruptible, and an
+        # ``async def __supervise__`` awaited on the actor's loop.
+        live = next((a for a in self.actors.values() if a.instance is owner), None)
+        previous = _context.set_current(live.context if live else None)
+        label = f"{type(owner).__name__}.__supervise__"
         try:
-            handled = bool(owner.__supervise__(error))
-            why = "its __supervise__ returned False"
+            handled = self.user_code(
+                label, lambda: self._call_maybe_async(owner.__supervise__, (error,), {})
+            )
+            why = f"its __supervise__ returned {handled!r}"
         except BaseException as exc:
             handled = False
             why = f"its __supervise__ raised {type(exc).__name__}: {exc}"
+        finally:
+            _context.set_current(previous)
         if not handled:
             self.send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
 
@@ -732,6 +752,32 @@ _WAKE = object()
 def _resolve(waker: Any) -> None:
     if not waker.done():
         waker.set_result(None)
+
+
+def _construct(cls: type, args: tuple, kwargs: dict) -> Any:
+    """``cls(*args, **kwargs)``, with the instance current while its ``__init__`` runs,
+    so a process mesh it starts there is owned (supervised) by it."""
+    if type(cls).__call__ is not type.__call__:
+        return cls(*args, **kwargs)  # a metaclass that constructs in its own way
+    instance = cls.__new__(cls, *args, **kwargs)
+    if isinstance(instance, cls):
+        spawning = _context.context()
+        _context.set_current(dataclasses.replace(spawning, actor=instance))
+        try:
+            type(instance).__init__(instance, *args, **kwargs)
+        finally:
+            _context.set_current(spawning)
+    return instance
+
+
+def _no_debugger(*args: Any, **kwargs: Any) -> None:
+    """``breakpoint()`` on a rank whose controller serves no debugger prompt."""
+    raise RuntimeError(
+        "breakpoint() on a rank needs a debugger prompt on the controller, and this "
+        "mesh was started without one: in a script call monarch_nb.debug.install() "
+        "before spawn_procs() (a notebook's %load_ext monarch_nb does it); "
+        "PYTHONBREAKPOINT=0 makes breakpoint() do nothing"
+    )
 
 
 def _die_with_parent(controller_pid: int) -> None:
@@ -766,6 +812,17 @@ def live_actor(actor_id: int) -> tuple[Any, Context, Callable[[Any], Any]] | Non
     return live.instance, live.context, worker.run_async
 
 
+def _quiet_torch_without_numpy() -> None:
+    """Keep torch's "Failed to initialize NumPy" warning out of every rank's output.
+
+    torch's CPU wheel installs no numpy, and ``import torch`` then warns on
+    each rank, which reads like an error in the cell. Nothing here needs numpy
+    (tensors cross the wire without it), and user code calling ``.numpy()``
+    still gets torch's own error saying numpy is missing.
+    """
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+
 def main() -> None:
     global _this_worker
     # Interrupts are how calls stop: whatever mask or disposition the process
@@ -774,10 +831,15 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
+    _quiet_torch_without_numpy()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
     worker = _this_worker = Worker(boot)
+    if not os.environ.get("PYTHONBREAKPOINT"):
+        # stdin is /dev/null: pdb would quit at once (a bare BdbQuit). The
+        # debugger's install_on_worker below replaces this with its prompt.
+        sys.breakpointhook = _no_debugger
     # Layers above the core that must be in place before user code runs (the
     # debugger's breakpoint hook): each module's install_on_worker(worker).
     for name in boot.get("imports", ()):

@@ -1,8 +1,9 @@
 """The kernel side of the JupyterLab "Mesh" panel (``labextension/``): a comm.
 
-The panel opens a comm to target ``monarch_nb.panel``; and when
-``%load_ext monarch_nb`` runs the kernel opens one to the panel, which a
-panel already showing this kernel answers with ``{"action": "refresh"}``.
+The panel opens a comm to target ``monarch_nb.panel`` when it meets a kernel,
+and again after that kernel runs a cell naming monarch_nb (``%load_ext
+monarch_nb``). The kernel never opens one: a front end without the panel
+(nbconvert, nbval, a console) has no handler for it and would warn.
 Over it the kernel sends JSON snapshots, built only from
 ``NotebookMesh.status()`` (what ``%mesh status`` and the dashboard show)::
 
@@ -148,17 +149,11 @@ class PanelServer:
 
     # -- comms ------------------------------------------------------------------------
 
-    def on_comm_open(self, comm: Any, open_msg: Any = None, *, live: bool = True) -> None:
-        """The comm target's callback: a panel opened a comm to this kernel.
-
-        A comm this kernel opened (``live=False``) gets snapshots only once a
-        panel answers on it: a front end without the panel never does, and
-        then costs nothing.
-        """
+    def on_comm_open(self, comm: Any, open_msg: Any = None) -> None:
+        """The comm target's callback: a panel opened a comm to this kernel."""
         comm.on_msg(lambda msg: self._on_msg(comm, msg))
         comm.on_close(lambda msg: self._drop(comm))
-        if live:
-            self._go_live(comm)
+        self._go_live(comm)
 
     def _go_live(self, comm: Any) -> None:
         with self._lock:
@@ -269,12 +264,6 @@ def register_panel(shell: Any) -> None:
     server = _servers[id(shell)] = PanelServer()
     manager.register_target(COMM_TARGET, server.on_comm_open)
     shell.events.register("post_run_cell", server.changed)  # %mesh start / stop
-    try:  # a panel already showing this kernel learns that the extension is loaded
-        from comm import create_comm
-
-        server.on_comm_open(create_comm(target_name=COMM_TARGET, data={}), live=False)
-    except Exception:
-        pass
 
 
 def unregister_panel(shell: Any) -> None:

@@ -16,7 +16,7 @@ Environment: ``MONARCH_NB_RDMA_TRANSPORT`` (auto | local | tcp),
 ``MONARCH_NB_RDMA_TIMEOUT`` (seconds without progress before a copy fails).
 """
 
-from monarch_nb.native._buffer import RDMABatch, RDMABuffer
+from monarch_nb.native._buffer import RDMAAction, RDMABatch, RDMABuffer, is_rdma_available
 from monarch_nb.native._errors import (
     RDMAAccessError,
     RDMABufferDroppedError,
@@ -28,12 +28,13 @@ from monarch_nb.native._errors import (
 from monarch_nb.native._loader import native_available
 from monarch_nb.native._transport import RDMAStatistics, start_server, statistics
 
-for _obj in (RDMAStatistics, native_available, start_server, statistics):
+for _obj in (RDMAStatistics, is_rdma_available, native_available, start_server, statistics):
     _obj.__module__ = __name__
 del _obj
 
 __all__ = [
     "RDMAAccessError",
+    "RDMAAction",
     "RDMABatch",
     "RDMABuffer",
     "RDMABufferDroppedError",
@@ -42,6 +43,7 @@ __all__ = [
     "RDMAStatistics",
     "RDMATransferError",
     "RDMAUnavailableError",
+    "is_rdma_available",
     "native_available",
     "start_server",
     "statistics",

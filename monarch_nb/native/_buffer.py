@@ -42,10 +42,21 @@ mutex:
 If a reader stops responding while holding a lease (e.g. SIGSTOP), drop()
 gives up after ``DROP_TIMEOUT_S`` and keeps the memory alive for the rest of
 the process instead of freeing it under that reader.
+
+Lifetime
+--------
+As in Monarch, a registration lasts until ``drop()`` or the owner process
+exits (``lifetime="process"``, the default): the owner keeps a reference to
+the memory, so an endpoint may build a buffer and return it inline
+(``return RDMABuffer(self.weights)``) and the handle stays readable after the
+endpoint's own object is gone. ``lifetime="object"`` revokes the region when
+the owner's RDMABuffer object is garbage collected instead (and keeps no
+reference to the memory beyond it).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import os
@@ -56,7 +67,7 @@ import weakref
 from typing import Any
 
 from monarch_nb._common._future import Future
-from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError
+from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError, RDMATransferError
 from monarch_nb.native._handle import Handle, host_key, layout
 from monarch_nb.native._loader import load_extension
 from monarch_nb.native._memoryref import describe
@@ -75,6 +86,28 @@ log = logging.getLogger("monarch_nb.native")
 # Memory whose drop timed out: never freed, because a reader may still copy.
 _kept_alive: list[Any] = []
 _kept_alive_lock = threading.Lock()
+# lifetime="process": region -> the memory it keeps alive, until drop().
+_registered: dict[int, Any] = {}
+
+LIFETIMES = ("process", "object")
+
+
+class _Size(int):
+    """A byte count that is also callable: ``buf.size`` (ours) and ``buf.size()``
+    (Monarch's) both work."""
+
+    def __call__(self) -> int:
+        return int(self)
+
+
+def _release_registered(region: int) -> None:
+    with _kept_alive_lock:
+        keepalive = _registered.pop(region, _MISSING)
+    if keepalive is not _MISSING:
+        _unregister(region, keepalive)
+
+
+_MISSING = object()
 
 
 def _unregister(region: int, keepalive: Any) -> None:
@@ -98,8 +131,10 @@ class RDMABuffer:
             ``numpy.ndarray``, a ``bytearray`` or a writable ``memoryview``; read-only
             buffers (``bytes``) are registered read-only.
 
-    The owner must keep the RDMABuffer alive while others use its handle: when
-    it is dropped or garbage collected the region is unregistered.
+        lifetime: ``"process"`` (the default, as Monarch): the region stays
+            registered until ``drop()`` or the owner process exits, whatever
+            happens to this object; ``"object"``: it is unregistered when this
+            object is garbage collected too.
 
     Raises:
         RDMAUnavailableError: the C extension could not be imported.
@@ -112,7 +147,12 @@ class RDMABuffer:
         buf.read_into(dst).get()               # anywhere the handle went
     """
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: Any, *, lifetime: str = "process") -> None:
+        if lifetime not in LIFETIMES:
+            raise ValueError(
+                f"RDMABuffer(..., lifetime={lifetime!r}): use 'process' (until drop() or "
+                "the process exits) or 'object' (until this object is garbage collected)"
+            )
         memory = load_extension()
         ref = describe(obj, "the registered object", need_writable=False)
         server = start_server()
@@ -132,18 +172,23 @@ class RDMABuffer:
             token=token,
         )
         self._dropped = False
-        # The finalizer holds the memory: it outlives this object until unregistered.
-        self._finalizer: weakref.finalize | None = weakref.finalize(
-            self, _unregister, region, ref.keepalive
-        )
-        self._finalizer.atexit = False
+        self._release: Any = None  # in the owner: what unregisters the region
+        if lifetime == "process":
+            with _kept_alive_lock:
+                _registered[region] = ref.keepalive
+            self._release = functools.partial(_release_registered, region)
+        else:
+            # The finalizer holds the memory: it outlives this object until unregistered.
+            finalizer = weakref.finalize(self, _unregister, region, ref.keepalive)
+            finalizer.atexit = False
+            self._release = finalizer
 
     @classmethod
     def _from_handle(cls, handle: Handle) -> RDMABuffer:
         self = cls.__new__(cls)
         self._handle = handle
         self._dropped = False
-        self._finalizer = None
+        self._release = None
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -152,9 +197,9 @@ class RDMABuffer:
     # -- description -----------------------------------------------------------
 
     @property
-    def size(self) -> int:
-        """Size of the registered region in bytes."""
-        return self._handle.size
+    def size(self) -> _Size:
+        """Size of the registered region in bytes (``buf.size`` or ``buf.size()``)."""
+        return _Size(self._handle.size)
 
     @property
     def dtype(self) -> str | None:
@@ -174,7 +219,7 @@ class RDMABuffer:
     @property
     def is_owner(self) -> bool:
         """True in the process (and on the object) that registered the memory."""
-        return self._finalizer is not None
+        return self._release is not None
 
     @property
     def dropped(self) -> bool:
@@ -198,20 +243,24 @@ class RDMABuffer:
         size: int | None = None,
         *,
         transport: str | None = None,
+        timeout: float | None = None,
     ) -> Future[int]:
         """Copy ``size`` bytes from ``offset`` in this buffer to the start of ``dst``.
 
         With neither ``offset`` nor ``size``, the whole buffer is copied and
-        ``dst`` must have exactly its size; with either (``offset=0`` too),
+        ``dst`` must be at least its size (as Monarch); with either (``offset=0`` too),
         ``size`` defaults to ``dst``'s size. Offsets
         and sizes are in bytes. Typed memory (tensors, arrays) must have the
         buffer's dtype; bytearrays and memoryviews match any dtype.
 
         Returns a future of the number of bytes copied. Errors in the arguments
         raise at once (before any byte moves); failures of the copy (dropped
-        buffer, owner gone, bad token) arrive through the future.
+        buffer, owner gone, bad token) arrive through the future. ``timeout``
+        (seconds) fails the future with RDMATransferError if the copy has not
+        finished by then (the copy itself stops at its own progress timeout).
         """
-        return submit([self._plan(dst, offset, size, write=False, transport=transport)])
+        op = self._plan(dst, offset, size, write=False, transport=transport)
+        return _with_timeout(submit([op]), timeout, "read")
 
     def write_from(
         self,
@@ -220,12 +269,16 @@ class RDMABuffer:
         size: int | None = None,
         *,
         transport: str | None = None,
+        timeout: float | None = None,
     ) -> Future[int]:
         """Copy ``size`` bytes from the start of ``src`` into this buffer at ``offset``.
 
-        Sizes, offsets and dtypes follow the rules of ``read_into``.
+        Sizes, offsets, dtypes and ``timeout`` follow the rules of ``read_into``;
+        with neither ``offset`` nor ``size``, ``src`` may be smaller than the
+        buffer (it is written at its start, as Monarch).
         """
-        return submit([self._plan(src, offset, size, write=True, transport=transport)])
+        op = self._plan(src, offset, size, write=True, transport=transport)
+        return _with_timeout(submit([op]), timeout, "write")
 
     def _plan(
         self,
@@ -251,12 +304,19 @@ class RDMABuffer:
                 f"({layout(ref.dtype, ref.shape)}); pass {role.split()[-1]} with dtype {h.dtype}, "
                 "or a bytearray/memoryview to copy raw bytes"
             )
-        if whole and ref.nbytes != h.size:
+        # A whole-buffer copy reads into a destination at least as large, and
+        # writes a source at most as large (Monarch's rule).
+        too_small = not write and ref.nbytes < h.size
+        too_large = write and ref.nbytes > h.size
+        if whole and (too_small or too_large):
+            need = "at least" if too_small else "at most"
             raise ValueError(
                 f"size mismatch: the buffer has {h.size} bytes ({layout(h.dtype, h.shape)}) but "
-                f"{role} has {ref.nbytes} bytes ({layout(ref.dtype, ref.shape)}); pass offset= "
-                "and size= to copy part of the buffer"
+                f"{role} has {ref.nbytes} bytes ({layout(ref.dtype, ref.shape)}); {role} must "
+                f"have {need} {h.size} bytes, or pass offset= and size= to copy part of it"
             )
+        if whole and not write:
+            size = h.size
         length = ref.nbytes if size is None else operator.index(size)
         if offset < 0 or length < 0:
             raise ValueError(f"offset and size must be >= 0, got offset={offset}, size={length}")
@@ -284,25 +344,31 @@ class RDMABuffer:
 
     # -- lifetime --------------------------------------------------------------
 
-    def drop(self) -> None:
+    def drop(self) -> Future[None]:
         """Unregister the memory: later copies through any handle to it fail.
 
         In the owner this waits until copies in flight have stopped touching
         the memory (they fail with RDMABufferDroppedError). On a handle
-        elsewhere it asks the owner to revoke the region. Idempotent.
+        elsewhere it asks the owner to revoke the region. Idempotent. Returns
+        a future that is already done (``.get()`` or ``await``, as Monarch's).
         """
+        done: Future[None] = Future()
+        done.set_result(None)
         if self._dropped:
-            return
+            return done
         self._dropped = True
-        if self._finalizer is not None:
-            self._finalizer()
-            return
+        if self._release is not None:
+            self._release()
+            return done
+        if self._handle.pid == os.getpid() and self._handle.host_key == host_key():
+            _release_registered(self._handle.region)  # our own region, by another handle
         memory = load_extension()
         try:
             request(self._handle, memory.OP_DROP)
         except Exception:
             # An owner that cannot be reached holds no region any more: nothing to drop.
             log.debug("drop of %s: owner unreachable", self._handle.describe())
+        return done
 
     def __enter__(self) -> RDMABuffer:
         return self
@@ -313,6 +379,36 @@ class RDMABuffer:
 
 def _rebuild(handle: Handle) -> RDMABuffer:
     return RDMABuffer._from_handle(handle)
+
+
+def _with_timeout(future: Future[int], timeout: float | None, what: str) -> Future[int]:
+    """``future``, failed with RDMATransferError if not done within ``timeout`` s."""
+    if timeout is None:
+        return future
+    out: Future[int] = Future()
+
+    def forward(done: Future[int]) -> None:
+        error = done.exception(timeout=0)
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.get(timeout=0))
+
+    def expire() -> None:
+        out.set_exception(
+            RDMATransferError(f"the {what} did not finish within {timeout} s (timeout=)")
+        )
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+
+    def finished(done: Future[int]) -> None:
+        timer.cancel()
+        forward(done)
+
+    future.add_done_callback(finished)
+    return out
 
 
 class RDMABatch:
@@ -356,5 +452,31 @@ class RDMABatch:
         return submit(ops)
 
 
-for _cls in (RDMABuffer, RDMABatch):
+class RDMAAction(RDMABatch):
+    """Monarch's name and argument order for a batch of copies:
+    ``RDMAAction().read_remote(dst, buf).write_remote(buf2, src).submit(timeout=60)``."""
+
+    def read_remote(self, dst: Any, src: RDMABuffer) -> RDMAAction:
+        """Add a read of all of ``src`` into ``dst``; returns the action."""
+        self.read_into(src, dst)
+        return self
+
+    def write_remote(self, dst: RDMABuffer, src: Any) -> RDMAAction:
+        """Add a write of ``src`` into the start of ``dst``; returns the action."""
+        self.write_from(dst, src)
+        return self
+
+    def submit(self, *, timeout: float | None = None) -> Future[int]:
+        """Start every copy; ``timeout`` as in :meth:`RDMABuffer.read_into`."""
+        return _with_timeout(super().submit(), timeout, "batch")
+
+
+def is_rdma_available() -> bool:
+    """True if buffers can be registered here (the native extension loaded)."""
+    from monarch_nb.native._loader import native_available
+
+    return native_available()
+
+
+for _cls in (RDMABuffer, RDMABatch, RDMAAction):
     _cls.__module__ = "monarch_nb.native"

@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +32,7 @@ SLURM_TOOLS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "s
 # Every daemon gets this variable; slurmstepd inherits it from slurmd, and job
 # tasks get SLURM_CONF from srun: together they find everything a cluster ran.
 _MARK = "MONARCH_NB_SLURM_CLUSTER"
-NODES_UP_TIMEOUT_S = 30.0
+NODES_UP_TIMEOUT_S = 90.0  # only catches a hang: a loaded machine starts slurmd slowly
 PARTITION = "debug"
 
 
@@ -184,14 +185,57 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def wait_for_nodes_idle(self, timeout: float = NODES_UP_TIMEOUT_S) -> None:
         """Wait until every node is idle (up, registered, running nothing)."""
+        seen: dict[str, str] = {}
 
         def all_idle() -> bool:
             try:
-                return set(self.node_states().values()) == {"idle"}
+                seen.update(self.node_states())
             except subprocess.SubprocessError:
                 return False
+            return set(seen.values()) == {"idle"}
 
-        _wait_for(all_idle, "every node idle", self._path("slurmctld.log"), timeout)
+        _wait_for(
+            all_idle, "every node idle", self._path("slurmctld.log"), timeout, lambda: f"{seen}"
+        )
+
+    def restart_slurmd(self, i: int, timeout: float = NODES_UP_TIMEOUT_S) -> None:
+        """Start node ``i``'s slurmd again (after NetnsCluster.kill_host(i)) and
+        return once slurmctld has its registration and the node is idle.
+
+        The event is the node's SlurmdStartTime moving past the one before: the
+        controller may not even have noticed the kill (SlurmdTimeout), so "idle"
+        alone can be the dead slurmd's state.
+        """
+        node = self.nodes[i]
+        before = self._slurmd_start_time(node)
+        # SlurmdStartTime counts whole seconds: start in a later one than before.
+        _wait_for(lambda: time.time() >= before + 1, "the clock", self._path("slurmctld.log"))
+        self.start_slurmd(i)
+        state = {"start": before, "state": ""}
+
+        def registered_and_idle() -> bool:
+            try:
+                fields = self._node_fields(node)
+            except subprocess.SubprocessError:
+                return False
+            state["start"] = _epoch(fields["SlurmdStartTime"])
+            state["state"] = fields["State"]
+            return state["start"] > before and state["state"] == "IDLE"
+
+        _wait_for(
+            registered_and_idle,
+            f"{node}'s restarted slurmd to register and the node to be idle",
+            self._path("slurmctld.log"),
+            timeout,
+            lambda: f"{node}: {state}, SlurmdStartTime before the restart {before}",
+        )
+
+    def _node_fields(self, node: str) -> dict[str, str]:
+        out = self.run(["scontrol", "-o", "show", "node", node], check=True).stdout
+        return dict(field.split("=", 1) for field in out.split() if "=" in field)
+
+    def _slurmd_start_time(self, node: str) -> float:
+        return _epoch(self._node_fields(node)["SlurmdStartTime"])
 
     def run(
         self, argv: Sequence[str], timeout: float = 60.0, check: bool = False
@@ -277,16 +321,43 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_for(ready: Callable[[], bool], what: str, log_path: str, timeout: float = 10.0) -> None:
-    """Poll ``ready()`` until true; raise with the tail of ``log_path`` on timeout."""
+def _epoch(timestamp: str) -> float:
+    """Seconds since the epoch of a SLURM time (``2026-11-24T06:34:42``, local time)."""
+    return time.mktime(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+ARTIFACTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "artifacts")
+
+
+def _wait_for(
+    ready: Callable[[], bool],
+    what: str,
+    log_path: str,
+    timeout: float = 10.0,
+    last_seen: Callable[[], str] | None = None,
+) -> None:
+    """Poll ``ready()`` until true, or raise a one-line error on timeout.
+
+    The error says what was last seen and where a copy of ``log_path`` is kept
+    (tests/artifacts/, which outlives the cluster's temporary directory); the
+    log's tail goes to stderr, which pytest shows beside the failure.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if ready():
             return
         time.sleep(0.1)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    kept = os.path.join(
+        os.path.abspath(ARTIFACTS), f"{time.strftime('%Y%m%dT%H%M%S')}-{os.path.basename(log_path)}"
+    )
     try:
+        shutil.copyfile(log_path, kept)
         with open(log_path, errors="replace") as f:
-            tail = f.read()[-3000:]
-    except OSError:
-        tail = "(no log)"
-    raise RuntimeError(f"timed out waiting for {what}; {log_path}:\n{tail}")
+            print(
+                f"--- the last lines of {log_path}:", *f.readlines()[-20:], sep="", file=sys.stderr
+            )
+    except OSError as exc:
+        kept = f"(no log: {exc})"
+    seen = f" (last seen: {last_seen()})" if last_seen is not None else ""
+    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}{seen}; log: {kept}")

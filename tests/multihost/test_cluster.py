@@ -53,7 +53,7 @@ def connect_from_root(address: str, timeout: float = 3.0) -> str:
 
 
 def assert_all_dead(pids: list[int]) -> None:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # an event, not a delay: under load it comes late
     while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not [p for p in pids if pid_alive(p)], "processes survived"
@@ -155,7 +155,7 @@ def test_cut_link_isolates_a_host_until_restored(netns_cluster: MakeCluster) -> 
 def test_kill_host_kills_its_processes_and_keeps_sshd(netns_cluster: MakeCluster) -> None:
     cluster = netns_cluster(2)
     session = subprocess.Popen(cluster.ssh_argv(0, "sleep 300"), stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while not _sleepers(cluster, 0) and time.monotonic() < deadline:
         time.sleep(0.05)
     sleepers = _sleepers(cluster, 0)

@@ -50,7 +50,7 @@ def test_slurm_mesh_ranks_run_on_their_nodes(
         hosts.shutdown()
     # The job ended with the mesh: no agent or worker is left on the nodes
     # (they carry srun's environment, SLURM_CONF included: pids() finds them).
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         left = [p for p in slurm_cluster.pids() if "monarch_nb" in _cmdline(p)]
         if not left and not slurm_cluster.run(["squeue", "-h"]).stdout:
@@ -120,26 +120,28 @@ def test_scancel_kills_a_jobs_tasks(slurm_cluster: SlurmCluster) -> None:
 
 
 def _cancel_and_check(slurm_cluster: SlurmCluster, job: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while len(sleepers := _sleepers(slurm_cluster)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(sleepers) == 2
     slurm_cluster.run(["scancel", "-n", "sleeper"], check=True)
-    assert job.wait(timeout=20) != 0
-    deadline = time.monotonic() + 10
+    assert job.wait(timeout=60) != 0
+    deadline = time.monotonic() + 30
     while any(pid_alive(p) for p in sleepers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in sleepers if pid_alive(p)]
 
 
+@pytest.mark.timeout(300)
 def test_a_killed_hosts_slurmd_restarts(slurm_cluster: SlurmCluster) -> None:
     # A host crash (kill_host) takes its slurmd; started again, the node rejoins
-    # at once (ReturnToService=2) and srun -N2 reaches both hosts again.
+    # (ReturnToService=2) and srun -N2 reaches both hosts again. How soon it
+    # rejoins depends on the machine's load: the deadlines only catch a hang.
     assert slurm_cluster.hosts is not None
     slurm_cluster.hosts.kill_host(1)
-    slurm_cluster.start_slurmd(1)
-    slurm_cluster.wait_for_nodes_idle(timeout=20)
-    done = slurm_cluster.run(["srun", "-N2", "hostname"], check=True)
+    slurm_cluster.restart_slurmd(1, timeout=120)
+    slurm_cluster.wait_for_nodes_idle(timeout=120)
+    done = slurm_cluster.run(["srun", "-N2", "hostname"], timeout=120, check=True)
     assert sorted(done.stdout.split()) == ["host0", "host1"]
 
 

@@ -189,3 +189,29 @@ def test_tensor_engine_across_hosts(hosts) -> None:
             h = torch.arange(1 << 16, dtype=torch.float32)
         moved = h.to_mesh(procs.slice(hosts=1))
         assert monarch_nb.inspect(moved.sum(), procs=0).item() == float(sum(range(1 << 16)))
+
+
+def test_actors_on_different_hosts_call_each_other(hosts, request) -> None:
+    import actor_hosts
+    import cloudpickle
+    from actor_hosts import Caller, Leaf
+
+    from monarch_nb import Channel
+
+    # The hosts have no copy of the tests: their classes travel by value.
+    cloudpickle.register_pickle_by_value(actor_hosts)
+    request.addfinalizer(lambda: cloudpickle.unregister_pickle_by_value(actor_hosts))
+
+    with hosts.spawn_procs({"procs": 1}) as procs:
+        leaves = procs.spawn("leaves", Leaf)
+        callers = procs.spawn("callers", Caller, leaves)
+        got = callers.call_all.call(3).get(timeout=120)
+        assert [sorted(v) for v in got.values()] == [[(0, 3), (1, 3)]] * 2
+        # Each rank listens on its own host's address, not on loopback.
+        ref = leaves.__reduce__()[1][0]
+        assert {ref.procs.address(r).rsplit(":", 1)[0] for r in range(2)} == {
+            f"tcp://{address}" for address in hosts.hosts
+        }
+        port, receiver = Channel.open()
+        callers.send_to.call(port).get(timeout=120)
+        assert sorted(receiver.recv().get(timeout=120) for _ in range(2)) == [0, 1]

@@ -1,0 +1,137 @@
+"""Monarch's ``monarch.actor`` import path, for programs written against Monarch.
+
+``from monarch.actor import Actor, endpoint, this_host`` ports as
+``from monarch_nb.actor import Actor, endpoint, this_host``. Each name is the
+one ``monarch_nb`` itself exports (loaded on first use, as there), except:
+
+- ``ActorError`` is :class:`~monarch_nb.RemoteError`: user code raised in an
+  endpoint. It carries the remote traceback as text (``.remote_traceback``,
+  ``.failures`` per rank), not Monarch's ``.exception`` object.
+- ``unhandled_fault_hook`` is assignable, as in Monarch:
+  ``monarch_nb.actor.unhandled_fault_hook = fn`` makes ``fn(failure)`` run for
+  every failure of a mesh no actor supervises (see
+  :mod:`monarch_nb._controller._supervision`). The default does nothing more
+  than monarch_nb always does: the mesh is failed, and its next call or cell
+  raises the ``MeshFailure``. Monarch's default exits the process instead.
+
+Names of ``monarch.actor`` not provided here: ``Accumulator``, ``as_endpoint``,
+``current_actor_name``, ``enable_transport``, ``ChannelTransport``, ``ProcId``,
+``Uid``, ``config``, ``debug_controller``, ``get_or_spawn_controller``,
+``hosts_from_config``, ``default_bootstrap_cmd``, ``run_worker_loop_forever``,
+``attach_to_workers``, ``attach`` (ours, :func:`monarch_nb.attach`, attaches
+to running agents with other arguments), ``get_meter``, ``span``, ``traced``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._common._actors import Actor, concurrent_endpoint, endpoint
+    from ._common._context import Context, context, current_rank, current_size
+    from ._common._endpoint import send
+    from ._common._errors import MeshFailure
+    from ._common._errors import RemoteError as ActorError
+    from ._common._future import Future
+    from ._common._local_actors import this_proc
+    from ._common._ports import Channel, Port, PortReceiver
+    from ._common._shape import Extent, Point
+    from ._common._value_mesh import ValueMesh
+    from ._controller._actor_mesh import ActorMesh, Endpoint
+    from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
+
+# Name here -> (private module, name there). Loaded on first use, so a worker
+# that imports an actor class written against this module loads no controller code.
+_DEFINED_IN = {
+    "Actor": ("_common._actors", "Actor"),
+    "ActorError": ("_common._errors", "RemoteError"),
+    "ActorMesh": ("_controller._actor_mesh", "ActorMesh"),
+    "Context": ("_common._context", "Context"),
+    "Endpoint": ("_controller._actor_mesh", "Endpoint"),
+    "Extent": ("_common._shape", "Extent"),
+    "Future": ("_common._future", "Future"),
+    "HostMesh": ("_controller._proc_mesh", "HostMesh"),
+    "MeshFailure": ("_common._errors", "MeshFailure"),
+    "Point": ("_common._shape", "Point"),
+    "ProcMesh": ("_controller._proc_mesh", "ProcMesh"),
+    "ValueMesh": ("_common._value_mesh", "ValueMesh"),
+    "context": ("_common._context", "context"),
+    "current_rank": ("_common._context", "current_rank"),
+    "current_size": ("_common._context", "current_size"),
+    "endpoint": ("_common._actors", "endpoint"),
+    "shutdown_context": ("_controller._proc_mesh", "shutdown_context"),
+    "this_host": ("_controller._proc_mesh", "this_host"),
+    # Actors that talk to actors: ports and channels, this process, send().
+    "Channel": ("_common._ports", "Channel"),
+    "Port": ("_common._ports", "Port"),
+    "PortReceiver": ("_common._ports", "PortReceiver"),
+    "concurrent_endpoint": ("_common._actors", "concurrent_endpoint"),
+    "send": ("_common._endpoint", "send"),
+    "this_proc": ("_common._local_actors", "this_proc"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _DEFINED_IN.get(name)
+    if where is None:
+        raise AttributeError(f"module 'monarch_nb.actor' has no attribute {name!r}")
+    module, attribute = where
+    value = getattr(importlib.import_module(f"monarch_nb.{module}"), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _ActorModule(types.ModuleType):
+    """This module, with ``unhandled_fault_hook`` as a settable attribute."""
+
+    @property
+    def unhandled_fault_hook(self) -> Callable[[MeshFailure], object]:
+        """Called with every unhandled ``MeshFailure``; assign to replace it."""
+        from ._controller._supervision import get_unhandled_fault_hook
+
+        return get_unhandled_fault_hook()
+
+    @unhandled_fault_hook.setter
+    def unhandled_fault_hook(self, hook: Callable[[MeshFailure], object] | None) -> None:
+        from ._controller._supervision import set_unhandled_fault_hook
+
+        set_unhandled_fault_hook(hook)
+
+
+sys.modules[__name__].__class__ = _ActorModule
+
+__all__ = [
+    "Actor",
+    "ActorError",
+    "ActorMesh",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "MeshFailure",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcMesh",
+    "ValueMesh",
+    "concurrent_endpoint",
+    "context",
+    "current_rank",
+    "current_size",
+    "endpoint",
+    "send",
+    "shutdown_context",
+    "this_host",
+    "this_proc",
+    "unhandled_fault_hook",  # noqa: F822  # a property of the module's class, above
+]

@@ -1,0 +1,171 @@
+"""Monarch's import paths (monarch_nb.actor, monarch_nb.rdma) and a program written for Monarch."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import monarch_nb
+import monarch_nb.actor
+import monarch_nb.rdma
+
+
+def test_monarch_actor_names_resolve_to_ours():
+    actor = monarch_nb.actor
+    assert actor.__all__ == sorted(actor.__all__)
+    for name in actor.__all__:
+        assert getattr(actor, name) is not None, name
+    assert set(actor.__all__) <= set(dir(actor))
+    for name in set(actor.__all__) - {"ActorError", "unhandled_fault_hook"}:
+        assert getattr(actor, name) is getattr(monarch_nb, name), name
+    assert actor.ActorError is monarch_nb.RemoteError
+    with pytest.raises(AttributeError, match=r"'monarch_nb\.actor' has no attribute 'Accumulator'"):
+        _ = actor.Accumulator
+    from monarch_nb.actor import Actor, endpoint, this_host  # the lines a program starts with
+
+    assert (Actor, endpoint, this_host) == (
+        monarch_nb.Actor,
+        monarch_nb.endpoint,
+        monarch_nb.this_host,
+    )
+
+
+def test_unhandled_fault_hook_is_assignable_and_checked():
+    from monarch_nb._controller._supervision import default_unhandled_fault_hook
+    from monarch_nb.actor import unhandled_fault_hook
+
+    assert unhandled_fault_hook is default_unhandled_fault_hook
+    with pytest.raises(TypeError, match="must be a function of one MeshFailure, got 3"):
+        monarch_nb.actor.unhandled_fault_hook = 3
+    monarch_nb.actor.unhandled_fault_hook = print
+    try:
+        assert monarch_nb.actor.unhandled_fault_hook is print
+    finally:
+        monarch_nb.actor.unhandled_fault_hook = None
+    assert monarch_nb.actor.unhandled_fault_hook is default_unhandled_fault_hook
+
+
+def test_monarch_rdma_names():
+    rdma = monarch_nb.rdma
+    assert rdma.__all__ == sorted(rdma.__all__)
+    for name in rdma.__all__:
+        assert getattr(rdma, name) is not None, name
+    assert rdma.RDMABuffer is monarch_nb.native.RDMABuffer
+    assert issubclass(rdma.RDMAAction, rdma.RDMABatch)
+    assert rdma.get_rdma_backend() == ("tcp" if rdma.native_available() else "none")
+    assert rdma.is_ibverbs_available() is False
+    assert rdma.is_rdma_available() is rdma.native_available()
+
+
+def test_rdma_action_copies_as_monarchs_does():
+    if not monarch_nb.rdma.native_available():
+        pytest.fail("the native data plane is not built: python setup.py build_ext --inplace")
+    from monarch_nb.rdma import RDMAAction, RDMABuffer
+
+    remote_a, remote_b = bytearray(b"a" * 64), bytearray(64)
+    buf_a, buf_b = RDMABuffer(remote_a), RDMABuffer(remote_b)
+    try:
+        local = bytearray(64)
+        action = RDMAAction().read_remote(local, buf_a).write_remote(buf_b, bytearray(b"b" * 64))
+        assert action.submit().get(timeout=30) == 128
+        assert (bytes(local), bytes(remote_b)) == (b"a" * 64, b"b" * 64)
+    finally:
+        buf_a.drop()
+        buf_b.drop()
+
+
+def test_an_actor_class_written_against_monarch_nb_actor_loads_no_controller_code():
+    # A worker imports the module that defines an actor class: that must stay light.
+    code = (
+        "import sys\n"
+        "from monarch_nb.actor import Actor, endpoint, current_rank, current_size, context\n"
+        "print(sorted(m for m in sys.modules if m.startswith('monarch_nb._controller')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# A program in the style of Monarch's getting-started guide, with `monarch`
+# renamed to `monarch_nb` (and `gpus` to `procs`): nothing else changed.
+MONARCH_PROGRAM = """
+import asyncio
+
+import monarch_nb.actor
+from monarch_nb.actor import (
+    Actor, ActorError, Extent, MeshFailure, ValueMesh, current_rank, current_size,
+    endpoint, shutdown_context, this_host,
+)
+
+
+class Counter(Actor):
+    def __init__(self, initial_value: int):
+        self.value = initial_value
+
+    @endpoint
+    def incr(self) -> None:
+        self.value += 1
+
+    @endpoint
+    def get_value(self) -> int:
+        return self.value
+
+    @endpoint
+    def where(self):
+        return current_rank().rank, current_size()
+
+    @endpoint
+    def fail(self) -> None:
+        raise ValueError("deliberately")
+
+
+faults = []
+monarch_nb.actor.unhandled_fault_hook = faults.append
+
+procs = this_host().spawn_procs(per_host={"procs": 4})
+assert isinstance(procs.extent, Extent) and procs.extent == {"procs": 4}
+counters = procs.spawn("counters", Counter, 0)
+
+counters.slice(procs=0).incr.call_one().get()
+values = counters.get_value.call().get()
+assert isinstance(values, ValueMesh)
+assert values.item(procs=0) == 1 and values.item(procs=1) == 0
+assert [v for _, v in values.items()] == [1, 0, 0, 0]
+assert counters.where.call().get().item(procs=2) == (2, {"procs": 4})
+try:
+    counters.slice(procs=1).fail.call_one().get()
+except ActorError as error:
+    print("caught:", str(error).splitlines()[0])
+
+grid = procs.split(procs=("dp", "tp"), tp=2)
+print(grid.to_table())
+
+
+async def main():
+    await counters.incr.call()
+    values = await counters.get_value.call()
+    last = await counters.slice(procs=3).get_value.call_one().as_asyncio()
+    return values.flatten("rank").item(rank=0), last
+
+
+print("async:", asyncio.run(main()))
+print("result:", counters.slice(procs=0).get_value.call_one().result(timeout=30))
+counters.stop().get()
+
+other = this_host().spawn_procs(per_host={"procs": 1})
+shutdown_context().get()
+print("states:", procs.state, other.state, "faults:", faults)
+"""
+
+
+def test_a_monarch_program_runs_after_renaming_its_imports(tmp_path):
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(MONARCH_PROGRAM))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert "caught: Counter.fail failed on rank 1: ValueError: deliberately" in lines
+    assert "dp\\tp | 0 | 1" in lines
+    assert "async: (2, 1)" in lines
+    assert "result: 2" in lines
+    assert "states: stopped stopped faults: []" in lines  # stopped on purpose: no fault
