@@ -265,8 +265,13 @@ def test_tensors_cross_the_wire_without_numpy(tmp_path):
     assert "NumPy" not in out.stdout + out.stderr, "a rank warned about numpy"
 
 
-def test_sockets_bind_to_loopback_and_the_key_is_never_on_a_command_line(procs4):
-    assert Controller.get().address.startswith("tcp://127.0.0.1:")
+def test_sockets_are_private_and_the_key_is_never_on_a_command_line(procs4):
+    # Local workers reach the controller over a Unix socket in a 0700 directory.
+    address = Controller.get().address
+    assert address.startswith("ipc://")
+    directory = os.path.dirname(address.removeprefix("ipc://"))
+    assert os.stat(directory).st_mode & 0o777 == 0o700
+    assert os.stat(directory).st_uid == os.getuid()
     key_hex = procs4._group._key.hex()
     for pid in procs4.pids:
         proc = psutil.Process(pid)

@@ -37,6 +37,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -47,7 +48,7 @@ from typing import Any
 
 import zmq
 
-from .._common import _keys, _network
+from .._common import _keys, _network, _rundir
 from .._common._messages import (
     AgentAttach,
     AgentHeartbeat,
@@ -62,10 +63,23 @@ from .._common._messages import (
     WorkerStarted,
 )
 from .._common._spawn import start_worker
-from .._common._wire import OWN, RELAY, ReplayWindow, Signer, WireStats, forward, receive
+from .._common._wire import (
+    MAX_FRAME_BYTES,
+    OWN,
+    RELAY,
+    ReplayWindow,
+    Signer,
+    WireStats,
+    forward,
+    receive,
+)
 
 _log = logging.getLogger("monarch_nb.agent")
 _CHUNK = 65536
+# 0: a send to a controller that is not there fails at once (zmq.Again), and the
+# message is dropped (nobody is there to take it). Waiting instead, even briefly,
+# let the workers' heartbeats keep the loop sending, never noticing the silence.
+_SEND_TIMEOUT_MS = 0
 
 
 @dataclass
@@ -94,9 +108,14 @@ class Agent:
         self.stopping = False
         self.last_heard = time.monotonic()
         self.connected = listen is None  # an attached agent waits for a controller
+        # The workers' side: a Unix socket in this agent's private (0700) run
+        # directory, so no other user of the host can reach it at all; and what
+        # comes from anyone but a worker we started is dropped (counted), never
+        # relayed up the controller's link.
         self.down = self._socket(zmq.ROUTER)
-        self.down.bind("tcp://127.0.0.1:*")
+        self.down.bind(_rundir.socket_path(f"agent-{secrets.token_hex(8)}"))
         self.down_address = self.down.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.dropped_from_strangers = 0
         self.up = self._open_up()
         self.poller.register(self.up, zmq.POLLIN)
         self.poller.register(self.down, zmq.POLLIN)
@@ -115,6 +134,14 @@ class Agent:
     def _open_up(self) -> zmq.Socket:
         up = self._socket(zmq.DEALER)
         up.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # notice a dead TCP peer at the zmq level too
+        # Never block on a controller that may be gone (a bound DEALER with no peer
+        # blocks every send): the loop goes on to notice the silence, kill the
+        # workers, and answer SIGTERM.
+        up.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
+        # Whatever reaches this socket from the network before CURVE has judged it
+        # is bounded by this size, not by an attacker.
+        up.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        up.setsockopt(zmq.HANDSHAKE_IVL, 10_000)
         keys = self.config["curve"]
         if self.listen is None:
             up.setsockopt(zmq.ROUTING_ID, self.config["identity"].encode())
@@ -131,7 +158,10 @@ class Agent:
         return up
 
     def send_own(self, message: Message) -> None:
-        self.signer.encode(message).send(self.up, envelope=OWN)
+        try:
+            self.signer.encode(message).send(self.up, envelope=OWN)
+        except zmq.Again:
+            pass  # no controller to take it: the silence check ends this session
 
     def hello(self, address: str) -> None:
         self.address = address
@@ -245,11 +275,17 @@ class Agent:
             if frames is None:
                 return
             child = self.children.get(frames[0].bytes)
-            if child is not None:  # what it printed before this reply goes first
-                for fd in list(child.pipes):
-                    while fd in self._fd_owner and self._read_pipe(child, fd, drain=True):
-                        pass
-            forward(self.up, frames)
+            if child is None:
+                self.dropped_from_strangers += 1  # not a worker of ours: never relayed
+                continue
+            # What it printed before this reply goes first.
+            for fd in list(child.pipes):
+                while fd in self._fd_owner and self._read_pipe(child, fd, drain=True):
+                    pass
+            try:
+                forward(self.up, frames)
+            except zmq.Again:
+                pass  # the controller is gone: the silence check ends this session
 
     # -- workers ----------------------------------------------------------------------
 

@@ -46,7 +46,16 @@ from ._errors import MeshFailure, RemoteFailure
 from ._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
 from ._pending import PendingCall
 from ._rundir import socket_path
-from ._wire import Encoded, ReplayWindow, Signer, WireStats, decode_payload, new_key, receive
+from ._wire import (
+    MAX_FRAME_BYTES,
+    Encoded,
+    ReplayWindow,
+    Signer,
+    WireStats,
+    decode_payload,
+    new_key,
+    receive,
+)
 
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
@@ -56,8 +65,6 @@ _GONE_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CL
 # A sender's replay windows we keep: bounded, since senders come and go.
 _MAX_SENDERS = 4096
 
-# A frame from another host larger than this is refused before it is buffered.
-MAX_TCP_FRAME_BYTES = int(os.environ.get("MONARCH_NB_MAX_FRAME_BYTES", str(1 << 30)))
 _HANDSHAKE_IVL_MS = 10_000
 
 _tree_key: bytes | None = None
@@ -220,7 +227,7 @@ class PeerNode:
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
             sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
             sock.curve_server = True
             sock.curve_publickey = curve["server_public"].encode()
@@ -361,7 +368,7 @@ class PeerNode:
             sock.curve_serverkey = curve["server_public"].encode()
             sock.curve_publickey = curve["client_public"].encode()
             sock.curve_secretkey = curve["client_secret"].encode()
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_TCP_FRAME_BYTES)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         monitor = sock.get_monitor_socket(_GONE_EVENTS)
         sock.connect(address)
         box = _Outbox(address, sock, monitor)

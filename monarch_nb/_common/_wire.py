@@ -59,6 +59,10 @@ from ._messages import Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps, loads
 
 KEY_BYTES = 32
+# Sockets that face the network refuse frames above this size before buffering
+# them (ZMQ_MAXMSGSIZE): an unauthenticated peer cannot make us hold more. A
+# legitimate frame is one tensor argument or value: send larger ones by RDMABuffer.
+MAX_FRAME_BYTES = int(os.environ.get("MONARCH_NB_MAX_FRAME_BYTES", str(1 << 30)))
 # Envelopes on a host agent's link (a frame before the message): relay it to the
 # workers named after RELAY, or a message for/from the agent itself.
 RELAY = b"R"

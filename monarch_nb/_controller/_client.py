@@ -27,6 +27,7 @@ import atexit
 import itertools
 import logging
 import os
+import secrets
 import threading
 import time
 import weakref
@@ -36,9 +37,19 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import zmq
 
+from .._common import _rundir
 from .._common._errors import MeshFailure, RemoteFailure
 from .._common._messages import Failure, UnknownMessage, Value
-from .._common._wire import OWN, RELAY, Encoded, ReplayWindow, WireStats, decode_payload, receive
+from .._common._wire import (
+    MAX_FRAME_BYTES,
+    OWN,
+    RELAY,
+    Encoded,
+    ReplayWindow,
+    WireStats,
+    decode_payload,
+    receive,
+)
 from ._calls import PendingCall
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
 from ._io_loop import IOLoop
@@ -104,7 +115,13 @@ class Controller:
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.SNDHWM, 0)
         router.setsockopt(zmq.RCVHWM, 0)
-        router.bind_to_random_port(f"tcp://{self.bind_host}")
+        if "MONARCH_NB_BIND" in os.environ:  # asked for: a TCP port on that interface
+            router.bind_to_random_port(f"tcp://{self.bind_host}")
+        else:
+            # Local workers reach us over a Unix socket in the tree's private (0700)
+            # run directory: no other user can connect to it at all (a loopback
+            # port would take anyone's frames), and it is faster than TCP.
+            router.bind(_rundir.socket_path(f"controller-{secrets.token_hex(8)}"))
         self.router = router
         self.loop.add_fd(int(router.getsockopt(zmq.FD)), self._on_readable)
         return router
@@ -316,13 +333,18 @@ class Controller:
         agents on other hosts); returns the endpoint. I/O thread."""
         router = self.router
         # Options are copied into each endpoint when it is made: set, bind, unset.
+        # Frames from the network are capped before CURVE has judged the peer.
         router.curve_server = True
         router.curve_publickey = server_public.encode()
         router.curve_secretkey = server_secret.encode()
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        router.setsockopt(zmq.HANDSHAKE_IVL, 10_000)
         try:
             port = router.bind_to_random_port(f"tcp://{host}")
         finally:
             router.curve_server = False
+            router.setsockopt(zmq.MAXMSGSIZE, -1)
+            router.setsockopt(zmq.HANDSHAKE_IVL, 30_000)
         return f"tcp://{host}:{port}"
 
     def connect_curve(
@@ -334,10 +356,12 @@ class Controller:
         router.curve_serverkey = server_public.encode()
         router.curve_publickey = public.encode()
         router.curve_secretkey = secret.encode()
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         try:
             router.connect(address)
         finally:
             router.curve_server = False  # back to no security for later endpoints
+            router.setsockopt(zmq.MAXMSGSIZE, -1)
 
     def disconnect(self, address: str) -> None:
         """Close the connection :meth:`connect_curve` made. I/O thread."""

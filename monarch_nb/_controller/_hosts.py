@@ -23,6 +23,7 @@ import functools
 import itertools
 import logging
 import os
+import secrets
 import subprocess
 import threading
 import time
@@ -104,7 +105,7 @@ class AgentLink:
         self.index = index
         self.label = label  # the name the user gave (a host name, an address)
         self.named_by_agent = False  # srun chose the node: its hello names it
-        self.identity = f"agent-{hosts.id}-{index}".encode()
+        self.identity = f"{hosts.identity_prefix}{index}".encode()
         self.hostname = ""
         self.address = ""
         self.pid = 0
@@ -137,6 +138,10 @@ class HostAgents:
         if not labels:
             raise MeshUsageError("a host mesh needs at least one host")
         self.id = next(_host_mesh_ids)
+        # Agents' routing ids: random (128 bits), so nobody who cannot read the
+        # bootstrap can connect first under an agent's name. A predictable one let
+        # a local user make libzmq abort the controller as it attached.
+        self.identity_prefix = f"agent-{secrets.token_hex(16)}-"
         self.controller = controller
         self.keys = keys or _keys.new_keys()
         self.signer = Signer(bytes.fromhex(self.keys["key"]), controller.stats)
@@ -160,7 +165,7 @@ class HostAgents:
         curve = self.keys["curve"]
         return {
             "controller": endpoint,
-            "identity": agent.identity.decode() if agent else f"agent-{self.id}-",
+            "identity": agent.identity.decode() if agent else self.identity_prefix,
             "host_index": agent.index if agent else None,
             "key": self.keys["key"],
             "curve": {

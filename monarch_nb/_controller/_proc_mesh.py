@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import os
 import socket
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 A = TypeVar("A", bound=Actor)
 _actor_ids = itertools.count(1)
+# A sanity limit on processes per host: far beyond it is a typo, not a plan.
+MAX_PROCS_PER_CPU = 64
 
 
 class ProcMesh(MeshShape):
@@ -309,6 +312,7 @@ class HostMesh:
         env: Mapping[str, str] | None = None,
         name: str = "procs",
         echo_output: bool = True,
+        force: bool = False,
     ) -> ProcMesh:
         """Start worker processes: ``per_host={"procs": 4}`` or ``{"gpus": 4}``.
 
@@ -322,13 +326,37 @@ class HostMesh:
 
         On a multi-host mesh the dimensions are ``("hosts", *per_host)``, ranks
         are numbered host by host, and ``MASTER_ADDR`` is the first host's.
+        More than ``MAX_PROCS_PER_CPU`` processes per CPU on a host is refused
+        as a likely typo unless ``force=True``.
         """
+        if not isinstance(per_host, Mapping | None):
+            raise MeshUsageError(
+                f"per_host must be a dict of dimension sizes, e.g. per_host={{'procs': 4}}; "
+                f"got {per_host!r}"
+            )
         per_host = dict(per_host or {"procs": 1})
         for dim, size in per_host.items():
-            if not isinstance(dim, str) or not isinstance(size, int) or size < 1:
+            if (
+                not isinstance(dim, str)
+                or not isinstance(size, int)
+                or isinstance(size, bool)
+                or size < 1
+            ):
                 raise MeshUsageError(
                     f"per_host must map dimension names to positive ints, got {dim!r}: {size!r}"
                 )
+        per_host_total = 1
+        for size in per_host.values():
+            per_host_total *= size
+        limit = MAX_PROCS_PER_CPU * (os.cpu_count() or 1)
+        if per_host_total > limit and not force:
+            raise MeshUsageError(
+                f"spawn_procs(per_host={per_host!r}) starts {per_host_total} processes per "
+                f"host, more than {MAX_PROCS_PER_CPU} per CPU here ({limit}); if you mean "
+                "it, pass force=True"
+            )
+        if not isinstance(name, str) or not name:
+            raise MeshUsageError(f"name must be a non-empty str, got {name!r}")
         gpus = "gpus" in per_host
         if env is not None:
             bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]

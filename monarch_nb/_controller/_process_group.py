@@ -246,7 +246,10 @@ class ProcGroup:
         self._all_ready.clear()
         self.ready_ranks = set()
         ranks = range(len(self.shape))
-        identities = [f"{self.id}.{self.generation}.{rank}".encode() for rank in ranks]
+        # Random routing ids (128 bits each): another local user who could guess
+        # them could connect first under a worker's name and make its real hello
+        # unroutable (a restart that "did not start"). They travel on the bootstrap pipe.
+        identities = [f"w{secrets.token_hex(16)}.{rank}".encode() for rank in ranks]
         # Known before any worker exists: a fast worker's hello must not find
         # its identity unknown (and be dropped) while we still start the others.
         self.controller.run(lambda: self._register_peers(identities))
@@ -259,7 +262,7 @@ class ProcGroup:
             # worker's parent-death signal fires when the *thread* that forked it
             # ends, and a caller's thread may end long before the mesh does.
             workers = self.controller.run(
-                lambda: [self._launch(r, identities[r], key, base_env) for r in ranks]
+                lambda: self._launch_all(ranks, identities, key, base_env)
             )
             self.controller.run(lambda: self._watch(workers))
         if self.events:
@@ -338,6 +341,31 @@ class ProcGroup:
         if len(addresses) < len(self.shape):
             return None
         return dataclasses.replace(ref, table=_refs.compact_table(addresses))
+
+    def _launch_all(
+        self, ranks: range, identities: list[bytes], key: bytes, base_env: dict[str, str]
+    ) -> list[LocalWorker]:
+        """Start every rank, or none: a launch that fails part way (a process limit,
+        no memory) kills the ranks it already started before it raises."""
+        launched: list[LocalWorker] = []
+        try:
+            for rank in ranks:
+                launched.append(self._launch(rank, identities[rank], key, base_env))
+        except Exception as exc:
+            for worker in launched:
+                worker.popen.kill()
+            for worker in launched:
+                worker.popen.wait()
+            self.state = Failed(
+                MeshFailure(f"{self.name}: could not start rank {len(launched)}: {exc}")
+            )
+            raise MeshFailure(
+                f"{self.name}: could not start rank {len(launched)} of {len(ranks)} "
+                f"({type(exc).__name__}: {exc}); the {len(launched)} already started were "
+                "stopped. Start fewer processes, or raise the limit that refused this one",
+                ranks=list(ranks),
+            ) from exc
+        return launched
 
     def _launch(
         self, rank: int, identity: bytes, key: bytes, base_env: dict[str, str]

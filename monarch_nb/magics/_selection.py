@@ -19,8 +19,12 @@ class SelectionError(MeshUsageError):
     """A rank list or ``--where`` clause that does not describe ranks of this mesh."""
 
 
-def parse_ranks(text: str) -> list[int]:
-    """``"0,2-3"`` -> ``[0, 2, 3]``; raises SelectionError on anything else."""
+def parse_ranks(text: str, size: int | None = None, mesh: str = "this mesh") -> list[int]:
+    """``"0,2-3"`` -> ``[0, 2, 3]``; raises SelectionError on anything else.
+
+    With ``size`` (the mesh's number of ranks), a rank outside it is refused
+    before any range is expanded: a typo like ``0-99999999`` costs nothing.
+    """
     ranks: list[int] = []
     for part in text.replace(" ", "").split(","):
         if not part:
@@ -35,6 +39,11 @@ def parse_ranks(text: str) -> list[int]:
             ) from None
         if lo < 0 or hi < lo:
             raise SelectionError(f"--ranks {text!r}: {part!r} is not a valid range")
+        if size is not None and hi >= size:
+            raise SelectionError(
+                f"--ranks {text!r}: {mesh} has ranks 0-{size - 1}, not {hi} "
+                "(nothing was expanded)"
+            )
         ranks.extend(range(lo, hi + 1))
     if not ranks:
         raise SelectionError(f"--ranks {text!r} selects no rank; write e.g. --ranks 0,2-3")
@@ -84,7 +93,11 @@ def select(procs: ProcMesh, ranks: str | list[int] | None = None, where=None) ->
             raise SelectionError(f"--where {clauses!r}: {exc}") from None
     if ranks is None:
         return procs
-    wanted = parse_ranks(ranks) if isinstance(ranks, str) else sorted(set(ranks))
+    bound = max(procs.shape.ranks) + 1
+    if isinstance(ranks, str):
+        wanted = parse_ranks(ranks, bound, f"mesh {procs.name!r}")
+    else:
+        wanted = sorted(set(ranks))
     have = set(procs.shape.ranks)
     missing = [r for r in wanted if r not in have]
     if missing:
