@@ -14,23 +14,29 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+_AREAS = ["runtime", "actors", "native", "notebook", "scale", "chaos", "multihost", "tensor"]
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 1 GiB rows")
     parser.add_argument(
         "--only",
-        choices=["runtime", "native", "notebook", "scale", "chaos", "multihost", "tensor"],
+        choices=_AREAS,
         action="append",
         help="run just these",
     )
     args = parser.parse_args(argv)
-    wanted = args.only or ["runtime", "native", "notebook", "scale", "chaos", "multihost", "tensor"]
+    wanted = args.only or _AREAS
 
     if "runtime" in wanted:
         runtime = importlib.import_module("bench_runtime")
         print("## Core runtime\n")
         print(runtime.table(runtime.run(quick=args.quick)), "\n", flush=True)
+    if "actors" in wanted:
+        actors = importlib.import_module("bench_actors")
+        print("## Actors talking to actors\n")
+        print(actors.table(actors.run(quick=args.quick)), "\n", flush=True)
     if "native" in wanted:
         native = importlib.import_module("bench_native")
         rows: list[dict[str, Any]] = []
