@@ -73,3 +73,22 @@ def test_timeout_interrupts_only_the_busy_rank(kernel):
     assert reply.error["ename"] == "CallTimeout"
     assert "did not finish within 0.5 s; rank(s) 1 were interrupted" in reply.traceback
     assert kernel.ok("%%mesh\nrank").text() == "[0] 0\n[1] 1\n"
+
+
+def test_fail_fast_interrupts_the_other_ranks(kernel, tmp_path):
+    cell = (
+        "%%mesh --fail-fast\nimport pathlib, time\nif rank == 0:\n"
+        f"    while not pathlib.Path({str(tmp_path)!r}, 'in').exists():\n"
+        "        time.sleep(0.01)\n    raise ValueError('rank 0 failed')\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'in').touch()\ntime.sleep(600)"
+    )
+    reply = kernel.execute(cell)
+    assert reply.error["ename"] == "CellError"
+    assert reply.stream("stderr") == (
+        "[0] failed: ValueError: rank 0 failed (--fail-fast: interrupting rank(s) 1)\n"
+    )
+    text = reply.traceback
+    assert "ValueError: rank 0 failed" in text
+    assert "--- rank(s) 1 were interrupted (KeyboardInterrupt) and did not finish" in text
+    assert "time.sleep(600)" not in text  # where the interrupted rank was is not a failure
+    assert kernel.ok("%%mesh\nrank").text() == "[0] 0\n[1] 1\n"

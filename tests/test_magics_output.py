@@ -41,6 +41,31 @@ def test_output_streams_while_the_cell_runs(kernel, tmp_path: Path):
     assert sorted(reply.stream().splitlines()) == ["[0] done 0", "[1] done 1"]
 
 
+def test_a_failing_rank_is_named_in_the_cell_while_the_others_run(kernel, tmp_path: Path):
+    go = tmp_path / "go"
+    msg_id = kernel.execute(
+        "%%mesh\nimport os, time\nif rank == 1:\n    raise ValueError('rank 1 broke')\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\nrank * 10",
+        wait=False,
+    )
+    seen = kernel.iopub_for(
+        msg_id, lambda ms: any("rank 1 broke" in m["content"].get("text", "") for m in ms)
+    )
+    line = next(m["content"] for m in seen if "rank 1 broke" in m["content"].get("text", ""))
+    assert line["name"] == "stderr"
+    assert line["text"] == (
+        "[1] failed: ValueError: rank 1 broke (rank(s) 0 still running; traceback at the end)\n"
+    )
+    go.touch()  # rank 0 finishes only now: the line came while it ran
+    reply = kernel.collect(msg_id)
+    assert reply.status == "error"
+    assert reply.error["ename"] == "CellError"
+    text = reply.traceback
+    assert "ValueError: rank 1 broke" in text
+    assert text.endswith("--- rank(s) 0 succeeded; their values are in .values:\n[0] 0")
+    assert kernel.ok("import sys\nprint(sys.last_value.values[0])").stream() == "0\n"
+
+
 def test_ordered_mode_is_deterministic(kernel):
     cell = "%%mesh --ordered\nimport sys, time\ntime.sleep(0.05 * (1 - rank))\n"
     cell += "print('a', rank)\nprint('e', rank, file=sys.stderr)\nprint('b', rank)"

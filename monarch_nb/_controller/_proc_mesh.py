@@ -171,23 +171,28 @@ class ProcMesh:
 
     # -- code cells: the plain-Python API behind %%mesh ---------------------------------
 
-    def exec(self, source: str, *, name: str | None = None) -> CallFuture:
+    def exec(self, source: str, *, name: str | None = None, fail_fast: bool = False) -> CallFuture:
         """Start ``source`` on every rank of this view; a future of the last expression's
         values (a ValueMesh). Raises SyntaxError locally, before anything is sent.
 
         Each rank keeps one namespace across cells, with ``rank``, ``world_size``,
-        ``local_rank``, ``point`` and ``display`` predefined.
+        ``local_rank``, ``point`` and ``display`` predefined. With ``fail_fast``
+        the first rank that raises interrupts the others (and kills those stuck
+        outside Python after the grace period).
         """
-        return _cells.run_cell(self, source, name=name)
+        return _cells.run_cell(self, source, name=name, fail_fast=fail_fast)
 
-    def run(self, source: str, *, timeout: float | None = None) -> ValueMesh[Any]:
+    def run(
+        self, source: str, *, timeout: float | None = None, fail_fast: bool = False
+    ) -> ValueMesh[Any]:
         """Run ``source`` on every rank and wait: the ValueMesh of its last expression.
 
         On ``timeout`` (or Ctrl-C) the ranks still running are interrupted, and
         killed if they do not stop within the grace period. Raises CellError with
-        every rank's traceback if it raised.
+        every rank's traceback if it raised; its ``.values`` hold the values of
+        the ranks that succeeded.
         """
-        return wait_for(self.exec(source), timeout=timeout)
+        return wait_for(self.exec(source, fail_fast=fail_fast), timeout=timeout)
 
     def push(self, values: Mapping[str, Any] | None = None, /, **names: Any) -> None:
         """Set names in every rank's namespace: ``procs.push(lr=0.1)``."""

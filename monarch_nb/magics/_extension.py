@@ -203,6 +203,7 @@ class MeshMagics(Magics):
                 timeout=args.timeout,
                 block=not args.no_block,
                 ordered=ordered,
+                fail_fast=args.fail_fast,
                 on_done=self._done_callback(mesh, args.out) if args.no_block else None,
             )
         except MeshUsageError as exc:

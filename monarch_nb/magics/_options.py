@@ -156,6 +156,12 @@ SUBCOMMANDS = {
 @magic_arguments(name="%mesh")
 @argument("--auto", action="store_true", help=argparse.SUPPRESS)
 @argument(
+    "--fail-fast",
+    action="store_true",
+    help="when a rank raises, interrupt the others (killing those stuck outside Python "
+    "after the grace period)",
+)
+@argument(
     "--live",
     action="store_true",
     help="stream output as it arrives, even in deterministic mode",

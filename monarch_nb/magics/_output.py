@@ -16,6 +16,10 @@ deterministic, for nbval and CI).
 Progress bars (updates ending in ``\r``) are shown live as one display per
 rank updated in place, where the frontend can (Jupyter); elsewhere, and in
 ordered mode, only the finished line is shown, as a terminal would leave it.
+
+A rank that raises while other ranks of its cell still run is announced in
+the cell at once, one line naming the rank and the error (live mode only:
+the full traceback comes when the cell ends, in either mode).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import time
 from collections import deque
 from typing import Any, Protocol
 
-from .._controller._events import DisplayData, Event, Output
+from .._common._errors import format_ranks
+from .._controller._events import DisplayData, Event, Output, RankFailed
 from . import _render
 
 
@@ -86,6 +91,10 @@ class CellOutput:
         self._items: dict[int, list[tuple[str, Any]]] = {r: [] for r in ranks}
         self._progress: dict[int, str] = {}  # rank -> display id of its live progress bar
         self.wrote = False
+        # The cell's call, once sent: its label tells its failures from those of
+        # other work on the same ranks, its waiting ranks who still runs.
+        self.future: Any = None
+        self.fail_fast = False
 
     # -- I/O thread ------------------------------------------------------------------
 
@@ -120,6 +129,26 @@ class CellOutput:
         else:
             self.wrote = True
             self.frontend.display(self.parent, *_render.label_bundle(rank, data, metadata))
+
+    def failed(self, event: RankFailed) -> None:
+        """A rank of this cell raised: say so now if other ranks still run (live mode)."""
+        future = self.future
+        if self.ordered or event.cause.startswith("KeyboardInterrupt"):
+            return  # ordered output is deterministic; an interrupt is not a failure
+        if future is not None and future.label != event.label:
+            return  # another call on this rank failed, not this cell
+        running = [r for r in future.waiting_ranks() if r != event.rank] if future else []
+        if future is not None and not running:
+            return  # the cell ends now: its traceback follows at once
+        if not running:
+            then = "its traceback follows when the cell ends"
+        elif self.fail_fast:
+            then = f"--fail-fast: interrupting rank(s) {format_ranks(running)}"
+        else:
+            then = f"rank(s) {format_ranks(running)} still running; traceback at the end"
+        self.wrote = True
+        text = _render.rank_prefix(event.rank, f"failed: {event.cause} ({then})")
+        self.frontend.write(self.parent, "stderr", text)
 
     def close(self) -> None:
         """Write what ordered mode held back, rank by rank, and stop receiving."""
@@ -176,6 +205,10 @@ class OutputRouter:
             self.on_output(event)
         elif isinstance(event, DisplayData):
             self.on_display(event)
+        elif isinstance(event, RankFailed) and event.returncode is None:
+            cell = self.owner(event.mesh, event.rank)
+            if cell is not None:
+                cell.failed(event)
 
     def on_output(self, output: Output) -> None:
         cell = self.owner(output.mesh, output.rank)

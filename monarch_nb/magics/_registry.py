@@ -103,7 +103,7 @@ class NotebookMesh:
         self.dist = dist
         self.ordered = ordered
         self._subscription = procs.events.subscribe(
-            registry.router.on_event, kinds=(Output, DisplayData)
+            registry.router.on_event, kinds=(Output, DisplayData, RankFailed)
         )
         # Kept from the start, so a dashboard opened after a crash still lists it.
         self.failures = FailureLog()
@@ -135,21 +135,26 @@ class NotebookMesh:
         timeout: float | None = None,
         block: bool = True,
         ordered: bool | None = None,
+        fail_fast: bool = False,
         on_done: Any = None,
     ) -> ValueMesh[Any] | CellHandle:
         """Run ``source`` on the selected ranks (default: all); its last expression's values.
 
         Raises SyntaxError locally before anything is sent. With ``block=False``
         returns a :class:`CellHandle` at once. Output streams to the current
-        cell while it runs (ordered by rank if ``ordered``). An interrupt or
-        ``timeout`` stops the busy ranks; see :func:`wait_for`.
+        cell while it runs (ordered by rank if ``ordered``), and a rank that
+        raises is named there at once. An interrupt or ``timeout`` stops the
+        busy ranks (see :func:`wait_for`); so does the first failure with
+        ``fail_fast``. A CellError keeps the succeeded ranks' values (``.values``).
         """
         view = select(self.procs, ranks, where)
         _, filename = next_cell_name()
         compile_cell(source, filename)  # SyntaxError here, with the cell's own line numbers
         label = _render.cell_label(filename)
         cell = self._open(view, label, ordered)
-        future = view.exec(source, name=filename)
+        cell.fail_fast = fail_fast
+        future = view.exec(source, name=filename, fail_fast=fail_fast)
+        cell.future = future
         finished = self._finish_after_output(future, cell, on_done)
         if not block:
             return CellHandle(future, label, view.shape.ranks)

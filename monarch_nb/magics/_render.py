@@ -11,42 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._common._errors import format_ranks
-from .._common._fold import MAX_GROUPS_SHOWN, fold, more
+from .._common._fold import fold_lines, value_text
 from .._common._value_mesh import ValueMesh
 from .._controller._status import MeshStatus, RankStatus
 
-_MAX_REPR_CHARS = 2000  # one rank's value; longer reprs are cut with a marker
-
-
-def _value_text(value: Any) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not hide the other ranks
-        text = f"<repr failed: {type(exc).__name__}: {exc}>"
-    if len(text) > _MAX_REPR_CHARS:
-        text = text[:_MAX_REPR_CHARS] + f"... ({len(text) - _MAX_REPR_CHARS} more characters)"
-    return text
-
 
 def fold_values(values: ValueMesh[Any]) -> str:
-    """``[0-3] tensor([6., 6.])`` when equal; otherwise one line per group of ranks.
-
-    Groups keep rank order of their first rank; a multi-line repr is indented
-    under its label so the rank stays visible.
-    """
-    texts = (_value_text(value) for value in values.values())
-    groups = fold(zip(values.shape.ranks, texts, strict=True))
-    lines = []
-    for ranks, text in groups[:MAX_GROUPS_SHOWN]:
-        label = f"[{format_ranks(ranks)}] "
-        first, *rest = text.splitlines() or [""]
-        lines.append(label + first)
-        lines.extend(" " * len(label) + line for line in rest)
-    tail = more(len(groups), what="more distinct values")
-    if tail:
-        lines.append(tail)
-    return "\n".join(lines)
+    """``[0-3] tensor([6., 6.])`` when equal; otherwise one line per group of ranks."""
+    texts = (value_text(value) for value in values.values())
+    return "\n".join(fold_lines(zip(values.shape.ranks, texts, strict=True)))
 
 
 def all_none(values: ValueMesh[Any]) -> bool:
