@@ -99,6 +99,24 @@ def test_push_and_pull(kernel):
     assert reply.stream() == "[6, -1, 6, 6]\n"
 
 
+def test_scatter_gather_and_map(kernel):
+    kernel.ok("data = list(range(10))")
+    kernel.ok("%mesh scatter shard=data[:6] word='abcd'")
+    assert kernel.ok("%%mesh\nshard, word").text() == (
+        "[0] ([0, 1], 'a')\n[1] ([2, 3], 'b')\n[2] ([4], 'c')\n[3] ([5], 'd')\n"
+    )
+    assert kernel.ok("x = %mesh gather shard\nprint(x)").stream() == "[0, 1, 2, 3, 4, 5]\n"
+    reply = kernel.ok(
+        "import monarch_nb\nprint(monarch_nb.current_mesh().map(lambda x: x + 1, data))"
+    )
+    assert reply.stream() == "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+    progress = [m["content"] for m in reply.outputs if m["msg_type"] == "update_display_data"]
+    assert progress[-1]["data"]["text/plain"] == "map: 10/10 items"
+    reply = kernel.execute("%mesh scatter n=3")
+    assert reply.content["ename"] == "UsageError"
+    assert "splits something with len() and slicing" in reply.content["evalue"]
+
+
 def test_usage_errors_name_the_bad_value(kernel):
     for line, expected in [
         ("%mesh strat", "unknown %mesh command 'strat'"),

@@ -5,17 +5,18 @@ from __future__ import annotations
 import importlib
 import itertools
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._common import _refs
 from .._common._actors import Actor
+from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
 from .._common._messages import Spawn
 from .._common._public import publish
 from .._common._shape import Point, Selector, Shape
 from .._common._value_mesh import ValueMesh
-from . import _cells
+from . import _cells, _data_parallel
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
@@ -201,6 +202,30 @@ class ProcMesh:
     def pull(self, name: str) -> ValueMesh[Any]:
         """``name`` from every rank's namespace, as a ValueMesh."""
         return wait_for(_cells.pull(self, name))
+
+    # -- data parallel: see _data_parallel ----------------------------------------------
+
+    def scatter(self, name: str, seq: Any) -> None:
+        """Split ``seq`` (a list, tuple, string, tensor or array) into one contiguous
+        chunk per rank, in rank order, and set ``name`` to it on each rank:
+        ``procs.scatter("shard", list(range(10)))``."""
+        _data_parallel.scatter(self, name, seq)
+
+    def gather(self, name: str) -> Any:
+        """``name`` from every rank, concatenated in rank order (lists, tuples and
+        strings joined, tensors and arrays concatenated); other values as a list."""
+        return _data_parallel.gather(self, name)
+
+    def map(
+        self, fn: Callable[[Any], Any], items: Iterable[Any], *, in_flight: int = 2
+    ) -> MapFuture:
+        """``fn(item)`` for every item, load-balanced over the ranks: each rank runs at
+        most ``in_flight`` items at a time and gets the next as soon as one
+        finishes. A future of the results in input order:
+        ``procs.map(score, batches).get()``. ``fn`` travels with each item, so
+        keep large data on the ranks (``scatter`` it) rather than in ``fn``.
+        """
+        return _data_parallel.map_items(self, fn, items, in_flight=in_flight)
 
     # -- actors ---------------------------------------------------------------------
 

@@ -63,8 +63,8 @@ class MeshMagics(Magics):
                 f"{', '.join(_options.SUBCOMMANDS)} (see %mesh?)"
             )
         try:
-            if command == "push":
-                return self._push(rest)
+            if command in ("push", "scatter"):
+                return self._assign(command, rest)
             args = _options.parse(func, rest)
             return getattr(self, f"_{command}")(args)
         except MeshUsageError as exc:
@@ -136,16 +136,29 @@ class MeshMagics(Magics):
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
         display(_render.StatusView([m.status() for m in meshes]))
 
-    def _push(self, rest: str) -> None:
-        options, pairs = _options.split_assignments(rest)
-        args = _options.parse(_options.push_options, options)
+    def _assign(self, command: str, rest: str) -> None:
+        """``%mesh push NAME=EXPR ...`` (every rank gets the value) and ``%mesh scatter
+        NAME=EXPR ...`` (each rank gets its chunk)."""
+        try:
+            options, pairs = _options.split_assignments(rest)
+        except UsageError as exc:
+            raise UsageError(f"%mesh {command}: {exc}") from None
+        args = _options.parse(_options.SUBCOMMANDS[command], options)
         if not pairs:
-            raise UsageError("%mesh push needs NAME=EXPR, e.g. %mesh push lr=0.1")
+            raise UsageError(f"%mesh {command} needs NAME=EXPR, e.g. %mesh {command} x=data")
         values = {}
         for name, expression in pairs:
             values[name] = self.shell.ev(expression)  # a local error shows as a local one
         mesh = self.registry.get(args.mesh)
-        mesh.push(values, ranks=args.ranks, where=args.where)
+        if command == "push":
+            mesh.push(values, ranks=args.ranks, where=args.where)
+            return
+        for name, value in values.items():
+            mesh.scatter(name, value, ranks=args.ranks, where=args.where)
+
+    def _gather(self, args: Any) -> Any:
+        mesh = self.registry.get(args.mesh)
+        return mesh.gather(args.name, ranks=args.ranks, where=args.where)
 
     def _pull(self, args: Any) -> ValueMesh[Any]:
         mesh = self.registry.get(args.mesh)

@@ -166,6 +166,35 @@ class CellOutput:
             self.closed.set()
 
 
+class MapProgress:
+    """``map: 37/100 items`` in the running cell, updated in place (Jupyter) at most
+    ten times a second; elsewhere only the final line."""
+
+    MIN_INTERVAL_S = 0.1
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
+        self.parent = frontend.capture()
+        self.display_id = f"monarch-nb-map-{id(self)}"
+        self._lock = threading.Lock()
+        self._shown = False
+        self._last = 0.0
+        self._final = False
+
+    def update(self, done: int, total: int, *, final: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._final or (not final and now - self._last < self.MIN_INTERVAL_S):
+                return
+            self._last, self._final = now, final
+            text = f"map: {done}/{total} items"
+            if self.frontend.live_updates:
+                first, self._shown = not self._shown, True
+                self.frontend.update(self.parent, self.display_id, text, first=first)
+            elif final:
+                self.frontend.write(self.parent, "stderr", text + "\n")
+
+
 class OutputRouter:
     """Observes the notebook meshes' events: sends each rank's output to its cell."""
 
