@@ -1,9 +1,11 @@
 """The live dashboard in a real browser: JupyterLab in headless Chromium.
 
 A Jupyter server on loopback (with a token) serves a notebook that starts a
-2-rank mesh, whose cell shows the dashboard, then kills rank 1 from a cell.
-The test waits for rank 1's tile to turn dead and name its signal, reads the
-failure panel, and saves a screenshot under tests/artifacts/ (gitignored).
+2-rank mesh, whose cell shows the dashboard, raises the same error on both
+ranks, then kills rank 1 from a cell. The test waits for rank 1's tile to
+turn dead and name its signal, reads the failure panel (identical failures
+folded by rank set, newest first), saves a screenshot under tests/artifacts/
+(gitignored), and clears the panel.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 CELLS = [
     "%load_ext monarch_nb",
     "%mesh start --procs 2",
+    "%%mesh\nraise ValueError('on every rank')",
     "%%mesh --ranks 1\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "%mesh stop",
 ]
@@ -54,6 +57,8 @@ def test_dashboard_shows_a_killed_rank_dead_with_its_signal(
             page.keyboard.press("Shift+Enter")  # %mesh start: the dashboard
             page.wait_for_selector(".mnb-dashboard .mnb-tile.mnb-idle[data-rank='1']", **wait)
             assert page.locator(".mnb-dashboard .mnb-tile").count() == 2
+            page.keyboard.press("Shift+Enter")  # the same error on both ranks: one entry
+            page.wait_for_selector(".mnb-dashboard .mnb-failure[data-rank='0-1']", **wait)
             page.keyboard.press("Shift+Enter")  # kill rank 1
             dead = page.wait_for_selector(
                 ".mnb-dashboard .mnb-tile.mnb-dead[data-rank='1']", **wait
@@ -70,6 +75,11 @@ def test_dashboard_shows_a_killed_rank_dead_with_its_signal(
             page.locator(".mnb-dashboard").screenshot(path=str(shot))
             shutil.copy(shot, ARTIFACTS / "dashboard.png")
             survivor = page.inner_text(".mnb-dashboard .mnb-tile[data-rank='0']")
+            heights = page.eval_on_selector_all(
+                ".mnb-dashboard .mnb-tile", "tiles => tiles.map(t => t.offsetHeight)"
+            )
+            page.click(".mnb-dashboard .mnb-clear-failures")
+            page.wait_for_selector(".mnb-dashboard .mnb-failures.mnb-none", **wait)
         finally:
             browser.close()
     assert "rank 1" in tile
@@ -78,4 +88,7 @@ def test_dashboard_shows_a_killed_rank_dead_with_its_signal(
     assert colour == "rgb(198, 40, 40)"  # red
     assert "rank 1" in panel
     assert "was killed by signal SIGKILL" in panel
-    assert "idle" in survivor
+    assert panel.index("SIGKILL") < panel.index("ranks 0-1") < panel.index("on every rank")
+    assert len(set(heights)) == 1  # a dead tile is as tall as an idle one
+    assert "rank 0 failed" in survivor  # its last cell raised; its process lives on
+    assert "dead" not in survivor

@@ -164,6 +164,27 @@ def test_a_killed_rank_shows_dead_with_its_signal_within_a_second(kernel: Kernel
     assert "SIGKILL" in dead_tiles[-1]
 
 
+def test_failures_fold_by_rank_set_and_clear_and_interrupts_are_not_listed(
+    kernel: Kernel,
+) -> None:
+    kernel.ok("%mesh start --procs 3 --name folds")
+    kernel.ok("from monarch_nb import current_mesh\nd = current_mesh().dashboard()")
+    assert kernel.execute("%%mesh\nraise ValueError('same everywhere')").status == "error"
+    # An interrupt (here: a timeout) is a stop, not a failure: neither listed nor a red tile.
+    assert kernel.execute("%%mesh --timeout 0.5\nimport time\ntime.sleep(60)").status == "error"
+    code = (
+        "shown = d.wait_until(lambda d: 'ranks 0-2' in d.failures.list.value\n"
+        "                     and all(r.state == 'idle' for r in d.status.ranks), timeout=10)\n"
+        "print(shown, d.failures.list.value.count('class=\"mnb-failure\"'),\n"
+        "      len(d.failure_records), 'KeyboardInterrupt' in d.failures.list.value)\n"
+        "d.failures.clear_button.click()\n"
+        "print(d.wait_until(lambda d: 'no failures' in d.failures.list.value, timeout=10),\n"
+        "      current_mesh().failures.records(), d.failures.clear_button.layout.display)"
+    )
+    out = plain(kernel.ok(code).stream())
+    assert out == "True 1 3 False\nTrue () none\n"
+
+
 def test_plain_ipython_shows_the_text_summary() -> None:
     source = "%load_ext monarch_nb\n%mesh start --procs 1 --name term\n%mesh dashboard\n%mesh stop"
     result = subprocess.run(

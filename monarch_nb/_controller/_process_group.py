@@ -392,8 +392,11 @@ class ProcGroup:
         return self.signer.encode(message, payload)
 
     def note_failure(self, rank: int, cause: str) -> None:
-        """``rank`` raised: it shows FAILED once it has no other call in flight."""
-        self.rank_failures[rank] = cause
+        """``rank`` raised: it shows FAILED once it has no other call in flight. An
+        interrupt (Ctrl-C, a timeout, fail-fast) is a stop someone asked for, not a
+        failure of the rank."""
+        if not cause.startswith("KeyboardInterrupt"):
+            self.rank_failures[rank] = cause
 
     def rank_settled(self, rank: int) -> None:
         """``rank`` has no call in flight any more: say what it is now (any thread)."""

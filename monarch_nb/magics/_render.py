@@ -51,7 +51,9 @@ def label_bundle(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> t
 
 
 def cell_label(filename: str) -> str:
-    """``<mesh-cell-3>`` -> ``%%mesh cell [3]``: how a notebook names a cell's work."""
+    """``<mesh-cell-3>`` (or the call label ``cell <mesh-cell-3>``) -> ``%%mesh cell [3]``:
+    how a notebook names a cell's work."""
+    filename = filename.removeprefix("cell ")
     if filename.startswith("<mesh-cell-") and filename.endswith(">"):
         return f"%%mesh cell [{filename[len('<mesh-cell-') : -1]}]"
     return filename
