@@ -58,7 +58,8 @@ def test_a_mesh_cell_in_a_real_browser(notebook_url: str) -> None:
             # Live: the first line is on the page while the cell still runs.
             assert not page.is_visible("text=[0] rank 0 step 2")
             page.wait_for_selector("text=[1] 10", **wait)
-            page.wait_for_selector("text=%%mesh cell <mesh-cell-2> failed on rank(s) 1", **wait)
+            # Named by the notebook's own count: the fourth cell run is In [4].
+            page.wait_for_selector("text=CellError: %%mesh cell [4] failed on rank(s) 1", **wait)
             # An error stops the cells queued after it, as in any notebook: run the last now.
             page.keyboard.press("Shift+Enter")
             page.wait_for_selector("text=mesh 'mesh' stopped", **wait)

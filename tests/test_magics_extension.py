@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -75,7 +76,27 @@ def test_remote_error_fails_the_cell_with_one_grouped_traceback(kernel):
     assert "(rank 2-3)" in text
     assert "raise ValueError('bad ' + str(rank > 1))" in text  # the cell's source line
     assert reply.error["ename"] == "CellError"
-    assert text.startswith("%%mesh cell <mesh-cell-")
+    assert text.startswith("-" * 75 + "\nCellError: %%mesh cell [")
+
+
+def test_remote_errors_in_ipython_colours_named_by_the_execution_count(kernel):
+    # Other tests' cells do not count (store_history=False): In [1] is taken by them.
+    kernel.collect(kernel.client.execute("pass", store_history=True))
+    msg_id = kernel.client.execute("%%mesh\nraise KeyError(rank)", store_history=True)
+    reply = kernel.collect(msg_id)
+    number = reply.content["execution_count"]
+    raw = "\n".join(reply.error["traceback"])
+    assert "\x1b[0;31mKeyError\x1b[0m" in raw  # the shell's colour scheme
+    assert "\x1b[0;31mCellError\x1b[0m" in raw
+    text = reply.traceback
+    assert f"CellError: %%mesh cell [{number}] failed on rank(s) 0-3" in text, text
+    assert f'File "<mesh-cell-{number}>", line 1, in <module>' in text
+    kernel.ok("%colors NoColor")
+    try:
+        reply = kernel.execute("%%mesh\nraise KeyError(rank)")
+        assert "\x1b[" not in "\n".join(reply.error["traceback"])
+    finally:
+        kernel.ok("%colors Neutral")
 
 
 def test_syntax_error_is_shown_like_a_local_one(kernel):
@@ -233,6 +254,6 @@ def test_plain_terminal_ipython_shows_text(tmp_path):
     assert "[0] hi from 0" in text
     assert "[1] hi from 1" in text
     assert "[0] 0\n[1] 10" in text
-    assert "%%mesh cell <mesh-cell-2> failed on rank(s) 1" in text
+    assert re.search(r"CellError: %%mesh cell \[[\d.]+\] failed on rank\(s\) 1", text)
     assert "    1 / (rank - 1)" in text  # the cell's own source line, from the rank
     assert "mesh 'mesh' stopped" in text

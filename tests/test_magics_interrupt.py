@@ -38,6 +38,8 @@ def test_interrupt_stops_python_code_and_the_mesh_stays_usable(kernel):
     text = reply.traceback
     assert "interrupted on rank(s) 0-1; the mesh is usable" in text
     assert "time.sleep(60)" in text  # where the ranks were
+    assert "_on_sigint" not in text  # the worker's own frames are not the user's
+    assert "_main.py" not in text
     assert seen
     assert kernel.ok("%%mesh\nrank").text() == "[0] 0\n[1] 1\n"
 

@@ -21,7 +21,7 @@ traceback and labelled with the rank set.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,24 @@ from ._public import publish
 
 if TYPE_CHECKING:
     from ._value_mesh import ValueMesh
+
+
+# How IPython shows our errors (``_render_traceback_``): the plain lines, unless
+# the notebook layer installed IPython's colours and the notebook's words
+# (magics/_tracebacks). ``style(error, lines) -> lines``.
+_ipython_style: Callable[[BaseException, list[str]], list[str]] | None = None
+
+
+def set_ipython_style(style: Callable[[BaseException, list[str]], list[str]] | None) -> None:
+    """Install how errors render in IPython (None: plain text)."""
+    global _ipython_style
+    _ipython_style = style
+
+
+def ipython_lines(error: BaseException, lines: list[str]) -> list[str]:
+    """``lines`` of ``error`` as IPython should show them (see set_ipython_style)."""
+    style = _ipython_style
+    return style(error, lines) if style is not None else lines
 
 
 class MonarchNbError(Exception):
@@ -159,7 +177,7 @@ class RemoteError(MonarchNbError):
 
     def _render_traceback_(self) -> list[str]:
         # IPython calls this instead of formatting the local traceback.
-        return self.render().splitlines()
+        return ipython_lines(self, self.render().splitlines())
 
     def __reduce__(self):
         return (_rebuild_remote_error, (type(self), self.failures, self.actor, self.endpoint))
@@ -202,7 +220,7 @@ class MeshFailure(MonarchNbError):
         lines = [f"MeshFailure: {self}"]
         if isinstance(self.cause, RemoteError):
             lines += self.cause.render().splitlines()
-        return lines
+        return ipython_lines(self, lines)
 
 
 class CallTimeout(MonarchNbError, TimeoutError):

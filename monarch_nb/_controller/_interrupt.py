@@ -27,6 +27,7 @@ from .._common._errors import (
     RemoteFailure,
     format_ranks,
 )
+from .._common._hints import restart_hint
 
 if TYPE_CHECKING:
     from .._common._pending import CallFuture, PendingCall
@@ -81,7 +82,7 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
         raise MeshFailure(
             f"{label} {why}; rank(s) {format_ranks(killed)} did not stop within {grace} s "
             f"of the interrupt (stuck outside Python?) and were killed, so mesh "
-            f"{group.name!r} is failed: call restart() (%mesh restart) to continue",
+            f"{group.name!r} is failed: {restart_hint(group.name)} to continue",
             ranks=killed,
             cause=future.exception(timeout=0) if future.done() else None,
         )
@@ -160,7 +161,7 @@ def _kill_stuck(
         f"fail-fast interrupted rank(s) {format_ranks(interrupted)}, and rank(s) "
         f"{format_ranks(stuck)} did not stop within {grace} s (stuck outside Python, e.g. "
         f"in a collective waiting for rank {first.rank}) and were killed, so mesh "
-        f"{group.name!r} is failed: call restart() (%mesh restart) to continue",
+        f"{group.name!r} is failed: {restart_hint(group.name)} to continue",
         ranks=stuck,
         cause=call.error_so_far(),
     )

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .._common import _context, _peer, _refs, _rundir
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError
 from .._common._future import Future
+from .._common._hints import restart_hint
 from .._common._messages import (
     BroadcastFailure,
     DebugEnded,
@@ -607,7 +608,7 @@ class ProcGroup:
         running = self.controller.calls_waiting_on(self, worker.rank)
         what = f" while running {', '.join(running)}" if running else ""
         if worker.rank in self.ready_ranks:
-            consequence = "the mesh is failed: call restart() to start fresh processes"
+            consequence = f"the mesh is failed: {restart_hint(self.name)} for fresh processes"
         else:
             consequence = "so the mesh failed to start"
             if worker.stderr_tail:
@@ -638,8 +639,9 @@ class ProcGroup:
         self.fail(
             MeshFailure(
                 f"host {host} of process mesh {self.name!r} {why}: its ranks "
-                f"{_describe_ranks(ranks)} are lost; the mesh is failed (restart() once "
-                "the host is back, or start a new mesh without it)",
+                f"{_describe_ranks(ranks)} are lost; the mesh is failed "
+                f"({restart_hint(self.name)} once the host is back, or start a new mesh "
+                "without it)",
                 ranks=ranks,
                 cause=why,
             )

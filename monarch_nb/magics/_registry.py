@@ -137,6 +137,7 @@ class NotebookMesh:
         ordered: bool | None = None,
         fail_fast: bool = False,
         on_done: Any = None,
+        number: int | None = None,
     ) -> ValueMesh[Any] | CellHandle:
         """Run ``source`` on the selected ranks (default: all); its last expression's values.
 
@@ -146,9 +147,11 @@ class NotebookMesh:
         raises is named there at once. An interrupt or ``timeout`` stops the
         busy ranks (see :func:`wait_for`); so does the first failure with
         ``fail_fast``. A CellError keeps the succeeded ranks' values (``.values``).
+        ``number`` names the cell ``<mesh-cell-number>`` (the notebook's execution
+        count; default: the next of a process-wide count).
         """
         view = select(self.procs, ranks, where)
-        _, filename = next_cell_name()
+        _, filename = next_cell_name(number)
         compile_cell(source, filename)  # SyntaxError here, with the cell's own line numbers
         label = _render.cell_label(filename)
         cell = self._open(view, label, ordered)
