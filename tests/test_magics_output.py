@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,3 +152,36 @@ def test_live_progress_bar_is_one_display_per_rank_updated_in_place(kernel):
         m["content"]["transient"]["display_id"]: m["content"]["data"]["text/plain"] for m in updates
     }
     assert sorted(last.values()) == ["[0] 100%", "[1] 100%"]
+
+
+def _figures(reply) -> dict[int, dict]:
+    shown = [d for d in reply.displays() if "image/png" in d["data"]]
+    return {d["metadata"]["monarch_nb"]["rank"]: d["data"] for d in shown}
+
+
+def test_matplotlib_figures_from_ranks_are_shown_in_the_cell(kernel):
+    reply = kernel.ok(
+        "%%mesh\nimport matplotlib.pyplot as plt\nplt.plot([0, rank])\nplt.show()\n"
+        "print('shown', len(plt.get_fignums()))"
+    )
+    figures = _figures(reply)
+    assert sorted(figures) == [0, 1]  # one figure per rank, tagged with it
+    assert base64.b64decode(figures[1]["image/png"]).startswith(b"\x89PNG")
+    assert figures[1]["text/html"].startswith(
+        '<div class="monarch-nb-rank"><small>[rank 1]</small></div><img src="data:image/png'
+    )
+    assert sorted(reply.stream().splitlines()) == ["[0] shown 0", "[1] shown 0"]  # closed
+    # A figure as the last expression, and one left open: each shown once, as inline does.
+    reply = kernel.ok("%%mesh\nfig, ax = plt.subplots()\nax.plot([1, 2])\nplt.figure()\nfig")
+    assert len([d for d in reply.displays() if "image/png" in d["data"]]) == 4
+    assert not [d for d in reply.displays() if "None" in d["data"]["text/plain"]]
+
+
+def test_ipython_display_from_a_library_on_a_rank(kernel):
+    reply = kernel.ok("%%mesh\nimport rich_library\nrich_library.report(rank)")
+    html = sorted(d["data"]["text/html"] for d in reply.displays())
+    assert html == [
+        '<div class="monarch-nb-rank"><small>[rank 0]</small></div><b>report of rank 0</b>',
+        '<div class="monarch-nb-rank"><small>[rank 1]</small></div><b>report of rank 1</b>',
+    ]
+    assert "IPython.core.display.HTML object" not in reply.stream()  # not printed

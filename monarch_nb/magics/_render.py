@@ -41,6 +41,11 @@ def label_bundle(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> t
         data["text/plain"] = f"[{rank}] {data['text/plain']}"
     else:
         data["text/plain"] = f"[{rank}] <display>"
+    if "text/html" not in data:  # an image alone would not say whose it is
+        for mime in ("image/png", "image/jpeg"):
+            if isinstance(data.get(mime), str):
+                data["text/html"] = f'<img src="data:{mime};base64,{data[mime]}">'
+                break
     if "text/html" in data:
         data["text/html"] = (
             f'<div class="monarch-nb-rank"><small>[rank {rank}]</small></div>{data["text/html"]}'
