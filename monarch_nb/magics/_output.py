@@ -95,6 +95,8 @@ class CellOutput:
         # other work on the same ranks, its waiting ranks who still runs.
         self.future: Any = None
         self.fail_fast = False
+        self._lock = threading.Lock()
+        self._early: list[RankFailed] = []  # failures that came before the future
 
     # -- I/O thread ------------------------------------------------------------------
 
@@ -130,19 +132,29 @@ class CellOutput:
             self.wrote = True
             self.frontend.display(self.parent, *_render.label_bundle(rank, data, metadata))
 
+    def attach(self, future: Any) -> None:
+        """The cell's call was sent (caller's thread); failures that raced it are told now."""
+        with self._lock:
+            self.future = future
+            early, self._early = self._early, []
+        for event in early:
+            self.failed(event)
+
     def failed(self, event: RankFailed) -> None:
         """A rank of this cell raised: say so now if other ranks still run (live mode)."""
-        future = self.future
         if self.ordered or event.cause.startswith("KeyboardInterrupt"):
             return  # ordered output is deterministic; an interrupt is not a failure
-        if future is not None and future.label != event.label:
-            return  # another call on this rank failed, not this cell
-        running = [r for r in future.waiting_ranks() if r != event.rank] if future else []
-        if future is not None and not running:
-            return  # the cell ends now: its traceback follows at once
+        with self._lock:
+            future = self.future
+            if future is None:  # the rank answered before exec() returned here
+                self._early.append(event)
+                return
+        if future.label != event.label:
+            return  # another call on this rank failed, not this cell (or it ended)
+        running = [r for r in future.waiting_ranks() if r != event.rank]
         if not running:
-            then = "its traceback follows when the cell ends"
-        elif self.fail_fast:
+            return  # the cell ends now: its traceback follows at once
+        if self.fail_fast:
             then = f"--fail-fast: interrupting rank(s) {format_ranks(running)}"
         else:
             then = f"rank(s) {format_ranks(running)} still running; traceback at the end"

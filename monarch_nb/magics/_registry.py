@@ -157,7 +157,7 @@ class NotebookMesh:
         cell = self._open(view, label, ordered)
         cell.fail_fast = fail_fast
         future = view.exec(source, name=filename, fail_fast=fail_fast)
-        cell.future = future
+        cell.attach(future)
         finished = self._finish_after_output(future, cell, on_done)
         if not block:
             return CellHandle(future, label, view.shape.ranks)
