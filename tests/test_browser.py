@@ -16,6 +16,7 @@ from browser_harness import (
     CHROMIUM,
     CHROMIUM_FLAGS,
     SKIP_WITHOUT_CHROMIUM,
+    notebook_page,
     run_first_cell_once_the_kernel_is_up,
     served_notebook,
 )
@@ -93,32 +94,24 @@ def rich_notebook(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 def test_figures_and_a_live_failure_in_jupyterlab(rich_notebook: tuple[str, Path]) -> None:
     url, directory = rich_notebook
     wait = {"timeout": 90_000}
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1400})
-            page.goto(url)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            run_first_cell_once_the_kernel_is_up(page)
-            for _ in RICH_CELLS[1:-1]:
-                page.keyboard.press("Shift+Enter")
-            # One figure per rank, each labelled with its rank, as images on the page.
-            page.wait_for_selector(".monarch-nb-rank >> text=[rank 1]", **wait)
-            images = page.locator(".jp-OutputArea-output img[src^='data:image/png']")
-            images.nth(1).wait_for(**wait)
-            widths = [images.nth(i).evaluate("img => img.naturalWidth") for i in range(2)]
-            # Rank 1's failure is on the page while rank 0 still runs the cell.
-            page.wait_for_selector(
-                "text=[1] failed: ValueError: rank 1 broke (rank(s) 0 still running", **wait
-            )
-            assert not page.is_visible("text=CellError")
-            (directory / "go").touch()
-            page.wait_for_selector("text=rank(s) 0 succeeded", **wait)
-            ARTIFACTS.mkdir(exist_ok=True)
-            page.locator(".jp-Notebook").screenshot(path=str(ARTIFACTS / "rich_output.png"))
-            text = page.inner_text(".jp-Notebook")
-        finally:
-            browser.close()
+    with notebook_page(url, height=1400) as page:
+        for _ in RICH_CELLS[1:-1]:
+            page.keyboard.press("Shift+Enter")
+        # One figure per rank, each labelled with its rank, as images on the page.
+        page.wait_for_selector(".monarch-nb-rank >> text=[rank 1]", **wait)
+        images = page.locator(".jp-OutputArea-output img[src^='data:image/png']")
+        images.nth(1).wait_for(**wait)
+        widths = [images.nth(i).evaluate("img => img.naturalWidth") for i in range(2)]
+        # Rank 1's failure is on the page while rank 0 still runs the cell.
+        page.wait_for_selector(
+            "text=[1] failed: ValueError: rank 1 broke (rank(s) 0 still running", **wait
+        )
+        assert not page.is_visible("text=CellError")
+        (directory / "go").touch()
+        page.wait_for_selector("text=rank(s) 0 succeeded", **wait)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator(".jp-Notebook").screenshot(path=str(ARTIFACTS / "rich_output.png"))
+        text = page.inner_text(".jp-Notebook")
     assert all(width > 100 for width in widths)  # real pictures, not broken images
     assert "CellError: %%mesh cell [4] failed on rank(s) 1" in text
     assert "[0] 'rank 0 finished'" in text  # the value of the rank that succeeded
