@@ -78,6 +78,10 @@ RICH_CELLS = [
     "%mesh start --procs 2 --no-dashboard",
     "%%mesh\nimport matplotlib.pyplot as plt\nplt.figure(figsize=(3, 2))\n"
     "plt.plot([0, rank + 1])\nplt.title(f'figure of rank {rank}')\nplt.show()",
+    # A progress bar per rank (tqdm draws the same \r lines).
+    "%%mesh --live\nimport sys, time\nfor i in range(1, 11):\n"
+    "    sys.stderr.write(f'\\r{i * 10:3d}%|' + '#' * i + f'| {i}/10')\n"
+    "    sys.stderr.flush()\n    time.sleep(0.05)\n_ = sys.stderr.write('\\n')",
     # Rank 0 runs on until the test, having seen rank 1's failure, writes `go`.
     "%%mesh\nimport os, time\nif rank == 1:\n    raise ValueError('rank 1 broke')\n"
     "while not os.path.exists('go'):\n    time.sleep(0.05)\n'rank 0 finished'",
@@ -102,6 +106,11 @@ def test_figures_and_a_live_failure_in_jupyterlab(rich_notebook: tuple[str, Path
         images = page.locator(".jp-OutputArea-output img[src^='data:image/png']")
         images.nth(1).wait_for(**wait)
         widths = [images.nth(i).evaluate("img => img.naturalWidth") for i in range(2)]
+        # The progress bars are widgets, one per rank, left at their end.
+        bars = page.locator(".mnb-progress")
+        bars.nth(1).wait_for(**wait)
+        page.wait_for_selector(".mnb-progress >> text=[1] 100%", **wait)
+        bar_texts = sorted(bars.all_inner_texts())
         # Rank 1's failure is on the page while rank 0 still runs the cell.
         page.wait_for_selector(
             "text=[1] failed: ValueError: rank 1 broke (rank(s) 0 still running", **wait
@@ -113,5 +122,6 @@ def test_figures_and_a_live_failure_in_jupyterlab(rich_notebook: tuple[str, Path
         page.locator(".jp-Notebook").screenshot(path=str(ARTIFACTS / "rich_output.png"))
         text = page.inner_text(".jp-Notebook")
     assert all(width > 100 for width in widths)  # real pictures, not broken images
-    assert "CellError: %%mesh cell [4] failed on rank(s) 1" in text
+    assert "CellError: %%mesh cell [5] failed on rank(s) 1" in text
+    assert bar_texts == ["[0] 100%|##########| 10/10", "[1] 100%|##########| 10/10"]
     assert "[0] 'rank 0 finished'" in text  # the value of the rank that succeeded

@@ -152,6 +152,9 @@ def test_live_progress_bar_is_one_display_per_rank_updated_in_place(kernel):
         m["content"]["transient"]["display_id"]: m["content"]["data"]["text/plain"] for m in updates
     }
     assert sorted(last.values()) == ["[0] 100%", "[1] 100%"]
+    # Where widgets render, each is a progress widget that the updates move.
+    widget = "application/vnd.jupyter.widget-view+json"
+    assert all(widget in m["content"]["data"] for m in firsts + updates)
 
 
 def _figures(reply) -> dict[int, dict]:

@@ -22,6 +22,7 @@ class IPythonFrontend:
         self.shell = shell
         # Jupyter can replace a display in place; a terminal IPython cannot.
         self.live_updates = hasattr(shell.display_pub, "set_thread_parent")
+        self._bars: dict[str, Any] = {}  # display id -> its RankProgress widget
 
     def capture(self) -> Any:
         stdout: Any = sys.stdout  # ipykernel's OutStream, or a plain stream
@@ -44,15 +45,45 @@ class IPythonFrontend:
     def display(self, parent: Any, data: dict[str, Any], metadata: dict[str, Any]) -> None:
         self._publish(parent, data=data, metadata=metadata)
 
-    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None:
-        """One progress bar per rank, replaced in place (``update_display_data``)."""
+    def update(
+        self, parent: Any, display_id: str, text: str, *, first: bool, final: bool = False
+    ) -> None:
+        """One progress bar per rank, replaced in place (``update_display_data``).
+
+        Where widgets render it is a progress widget: the display is sent first
+        and last, and the updates between move the widget.
+        """
+        bar = self._bars.get(display_id)
+        if first:
+            bar = self._progress_widget(text)
+        elif bar is not None:
+            bar.set(text)
+            if not final:
+                return
+        data = bar.bundle(text) if bar is not None else {"text/plain": text}
+        if bar is not None and first:
+            self._bars[display_id] = bar
+        if final:
+            self._bars.pop(display_id, None)
         self._publish(
             parent,
-            data={"text/plain": text},
+            data=data,
             metadata={},
             transient={"display_id": display_id},
             update=not first,
         )
+
+    def _progress_widget(self, text: str) -> Any:
+        from ..widgets._dashboard import widgets_available
+
+        if not widgets_available(self.shell):
+            return None
+        try:
+            from ..widgets._progress import RankProgress
+
+            return RankProgress(text)
+        except Exception:  # no comm to open (the kernel is going away): text it is
+            return None
 
     def _publish(self, parent: Any, **message: Any) -> None:
         publisher = self.shell.display_pub

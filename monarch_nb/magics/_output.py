@@ -47,7 +47,9 @@ class Frontend(Protocol):
 
     def display(self, parent: Any, data: dict[str, Any], metadata: dict[str, Any]) -> None: ...
 
-    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None: ...
+    def update(
+        self, parent: Any, display_id: str, text: str, *, first: bool, final: bool = False
+    ) -> None: ...
 
 
 class PlainFrontend:
@@ -55,7 +57,9 @@ class PlainFrontend:
 
     live_updates = False
 
-    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None:
+    def update(
+        self, parent: Any, display_id: str, text: str, *, first: bool, final: bool = False
+    ) -> None:
         pass
 
     def capture(self) -> Any:
@@ -121,7 +125,7 @@ class CellOutput:
             self._progress[rank] = f"monarch-nb-{id(self)}-{rank}"
         self.wrote = True
         label = _render.rank_prefix(rank, text).rstrip("\n")
-        self.frontend.update(self.parent, self._progress[rank], label, first=first)
+        self.frontend.update(self.parent, self._progress[rank], label, first=first, final=final)
         if final:
             del self._progress[rank]  # the next bar on this rank gets a display of its own
 
@@ -202,7 +206,7 @@ class MapProgress:
             text = f"map: {done}/{total} items"
             if self.frontend.live_updates:
                 first, self._shown = not self._shown, True
-                self.frontend.update(self.parent, self.display_id, text, first=first)
+                self.frontend.update(self.parent, self.display_id, text, first=first, final=final)
             elif final:
                 self.frontend.write(self.parent, "stderr", text + "\n")
 
