@@ -73,6 +73,7 @@ def test_ordered_mode_is_deterministic(kernel):
     reply = kernel.ok(cell)
     assert reply.stream("stdout") == "[0] a 0\n[0] b 0\n[1] a 1\n[1] b 1\n"
     assert reply.stream("stderr") == "[0] e 0\n[1] e 1\n"
+    assert kernel.ok(cell.replace("--ordered", "--group-by-rank")).stream() == reply.stream()
 
 
 def test_deterministic_env_var_orders_every_cell():

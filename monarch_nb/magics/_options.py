@@ -187,6 +187,7 @@ SUBCOMMANDS = {
 )
 @argument(
     "--ordered",
+    "--group-by-rank",
     action="store_true",
     help="hold output back and show it rank by rank when the cell ends "
     "(deterministic; also MONARCH_NB_DETERMINISTIC=1)",

@@ -197,7 +197,7 @@ def failures_html(failures: Sequence[FailureRecord]) -> str:
         exit_code = f" (returncode {record.returncode})" if record.returncode is not None else ""
         item = (
             f'<div class="mnb-failure" data-rank="{format_ranks(group.ranks)}" '
-            'style="color:var(--mnb-failure-colour,#b71c1c)">'
+            'style="color:var(--jp-error-color1,#b71c1c)">'
             f"<b>{ranks_text(group.ranks)}</b> · {record.when()} · "
             f"{html.escape(record.cause)}{exit_code}"
         )
