@@ -28,11 +28,28 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._common._errors import format_ranks
 from .._controller._events import DisplayData, Event, Output, RankFailed
 from . import _render
+
+
+@dataclass(frozen=True)
+class BarUpdate:
+    """A progress bar's new line: which cell's group, which bar (rank, id), its text."""
+
+    group: str  # one per cell: its bars are shown together
+    rank: int
+    bar_id: str  # a rank's later bars after its earlier ones
+    text: str
+    first: bool  # the bar's first update
+    final: bool  # its last (the line ended with a newline)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.rank, self.bar_id)
 
 
 class Frontend(Protocol):
@@ -51,6 +68,13 @@ class Frontend(Protocol):
         self, parent: Any, display_id: str, text: str, *, first: bool, final: bool = False
     ) -> None: ...
 
+    def progress(self, parent: Any, bar: BarUpdate) -> None:
+        """One update of a rank's bar in a cell's group of bars, shown in rank order
+        where the front end can."""
+
+    def end_progress(self, parent: Any, group: str) -> None:
+        """The cell of ``group`` ended."""
+
 
 class PlainFrontend:
     """No notebook: text on our own stdout/stderr (scripts, plain ``python``)."""
@@ -60,6 +84,12 @@ class PlainFrontend:
     def update(
         self, parent: Any, display_id: str, text: str, *, first: bool, final: bool = False
     ) -> None:
+        pass
+
+    def progress(self, parent: Any, bar: BarUpdate) -> None:
+        pass
+
+    def end_progress(self, parent: Any, group: str) -> None:
         pass
 
     def capture(self) -> Any:
@@ -93,7 +123,8 @@ class CellOutput:
         self.started = time.monotonic()
         self.closed = threading.Event()
         self._items: dict[int, list[tuple[str, Any]]] = {r: [] for r in ranks}
-        self._progress: dict[int, str] = {}  # rank -> display id of its live progress bar
+        self._progress: dict[int, str] = {}  # rank -> id of its live progress bar
+        self._bars = 0
         self.wrote = False
         # The cell's call, once sent: its label tells its failures from those of
         # other work on the same ranks, its waiting ranks who still runs.
@@ -121,13 +152,15 @@ class CellOutput:
                 self.frontend.write(self.parent, "stderr", _render.rank_prefix(rank, text))
             return
         first = rank not in self._progress
-        if first:
-            self._progress[rank] = f"monarch-nb-{id(self)}-{rank}"
+        if first:  # a bar of its own, after this rank's earlier ones
+            self._bars += 1
+            self._progress[rank] = f"monarch-nb-{id(self)}-{rank}-{self._bars}"
         self.wrote = True
         label = _render.rank_prefix(rank, text).rstrip("\n")
-        self.frontend.update(self.parent, self._progress[rank], label, first=first, final=final)
+        bar = BarUpdate(f"monarch-nb-{id(self)}", rank, self._progress[rank], label, first, final)
+        self.frontend.progress(self.parent, bar)
         if final:
-            del self._progress[rank]  # the next bar on this rank gets a display of its own
+            del self._progress[rank]  # the next bar on this rank is a new one
 
     def display(self, rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> None:
         if self.ordered:
@@ -170,6 +203,8 @@ class CellOutput:
         """Write what ordered mode held back, rank by rank, and stop receiving."""
         try:
             self.router.detach(self)
+            if self._bars:
+                self.frontend.end_progress(self.parent, f"monarch-nb-{id(self)}")
             for rank in self.ranks:
                 for kind, item in self._items[rank]:
                     self.wrote = True

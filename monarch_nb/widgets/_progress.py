@@ -37,3 +37,35 @@ class RankProgress:
         data = dict(self.widget._repr_mimebundle_() or {})
         data["text/plain"] = text
         return data
+
+
+class ProgressGroup:
+    """The progress bars of one cell, in rank order (a rank's later bars after its
+    earlier ones)."""
+
+    def __init__(self) -> None:
+        self.box = w.VBox([])
+        self.box.add_class("mnb-progress-group")
+        self._bars: dict[tuple[int, str], RankProgress] = {}
+        self._texts: dict[tuple[int, str], str] = {}
+        self._order: dict[tuple[int, str], int] = {}
+
+    def set(self, key: tuple[int, str], text: str) -> None:
+        """Bar ``key`` (rank, bar id) shows ``text``; a new key adds a bar in rank order."""
+        self._texts[key] = text
+        bar = self._bars.get(key)
+        if bar is not None:
+            bar.set(text)
+            return
+        self._bars[key] = RankProgress(text)
+        self._order[key] = len(self._order)
+        self.box.children = [self._bars[k].widget for k in self._sorted()]
+
+    def _sorted(self) -> list[tuple[int, str]]:
+        return sorted(self._bars, key=lambda k: (k[0], self._order[k]))
+
+    def bundle(self) -> dict[str, object]:
+        """The display data: the widget, and every bar's text in rank order."""
+        data = dict(self.box._repr_mimebundle_() or {})
+        data["text/plain"] = "\n".join(self._texts[k] for k in self._sorted())
+        return data
