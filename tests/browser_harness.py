@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nbformat
 import pytest
@@ -119,3 +120,20 @@ def run_first_cell_once_the_kernel_is_up(page) -> None:
         except PlaywrightTimeout:
             continue
     pytest.fail("the notebook's kernel never ran the first cell")
+
+
+@contextlib.contextmanager
+def notebook_page(url: str, *, width: int = 1200, height: int = 1000) -> Iterator[Any]:
+    """A Chromium page on the notebook at ``url``, its first cell run once the kernel is up."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.goto(url)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+            run_first_cell_once_the_kernel_is_up(page)
+            yield page
+        finally:
+            browser.close()

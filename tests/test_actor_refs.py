@@ -97,6 +97,10 @@ class Relay(Actor):
         return sorted([value async for _, value in self.target.who.stream(x)])
 
     @endpoint
+    def map(self, n: int) -> list:
+        return self.target.who.map(range(n)).get(timeout=60)
+
+    @endpoint
     def broadcast_in_order(self, n: int) -> None:
         one = self.target.slice(procs=0)
         for i in range(n):
@@ -181,6 +185,9 @@ def test_an_actor_calls_a_mesh_it_was_given_with_every_adverb(procs4, relays):
     assert one.choose.call_one(8).get(timeout=60)[2] == 8
     assert one.stream.call_one(9).get(timeout=60) == [(r, pids[r], 9) for r in range(4)]
     assert one.stream_async.call_one(10).get(timeout=60) == [(r, pids[r], 10) for r in range(4)]
+    mapped = one.map.call_one(12).get(timeout=60)
+    assert [x for _, _, x in mapped] == list(range(12))  # in input order
+    assert {(r, pid) for r, pid, _ in mapped} <= {(r, pids[r]) for r in range(4)}
 
 
 def test_actors_of_one_process_call_each_other_without_deadlock(relays):

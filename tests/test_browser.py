@@ -16,6 +16,7 @@ from browser_harness import (
     CHROMIUM,
     CHROMIUM_FLAGS,
     SKIP_WITHOUT_CHROMIUM,
+    notebook_page,
     run_first_cell_once_the_kernel_is_up,
     served_notebook,
 )
@@ -58,7 +59,8 @@ def test_a_mesh_cell_in_a_real_browser(notebook_url: str) -> None:
             # Live: the first line is on the page while the cell still runs.
             assert not page.is_visible("text=[0] rank 0 step 2")
             page.wait_for_selector("text=[1] 10", **wait)
-            page.wait_for_selector("text=%%mesh cell <mesh-cell-2> failed on rank(s) 1", **wait)
+            # Named by the notebook's own count: the fourth cell run is In [4].
+            page.wait_for_selector("text=CellError: %%mesh cell [4] failed on rank(s) 1", **wait)
             # An error stops the cells queued after it, as in any notebook: run the last now.
             page.keyboard.press("Shift+Enter")
             page.wait_for_selector("text=mesh 'mesh' stopped", **wait)
@@ -68,3 +70,58 @@ def test_a_mesh_cell_in_a_real_browser(notebook_url: str) -> None:
     assert "[0] 0\n[1] 10" in text
     assert "ZeroDivisionError: division by zero" in text
     assert "1 / (rank - 1)" in text  # the cell's own line, in the remote traceback
+
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+RICH_CELLS = [
+    "%load_ext monarch_nb",
+    "%mesh start --procs 2 --no-dashboard",
+    "%%mesh\nimport matplotlib.pyplot as plt\nplt.figure(figsize=(3, 2))\n"
+    "plt.plot([0, rank + 1])\nplt.title(f'figure of rank {rank}')\nplt.show()",
+    # A progress bar per rank (tqdm draws the same \r lines).
+    "%%mesh --live\nimport sys, time\nfor i in range(1, 11):\n"
+    "    sys.stderr.write(f'\\r{i * 10:3d}%|' + '#' * i + f'| {i}/10')\n"
+    "    sys.stderr.flush()\n    time.sleep(0.05)\n_ = sys.stderr.write('\\n')",
+    # Rank 0 runs on until the test, having seen rank 1's failure, writes `go`.
+    "%%mesh\nimport os, time\nif rank == 1:\n    raise ValueError('rank 1 broke')\n"
+    "while not os.path.exists('go'):\n    time.sleep(0.05)\n'rank 0 finished'",
+    "%mesh stop",
+]
+
+
+@pytest.fixture
+def rich_notebook(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    with served_notebook(tmp_path, RICH_CELLS, name="rich.ipynb") as url:
+        yield url, tmp_path
+
+
+def test_figures_and_a_live_failure_in_jupyterlab(rich_notebook: tuple[str, Path]) -> None:
+    url, directory = rich_notebook
+    wait = {"timeout": 90_000}
+    with notebook_page(url, height=1400) as page:
+        for _ in RICH_CELLS[1:-1]:
+            page.keyboard.press("Shift+Enter")
+        # One figure per rank, each labelled with its rank, as images on the page.
+        page.wait_for_selector(".monarch-nb-rank >> text=[rank 1]", **wait)
+        images = page.locator(".jp-OutputArea-output img[src^='data:image/png']")
+        images.nth(1).wait_for(**wait)
+        widths = [images.nth(i).evaluate("img => img.naturalWidth") for i in range(2)]
+        # The progress bars are widgets, one per rank in rank order, left at their end.
+        bars = page.locator(".mnb-progress")
+        bars.nth(1).wait_for(**wait)
+        page.wait_for_selector(".mnb-progress >> text=[1] 100%", **wait)
+        bar_texts = bars.all_inner_texts()
+        # Rank 1's failure is on the page while rank 0 still runs the cell.
+        page.wait_for_selector(
+            "text=[1] failed: ValueError: rank 1 broke (rank(s) 0 still running", **wait
+        )
+        assert not page.is_visible("text=CellError")
+        (directory / "go").touch()
+        page.wait_for_selector("text=rank(s) 0 succeeded", **wait)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator(".jp-Notebook").screenshot(path=str(ARTIFACTS / "rich_output.png"))
+        text = page.inner_text(".jp-Notebook")
+    assert all(width > 100 for width in widths)  # real pictures, not broken images
+    assert "CellError: %%mesh cell [5] failed on rank(s) 1" in text
+    assert bar_texts == ["[0] 100%|##########| 10/10", "[1] 100%|##########| 10/10"]
+    assert "[0] 'rank 0 finished'" in text  # the value of the rank that succeeded

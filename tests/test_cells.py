@@ -7,11 +7,12 @@ import threading
 
 import pytest
 
-from monarch_nb import RemoteError
+from monarch_nb import CellError, MeshFailure, RemoteError
 from monarch_nb._common._cell_source import compile_cell
 from monarch_nb._controller._cells import pull, push, run_cell
+from monarch_nb._controller._interrupt import fail_fast
 from monarch_nb._worker._namespace import mime_bundle
-from monarch_nb.events import DisplayData
+from monarch_nb.events import DisplayData, EventLog, MeshFailed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,6 +53,82 @@ def test_remote_traceback_shows_the_cell_source(procs4):
     text = info.value.render()
     assert 'File "<cell-t>", line 2' in text
     assert "raise ValueError(f'bad {rank}')" in text
+
+
+def test_an_error_keeps_the_values_of_the_ranks_that_succeeded(procs4):
+    with pytest.raises(CellError) as info:
+        run_cell(procs4, "if rank == 2:\n    raise ValueError('boom')\nrank * 10").get(timeout=30)
+    error = info.value
+    assert error.ranks == (2,)
+    assert error.values is not None
+    assert [(p.rank, v) for p, v in error.values] == [(0, 0), (1, 10), (3, 30)]
+    assert error.values[3] == 30
+    text = error.render()
+    assert text.endswith(
+        "--- rank(s) 0-1,3 succeeded; their values are in .values:\n[0] 0\n[1] 10\n[3] 30"
+    )
+    with pytest.raises(CellError) as info:
+        run_cell(procs4, "raise ValueError(rank)").get(timeout=30)
+    assert info.value.values is None
+    assert "succeeded" not in info.value.render()
+
+
+# Ranks 0, 1 and 3 sleep (long past the test's timeout) until interrupted; rank 2
+# raises once the others are asleep (each wrote its file), so none is still queued.
+_SLEEP_UNTIL_RANK_2_FAILS = """
+import os, pathlib, time
+if rank == 2:
+    while len(list(pathlib.Path({dir!r}).iterdir())) < 3:
+        time.sleep(0.01)
+    raise ValueError('rank 2 failed')
+pathlib.Path({dir!r}, str(rank)).touch()
+time.sleep(600)
+"""
+
+
+def test_fail_fast_interrupts_the_other_ranks_at_the_first_failure(procs4, tmp_path):
+    future = run_cell(procs4, _SLEEP_UNTIL_RANK_2_FAILS.format(dir=str(tmp_path)), fail_fast=True)
+    error = future.exception(timeout=30)
+    assert isinstance(error, CellError)
+    assert error.ranks == (0, 1, 2, 3)
+    assert error.interrupted == (0, 1, 3)
+    assert [ranks for ranks, _ in error.groups()] == [(2,)]
+    text = error.render()
+    assert text.count("Traceback (most recent call last)") == 1
+    assert "--- rank(s) 0-1,3 were interrupted (KeyboardInterrupt) and did not finish" in text
+    assert str(error).endswith("ValueError: rank 2 failed (rank(s) 0-1,3 interrupted)")
+    assert run_cell(procs4, "rank").get(timeout=30).values() == [0, 1, 2, 3]  # still usable
+
+
+def test_fail_fast_kills_a_rank_that_does_not_stop(procs2, tmp_path):
+    source = f"""
+import pathlib, time
+if rank == 0:
+    while not pathlib.Path({str(tmp_path)!r}, 'in').exists():
+        time.sleep(0.01)
+    raise ValueError('rank 0 failed')
+pathlib.Path({str(tmp_path)!r}, 'in').touch()
+while True:  # ignores interrupts, as a rank stuck in C code would
+    try:
+        time.sleep(600)
+    except KeyboardInterrupt:
+        pass
+"""
+    log = EventLog()
+    procs2.events.subscribe(log, kinds=(MeshFailed,))
+    future = run_cell(procs2, source)
+    fail_fast(future, grace=0.5)
+    error = future.exception(timeout=30)
+    assert isinstance(error, MeshFailure)
+    assert error.ranks == (1,)
+    assert "failed on rank 0 (ValueError: rank 0 failed); fail-fast interrupted rank(s) 1" in str(
+        error
+    )
+    assert "did not stop within 0.5 s" in str(error)
+    assert isinstance(error.cause, CellError)
+    assert error.cause.ranks == (0,)
+    log.wait_for(MeshFailed, timeout=30)  # once its exit is seen
+    assert procs2.state == "failed"
 
 
 def test_display_sends_a_tagged_bundle_event(procs4):

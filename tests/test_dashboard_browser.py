@@ -1,9 +1,11 @@
 """The live dashboard in a real browser: JupyterLab in headless Chromium.
 
 A Jupyter server on loopback (with a token) serves a notebook that starts a
-2-rank mesh, whose cell shows the dashboard, then kills rank 1 from a cell.
-The test waits for rank 1's tile to turn dead and name its signal, reads the
-failure panel, and saves a screenshot under tests/artifacts/ (gitignored).
+2-rank mesh, whose cell shows the dashboard, raises the same error on both
+ranks, then kills rank 1 from a cell. The test waits for rank 1's tile to
+turn dead and name its signal, reads the failure panel (identical failures
+folded by rank set, newest first), saves a screenshot under tests/artifacts/
+(gitignored), and clears the panel.
 """
 
 from __future__ import annotations
@@ -13,13 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser_harness import (
-    CHROMIUM,
-    CHROMIUM_FLAGS,
-    SKIP_WITHOUT_CHROMIUM,
-    run_first_cell_once_the_kernel_is_up,
-    served_notebook,
-)
+from browser_harness import SKIP_WITHOUT_CHROMIUM, notebook_page, served_notebook
 
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), SKIP_WITHOUT_CHROMIUM]
@@ -28,6 +24,7 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 CELLS = [
     "%load_ext monarch_nb",
     "%mesh start --procs 2",
+    "%%mesh\nraise ValueError('on every rank')",
     "%%mesh --ranks 1\nimport os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "%mesh stop",
 ]
@@ -44,38 +41,38 @@ def test_dashboard_shows_a_killed_rank_dead_with_its_signal(
     notebook_url: str, tmp_path: Path
 ) -> None:
     wait = {"timeout": 90_000}
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1000})
-            page.goto(notebook_url)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", **wait)
-            run_first_cell_once_the_kernel_is_up(page)
-            page.keyboard.press("Shift+Enter")  # %mesh start: the dashboard
-            page.wait_for_selector(".mnb-dashboard .mnb-tile.mnb-idle[data-rank='1']", **wait)
-            assert page.locator(".mnb-dashboard .mnb-tile").count() == 2
-            page.keyboard.press("Shift+Enter")  # kill rank 1
-            dead = page.wait_for_selector(
-                ".mnb-dashboard .mnb-tile.mnb-dead[data-rank='1']", **wait
-            )
-            page.wait_for_selector(".mnb-dashboard .mnb-failure[data-rank='1']", **wait)
-            tile = dead.inner_text()
-            panel = page.inner_text(".mnb-dashboard .mnb-failures")
-            colour = dead.evaluate("e => getComputedStyle(e).backgroundColor")
-            # Selecting the failed rank shows its last lines of output.
-            page.click(".mnb-dashboard .mnb-failure-panel button:has-text('rank 1')")
-            page.wait_for_selector(".mnb-dashboard .mnb-output[data-rank='1']", **wait)
-            ARTIFACTS.mkdir(exist_ok=True)
-            shot = tmp_path / "dashboard.png"
-            page.locator(".mnb-dashboard").screenshot(path=str(shot))
-            shutil.copy(shot, ARTIFACTS / "dashboard.png")
-            survivor = page.inner_text(".mnb-dashboard .mnb-tile[data-rank='0']")
-        finally:
-            browser.close()
+    with notebook_page(notebook_url) as page:
+        page.keyboard.press("Shift+Enter")  # %mesh start: the dashboard
+        page.wait_for_selector(".mnb-dashboard .mnb-tile.mnb-idle[data-rank='1']", **wait)
+        assert page.locator(".mnb-dashboard .mnb-tile").count() == 2
+        page.keyboard.press("Shift+Enter")  # the same error on both ranks: one entry
+        page.wait_for_selector(".mnb-dashboard .mnb-failure[data-rank='0-1']", **wait)
+        page.keyboard.press("Shift+Enter")  # kill rank 1
+        dead = page.wait_for_selector(".mnb-dashboard .mnb-tile.mnb-dead[data-rank='1']", **wait)
+        page.wait_for_selector(".mnb-dashboard .mnb-failure[data-rank='1']", **wait)
+        tile = dead.inner_text()
+        panel = page.inner_text(".mnb-dashboard .mnb-failures")
+        colour = dead.evaluate("e => getComputedStyle(e).backgroundColor")
+        # Selecting the failed rank shows its last lines of output.
+        page.click(".mnb-dashboard .mnb-failure-panel button:has-text('rank 1')")
+        page.wait_for_selector(".mnb-dashboard .mnb-output[data-rank='1']", **wait)
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = tmp_path / "dashboard.png"
+        page.locator(".mnb-dashboard").screenshot(path=str(shot))
+        shutil.copy(shot, ARTIFACTS / "dashboard.png")
+        survivor = page.inner_text(".mnb-dashboard .mnb-tile[data-rank='0']")
+        heights = page.eval_on_selector_all(
+            ".mnb-dashboard .mnb-tile", "tiles => tiles.map(t => t.offsetHeight)"
+        )
+        page.click(".mnb-dashboard .mnb-clear-failures")
+        page.wait_for_selector(".mnb-dashboard .mnb-failures.mnb-none", **wait)
     assert "rank 1" in tile
     assert "dead" in tile
     assert "SIGKILL" in tile
     assert colour == "rgb(198, 40, 40)"  # red
     assert "rank 1" in panel
     assert "was killed by signal SIGKILL" in panel
-    assert "idle" in survivor
+    assert panel.index("SIGKILL") < panel.index("ranks 0-1") < panel.index("on every rank")
+    assert len(set(heights)) == 1  # a dead tile is as tall as an idle one
+    assert "rank 0 failed" in survivor  # its last cell raised; its process lives on
+    assert "dead" not in survivor

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -75,7 +76,30 @@ def test_remote_error_fails_the_cell_with_one_grouped_traceback(kernel):
     assert "(rank 2-3)" in text
     assert "raise ValueError('bad ' + str(rank > 1))" in text  # the cell's source line
     assert reply.error["ename"] == "CellError"
-    assert text.startswith("%%mesh cell <mesh-cell-")
+    assert text.startswith("-" * 75 + "\nCellError: %%mesh cell [")
+
+
+def test_remote_errors_in_ipython_colours_named_by_the_execution_count(kernel):
+    # Other tests' cells do not count (store_history=False): In [1] is taken by them.
+    kernel.collect(kernel.client.execute("pass", store_history=True))
+    msg_id = kernel.client.execute("%%mesh\nraise KeyError(rank)", store_history=True)
+    reply = kernel.collect(msg_id)
+    number = reply.content["execution_count"]
+    raw = "\n".join(reply.error["traceback"])
+    assert "\x1b[0;31mKeyError\x1b[0m" in raw  # the shell's colour scheme
+    assert "\x1b[0;31mCellError\x1b[0m" in raw
+    text = reply.traceback
+    # In [N] runs as <mesh-cell-N>, or <mesh-cell-N.2> if an uncounted cell (this
+    # module's others, numbered by the process) took that name already.
+    name = rf"{number}(\.\d+)?"
+    assert re.search(rf"CellError: %%mesh cell \[{name}\] failed on rank\(s\) 0-3", text), text
+    assert re.search(rf'File "<mesh-cell-{name}>", line 1, in <module>', text)
+    kernel.ok("%colors NoColor")
+    try:
+        reply = kernel.execute("%%mesh\nraise KeyError(rank)")
+        assert "\x1b[" not in "\n".join(reply.error["traceback"])
+    finally:
+        kernel.ok("%colors Neutral")
 
 
 def test_syntax_error_is_shown_like_a_local_one(kernel):
@@ -97,6 +121,24 @@ def test_push_and_pull(kernel):
     kernel.ok("%mesh push --ranks 1 scale=-1")
     reply = kernel.ok("vm = %mesh pull scale\nprint(vm.values())")
     assert reply.stream() == "[6, -1, 6, 6]\n"
+
+
+def test_scatter_gather_and_map(kernel):
+    kernel.ok("data = list(range(10))")
+    kernel.ok("%mesh scatter shard=data[:6] word='abcd'")
+    assert kernel.ok("%%mesh\nshard, word").text() == (
+        "[0] ([0, 1], 'a')\n[1] ([2, 3], 'b')\n[2] ([4], 'c')\n[3] ([5], 'd')\n"
+    )
+    assert kernel.ok("x = %mesh gather shard\nprint(x)").stream() == "[0, 1, 2, 3, 4, 5]\n"
+    reply = kernel.ok(
+        "import monarch_nb\nprint(monarch_nb.current_mesh().map(lambda x: x + 1, data))"
+    )
+    assert reply.stream() == "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n"
+    progress = [m["content"] for m in reply.outputs if m["msg_type"] == "update_display_data"]
+    assert progress[-1]["data"]["text/plain"] == "map: 10/10 items"
+    reply = kernel.execute("%mesh scatter n=3")
+    assert reply.content["ename"] == "UsageError"
+    assert "splits something with len() and slicing" in reply.content["evalue"]
 
 
 def test_usage_errors_name_the_bad_value(kernel):
@@ -215,6 +257,6 @@ def test_plain_terminal_ipython_shows_text(tmp_path):
     assert "[0] hi from 0" in text
     assert "[1] hi from 1" in text
     assert "[0] 0\n[1] 10" in text
-    assert "%%mesh cell <mesh-cell-2> failed on rank(s) 1" in text
+    assert re.search(r"CellError: %%mesh cell \[[\d.]+\] failed on rank\(s\) 1", text)
     assert "    1 / (rank - 1)" in text  # the cell's own source line, from the rank
     assert "mesh 'mesh' stopped" in text

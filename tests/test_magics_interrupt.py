@@ -38,6 +38,8 @@ def test_interrupt_stops_python_code_and_the_mesh_stays_usable(kernel):
     text = reply.traceback
     assert "interrupted on rank(s) 0-1; the mesh is usable" in text
     assert "time.sleep(60)" in text  # where the ranks were
+    assert "_on_sigint" not in text  # the worker's own frames are not the user's
+    assert "_main.py" not in text
     assert seen
     assert kernel.ok("%%mesh\nrank").text() == "[0] 0\n[1] 1\n"
 
@@ -72,4 +74,23 @@ def test_timeout_interrupts_only_the_busy_rank(kernel):
     reply = kernel.execute("%%mesh --timeout 0.5\nimport time\nif rank == 1:\n    time.sleep(60)")
     assert reply.error["ename"] == "CallTimeout"
     assert "did not finish within 0.5 s; rank(s) 1 were interrupted" in reply.traceback
+    assert kernel.ok("%%mesh\nrank").text() == "[0] 0\n[1] 1\n"
+
+
+def test_fail_fast_interrupts_the_other_ranks(kernel, tmp_path):
+    cell = (
+        "%%mesh --fail-fast\nimport pathlib, time\nif rank == 0:\n"
+        f"    while not pathlib.Path({str(tmp_path)!r}, 'in').exists():\n"
+        "        time.sleep(0.01)\n    raise ValueError('rank 0 failed')\n"
+        f"pathlib.Path({str(tmp_path)!r}, 'in').touch()\ntime.sleep(600)"
+    )
+    reply = kernel.execute(cell)
+    assert reply.error["ename"] == "CellError"
+    assert reply.stream("stderr") == (
+        "[0] failed: ValueError: rank 0 failed (--fail-fast: interrupting rank(s) 1)\n"
+    )
+    text = reply.traceback
+    assert "ValueError: rank 0 failed" in text
+    assert "--- rank(s) 1 were interrupted (KeyboardInterrupt) and did not finish" in text
+    assert "time.sleep(600)" not in text  # where the interrupted rank was is not a failure
     assert kernel.ok("%%mesh\nrank").text() == "[0] 0\n[1] 1\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,12 +42,38 @@ def test_output_streams_while_the_cell_runs(kernel, tmp_path: Path):
     assert sorted(reply.stream().splitlines()) == ["[0] done 0", "[1] done 1"]
 
 
+def test_a_failing_rank_is_named_in_the_cell_while_the_others_run(kernel, tmp_path: Path):
+    go = tmp_path / "go"
+    msg_id = kernel.execute(
+        "%%mesh\nimport os, time\nif rank == 1:\n    raise ValueError('rank 1 broke')\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\nrank * 10",
+        wait=False,
+    )
+    seen = kernel.iopub_for(
+        msg_id, lambda ms: any("rank 1 broke" in m["content"].get("text", "") for m in ms)
+    )
+    line = next(m["content"] for m in seen if "rank 1 broke" in m["content"].get("text", ""))
+    assert line["name"] == "stderr"
+    assert line["text"] == (
+        "[1] failed: ValueError: rank 1 broke (rank(s) 0 still running; traceback at the end)\n"
+    )
+    go.touch()  # rank 0 finishes only now: the line came while it ran
+    reply = kernel.collect(msg_id)
+    assert reply.status == "error"
+    assert reply.error["ename"] == "CellError"
+    text = reply.traceback
+    assert "ValueError: rank 1 broke" in text
+    assert text.endswith("--- rank(s) 0 succeeded; their values are in .values:\n[0] 0")
+    assert kernel.ok("import sys\nprint(sys.last_value.values[0])").stream() == "0\n"
+
+
 def test_ordered_mode_is_deterministic(kernel):
     cell = "%%mesh --ordered\nimport sys, time\ntime.sleep(0.05 * (1 - rank))\n"
     cell += "print('a', rank)\nprint('e', rank, file=sys.stderr)\nprint('b', rank)"
     reply = kernel.ok(cell)
     assert reply.stream("stdout") == "[0] a 0\n[0] b 0\n[1] a 1\n[1] b 1\n"
     assert reply.stream("stderr") == "[0] e 0\n[1] e 1\n"
+    assert kernel.ok(cell.replace("--ordered", "--group-by-rank")).stream() == reply.stream()
 
 
 def test_deterministic_env_var_orders_every_cell():
@@ -112,17 +139,50 @@ def test_output_outside_cells_goes_to_the_running_cell(kernel):
     assert sorted(reply.stream().splitlines()) == ["[0] talking", "[1] talking"]
 
 
-def test_live_progress_bar_is_one_display_per_rank_updated_in_place(kernel):
+def test_live_progress_bars_are_one_widget_display_in_rank_order(kernel):
     cell = "%%mesh --live\nimport sys, time\nfor i in range(0, 101, 50):\n"
     cell += "    sys.stderr.write(f'\\r{i:3d}%')\n    sys.stderr.flush()\n    time.sleep(0.05)\n"
     cell += "_ = sys.stderr.write('\\n')"
     reply = kernel.ok(cell)
-    firsts = [m for m in reply.outputs if m["msg_type"] == "display_data"]
+    [first] = [m for m in reply.outputs if m["msg_type"] == "display_data"]
     updates = [m for m in reply.outputs if m["msg_type"] == "update_display_data"]
-    assert len(firsts) == 2  # one per rank
-    ids = {m["content"]["transient"]["display_id"] for m in firsts}
-    assert {m["content"]["transient"]["display_id"] for m in updates} == ids
-    last = {
-        m["content"]["transient"]["display_id"]: m["content"]["data"]["text/plain"] for m in updates
-    }
-    assert sorted(last.values()) == ["[0] 100%", "[1] 100%"]
+    display_id = first["content"]["transient"]["display_id"]
+    assert {m["content"]["transient"]["display_id"] for m in updates} == {display_id}
+    # The bars are widgets that the updates move; the display's text, sent as each
+    # bar ends, lists every rank's last line in rank order.
+    widget = "application/vnd.jupyter.widget-view+json"
+    assert widget in first["content"]["data"]
+    assert updates[-1]["content"]["data"]["text/plain"] == "[0] 100%\n[1] 100%"
+
+
+def _figures(reply) -> dict[int, dict]:
+    shown = [d for d in reply.displays() if "image/png" in d["data"]]
+    return {d["metadata"]["monarch_nb"]["rank"]: d["data"] for d in shown}
+
+
+def test_matplotlib_figures_from_ranks_are_shown_in_the_cell(kernel):
+    reply = kernel.ok(
+        "%%mesh\nimport matplotlib.pyplot as plt\nplt.plot([0, rank])\nplt.show()\n"
+        "print('shown', len(plt.get_fignums()))"
+    )
+    figures = _figures(reply)
+    assert sorted(figures) == [0, 1]  # one figure per rank, tagged with it
+    assert base64.b64decode(figures[1]["image/png"]).startswith(b"\x89PNG")
+    assert figures[1]["text/html"].startswith(
+        '<div class="monarch-nb-rank"><small>[rank 1]</small></div><img src="data:image/png'
+    )
+    assert sorted(reply.stream().splitlines()) == ["[0] shown 0", "[1] shown 0"]  # closed
+    # A figure as the last expression, and one left open: each shown once, as inline does.
+    reply = kernel.ok("%%mesh\nfig, ax = plt.subplots()\nax.plot([1, 2])\nplt.figure()\nfig")
+    assert len([d for d in reply.displays() if "image/png" in d["data"]]) == 4
+    assert not [d for d in reply.displays() if "None" in d["data"]["text/plain"]]
+
+
+def test_ipython_display_from_a_library_on_a_rank(kernel):
+    reply = kernel.ok("%%mesh\nimport rich_library\nrich_library.report(rank)")
+    html = sorted(d["data"]["text/html"] for d in reply.displays())
+    assert html == [
+        '<div class="monarch-nb-rank"><small>[rank 0]</small></div><b>report of rank 0</b>',
+        '<div class="monarch-nb-rank"><small>[rank 1]</small></div><b>report of rank 1</b>',
+    ]
+    assert "IPython.core.display.HTML object" not in reply.stream()  # not printed

@@ -114,7 +114,8 @@ def test_updates_flow_while_a_cell_runs_with_progress_not_text(kernel: Kernel) -
     )
     reply, _, updates = run_collecting_comms(kernel, cell)
     assert reply["content"]["status"] == "ok"
-    values = [state["value"] for _, state in updates if "value" in state]
+    # HTML values (tiles); the cell's own progress widgets send numbers too.
+    values = [state["value"] for _, state in updates if isinstance(state.get("value"), str)]
     busy = [v for v in values if "mnb-busy" in v]
     assert busy, f"no busy tile was sent while the cell ran: {values!r}"
     assert any("| 3/5" in v or "width:60%" in v for v in busy)  # progress in the tile
@@ -162,6 +163,27 @@ def test_a_killed_rank_shows_dead_with_its_signal_within_a_second(kernel: Kernel
     dead_tiles = [s["value"] for _, s in updates if "mnb-dead" in s.get("value", "")]
     assert dead_tiles
     assert "SIGKILL" in dead_tiles[-1]
+
+
+def test_failures_fold_by_rank_set_and_clear_and_interrupts_are_not_listed(
+    kernel: Kernel,
+) -> None:
+    kernel.ok("%mesh start --procs 3 --name folds")
+    kernel.ok("from monarch_nb import current_mesh\nd = current_mesh().dashboard()")
+    assert kernel.execute("%%mesh\nraise ValueError('same everywhere')").status == "error"
+    # An interrupt (here: a timeout) is a stop, not a failure: neither listed nor a red tile.
+    assert kernel.execute("%%mesh --timeout 0.5\nimport time\ntime.sleep(60)").status == "error"
+    code = (
+        "shown = d.wait_until(lambda d: 'ranks 0-2' in d.failures.list.value\n"
+        "                     and all(r.state == 'idle' for r in d.status.ranks), timeout=10)\n"
+        "print(shown, d.failures.list.value.count('class=\"mnb-failure\"'),\n"
+        "      len(d.failure_records), 'KeyboardInterrupt' in d.failures.list.value)\n"
+        "d.failures.clear_button.click()\n"
+        "print(d.wait_until(lambda d: 'no failures' in d.failures.list.value, timeout=10),\n"
+        "      current_mesh().failures.records(), d.failures.clear_button.layout.display)"
+    )
+    out = plain(kernel.ok(code).stream())
+    assert out == "True 1 3 False\nTrue () none\n"
 
 
 def test_plain_ipython_shows_the_text_summary() -> None:

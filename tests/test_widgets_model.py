@@ -158,7 +158,7 @@ def test_text_summary_lists_failures_and_progress() -> None:
     text = render_text(status, log.records(), {0: parse_progress(" 40%|████  | 4/10")})
     assert "1     node1  1001  dead" in text
     assert "progress:\n  [0] 40%|████  | 4/10" in text
-    assert "failures (1):\n  rank 1 · " in text
+    assert "failures (1, newest first):\n  rank 1 · " in text
     assert text.endswith("was killed by signal SIGKILL · during %%mesh cell [4]")
 
 
@@ -218,3 +218,71 @@ def test_failure_panel_html_escapes_and_folds_tracebacks() -> None:
     assert "<bad>" not in panel
     assert "<details><summary>traceback</summary>" in panel
     assert "no failures" in failures_html(())
+
+
+def raised(
+    rank: int, cause: str = "ValueError: boom", at: float = 0.0, cell: int = 3
+) -> RankFailed:
+    return RankFailed(
+        "m",
+        rank,
+        cause,
+        traceback=f"Traceback ...\n{cause}",
+        label=f"cell <mesh-cell-{cell}>",
+        at=at,
+    )
+
+
+def test_identical_failures_fold_by_rank_set_newest_first() -> None:
+    log = FailureLog()
+    for rank in (0, 1, 3):
+        log(raised(rank, at=10.0))
+    log(raised(2, "KeyError: 'x'", at=11.0))
+    log(killed(2))  # at 3600: the newest
+    groups = log.groups()
+    assert [(g.ranks, g.record.cause) for g in groups] == [
+        ((2,), "was killed by signal SIGKILL"),
+        ((2,), "KeyError: 'x'"),
+        ((0, 1, 3), "ValueError: boom"),
+    ]
+    text = render_text(mesh_status(rank_status(0)), log.records())
+    assert text.splitlines()[-1].startswith("  ranks 0-1,3 · ")
+    assert text.splitlines()[-1].endswith(" · ValueError: boom · during %%mesh cell [3]")
+    panel = failures_html(log.records())
+    assert panel.count('class="mnb-failure"') == 3
+    assert 'data-rank="0-1,3"' in panel
+    assert panel.index("SIGKILL") < panel.index("KeyError") < panel.index("ranks 0-1,3")
+
+
+def test_interrupts_are_not_failures() -> None:
+    log = FailureLog()
+    log(raised(0, "KeyboardInterrupt: ", at=1.0))
+    assert log.records() == ()
+    log(raised(1, at=2.0))
+    assert [r.rank for r in log.records()] == [1]
+
+
+def test_the_failure_list_is_capped_with_a_count_of_the_older_ones() -> None:
+    log = FailureLog()
+    for cell in range(8):
+        log(raised(0, at=float(cell), cell=cell))
+    panel = failures_html(log.records())
+    assert panel.count('class="mnb-failure"') == 5
+    assert "... and 3 more (older)" in panel
+    assert "%%mesh cell [7]" in panel  # the newest are shown
+    assert "%%mesh cell [0]" not in panel
+    assert "max-height:16em;overflow:auto" in panel  # it scrolls, the page does not grow
+    assert render_text(mesh_status(rank_status(0)), log.records()).endswith(
+        "  ... and 3 more (older)"
+    )
+
+
+def test_every_tile_has_the_same_fixed_height() -> None:
+    tiles = [
+        tile_html(rank_status(0)),
+        tile_html(rank_status(0, RankState.BUSY, work="cell <mesh-cell-1>"), parse_progress("1/2")),
+        tile_html(rank_status(1, RankState.DEAD, returncode=-9, failure="killed " * 40)),
+    ]
+    heights = {tile.split("height:calc(", 1)[1].split(")", 1)[0] for tile in tiles}
+    assert heights == {"7 * 1.3em + 6px"}
+    assert all("overflow:hidden" in tile for tile in tiles)

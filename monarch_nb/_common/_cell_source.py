@@ -11,6 +11,7 @@ import ast
 import inspect
 import itertools
 import linecache
+import threading
 from typing import Any
 
 # Top-level ``await`` compiles to a code object that returns a coroutine.
@@ -18,12 +19,26 @@ CELL_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 CO_COROUTINE = inspect.CO_COROUTINE
 
 _cell_numbers = itertools.count(1)
+_names_used: set[str] = set()
+_names_lock = threading.Lock()
 
 
-def next_cell_name() -> tuple[int, str]:
-    """``(n, "<mesh-cell-n>")``: the one counter that numbers cells in this process."""
-    number = next(_cell_numbers)
-    return number, f"<mesh-cell-{number}>"
+def next_cell_name(number: int | None = None) -> tuple[int, str]:
+    """``(n, "<mesh-cell-n>")``: a name no other cell of this process has.
+
+    ``number`` is the notebook's execution count, so ``In [5]`` runs as
+    ``<mesh-cell-5>``; a second cell under the same number (two runs in one
+    notebook cell) is ``<mesh-cell-5.2>``. Without it, a process-wide counter.
+    """
+    with _names_lock:
+        if number is None:
+            number = next(_cell_numbers)
+        name, again = f"<mesh-cell-{number}>", 1
+        while name in _names_used:
+            again += 1
+            name = f"<mesh-cell-{number}.{again}>"
+        _names_used.add(name)
+    return number, name
 
 
 def cache_source(filename: str, source: str) -> None:

@@ -3,14 +3,16 @@
 The controller's :class:`~monarch_nb.Endpoint` and an actor's reference to
 another mesh (:mod:`._peer_mesh`) differ only in how a call leaves the
 process (the controller's socket, or the peer node); what ``call``,
-``call_one``, ``choose``, ``stream`` and ``broadcast`` mean is here.
+``call_one``, ``choose``, ``stream``, ``broadcast`` and ``map`` mean is here.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
+from ._balance import IN_FLIGHT, MapFuture, balanced_map
 from ._errors import EndpointError, MeshUsageError, SerializationError
 from ._future import Future, failed
 from ._pending import PendingCall, ReplyStream
@@ -59,7 +61,8 @@ class EndpointBase(Generic[R]):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise MeshUsageError(
             f"{self.label} is an endpoint of a mesh; call it with an adverb: "
-            f".call(...).get(), .call_one(...).get(), .broadcast(...), .choose(...) or .stream(...)"
+            ".call(...).get(), .call_one(...).get(), .broadcast(...), .choose(...), "
+            ".stream(...) or .map(items)"
         )
 
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh[R]]:
@@ -93,6 +96,19 @@ class EndpointBase(Generic[R]):
         """Call every actor; iterate ``(point, value)`` as each reply arrives."""
         call = self._send(self._mesh._shape, "stream", args, kwargs)
         return ReplyStream(call.stream_futures)  # failed before sending: each item raises
+
+    def map(self, items: Iterable[Any], *, in_flight: int = IN_FLIGHT) -> MapFuture:
+        """Call the endpoint once per item, ``endpoint(item)``, load-balanced over the
+        actors: each has at most ``in_flight`` items at a time and gets the next
+        one as soon as one of its items finishes. A future of the results, in
+        the order of ``items``; the first item that raises fails it.
+        """
+        shape = self._mesh._shape
+
+        def send(rank: int, item: Any) -> Future[Any]:
+            return self._send(Shape([], [], [rank]), "one", (item,), {}).future
+
+        return balanced_map(shape.ranks, items, send, in_flight=in_flight)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Call every actor without waiting. An exception it raises is not lost:

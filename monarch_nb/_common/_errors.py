@@ -21,25 +21,33 @@ traceback and labelled with the rank set.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ._fold import MAX_GROUPS_SHOWN, fold, more
+from ._fold import MAX_GROUPS_SHOWN, fold, fold_lines, format_ranks, more, value_text
 from ._public import publish
 
+if TYPE_CHECKING:
+    from ._value_mesh import ValueMesh
 
-def format_ranks(ranks: Iterable[int]) -> str:
-    """Compact rank set: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
+
+# How IPython shows our errors (``_render_traceback_``): the plain lines, unless
+# the notebook layer installed IPython's colours and the notebook's words
+# (magics/_tracebacks). ``style(error, lines) -> lines``.
+_ipython_style: Callable[[BaseException, list[str]], list[str]] | None = None
+
+
+def set_ipython_style(style: Callable[[BaseException, list[str]], list[str]] | None) -> None:
+    """Install how errors render in IPython (None: plain text)."""
+    global _ipython_style
+    _ipython_style = style
+
+
+def ipython_lines(error: BaseException, lines: list[str]) -> list[str]:
+    """``lines`` of ``error`` as IPython should show them (see set_ipython_style)."""
+    style = _ipython_style
+    return style(error, lines) if style is not None else lines
 
 
 class MonarchNbError(Exception):
@@ -80,28 +88,47 @@ class RemoteError(MonarchNbError):
     """User code raised on one or more ranks.
 
     ``.failures`` holds one :class:`RemoteFailure` per failed rank; ``.ranks``
-    the failed ranks; ``.remote_traceback`` the first traceback. The message
-    groups identical tracebacks and labels each group with its rank set.
+    the failed ranks; ``.remote_traceback`` the first traceback; ``.values``
+    the :class:`~monarch_nb.ValueMesh` of the ranks that succeeded (None if
+    none did). The message groups identical tracebacks and labels each group
+    with its rank set; ranks that were only interrupted (``KeyboardInterrupt``
+    while another rank failed, as ``--fail-fast`` does) are named on one line.
     """
 
     what = "call"
 
     def __init__(
-        self, failures: Sequence[RemoteFailure], *, actor: str = "", endpoint: str = ""
+        self,
+        failures: Sequence[RemoteFailure],
+        *,
+        actor: str = "",
+        endpoint: str = "",
+        values: ValueMesh[Any] | None = None,
     ) -> None:
         self.failures = tuple(sorted(failures, key=lambda f: f.rank))
         self.actor, self.endpoint = actor, endpoint
         self.ranks = tuple(f.rank for f in self.failures)
         self.remote_traceback = self.failures[0].traceback if self.failures else ""
+        self.values = values
         super().__init__(self._summary())
 
     @property
     def target(self) -> str:
         return f"{self.actor}.{self.endpoint}" if self.endpoint else self.actor
 
+    @property
+    def interrupted(self) -> tuple[int, ...]:
+        """Ranks that were only interrupted while another rank failed (not a failure
+        of their own): their tracebacks are left out of :meth:`render`."""
+        interrupts = tuple(f.rank for f in self.failures if _is_interrupt(f))
+        return interrupts if len(interrupts) < len(self.failures) else ()
+
     def groups(self) -> list[tuple[tuple[int, ...], RemoteFailure]]:
-        """Failures grouped by identical traceback: ``[(ranks, failure), ...]``."""
-        return fold(((f.rank, f) for f in self.failures), key=lambda f: f.traceback)
+        """Failures grouped by identical traceback: ``[(ranks, failure), ...]``,
+        without the ranks that were only :attr:`interrupted`."""
+        interrupted = set(self.interrupted)
+        failures = (f for f in self.failures if f.rank not in interrupted)
+        return fold(((f.rank, f) for f in failures), key=lambda f: f.traceback)
 
     def _summary(self) -> str:
         head = ", ".join(
@@ -110,12 +137,16 @@ class RemoteError(MonarchNbError):
             else f"rank {ranks[0]}: {f.type_name}: {f.message}"
             for ranks, f in self.groups()[:MAX_GROUPS_SHOWN]
         )
+        if self.interrupted:
+            head += f" (rank(s) {format_ranks(self.interrupted)} interrupted)"
         return f"{self.target} failed on {head}"
 
     def render(self) -> str:
-        """Full text: each distinct remote traceback once, labelled by rank set."""
-        lines = [f"{self.what} {self.target} failed on rank(s) {format_ranks(self.ranks)}"]
+        """Full text: each distinct remote traceback once, labelled by rank set, then
+        the interrupted ranks and the values of the ranks that succeeded."""
         groups = self.groups()
+        failed = [r for ranks, _ in groups for r in ranks]
+        lines = [f"{self.what} {self.target} failed on rank(s) {format_ranks(failed)}"]
         for ranks, failure in groups[:MAX_GROUPS_SHOWN]:
             lines.append(
                 f"--- Traceback of where the remote call failed (rank {format_ranks(ranks)}):"
@@ -124,18 +155,41 @@ class RemoteError(MonarchNbError):
         tail = more(len(groups), what="more distinct tracebacks")
         if tail:
             lines.append(tail)
+        if self.interrupted:
+            lines.append(
+                f"--- rank(s) {format_ranks(self.interrupted)} were interrupted "
+                "(KeyboardInterrupt) and did not finish"
+            )
+        lines += self.render_values()
         return "\n".join(lines)
+
+    def render_values(self) -> list[str]:
+        """The values of the ranks that succeeded, folded, under a heading (or nothing)."""
+        values = self.values
+        if values is None or not len(values):
+            return []
+        ranks = values.shape.ranks
+        texts = (value_text(v) for v in values.values())
+        return [
+            f"--- rank(s) {format_ranks(ranks)} succeeded; their values are in .values:",
+            *fold_lines(zip(ranks, texts, strict=True)),
+        ]
 
     def _render_traceback_(self) -> list[str]:
         # IPython calls this instead of formatting the local traceback.
-        return self.render().splitlines()
+        return ipython_lines(self, self.render().splitlines())
 
     def __reduce__(self):
         return (_rebuild_remote_error, (type(self), self.failures, self.actor, self.endpoint))
 
 
 def _rebuild_remote_error(cls, failures, actor, endpoint):
+    # .values stay behind: they may not pickle, and the failures are what travels.
     return cls(failures, actor=actor, endpoint=endpoint)
+
+
+def _is_interrupt(failure: RemoteFailure) -> bool:
+    return failure.type_name == "KeyboardInterrupt"
 
 
 class SpawnError(RemoteError):
@@ -166,7 +220,7 @@ class MeshFailure(MonarchNbError):
         lines = [f"MeshFailure: {self}"]
         if isinstance(self.cause, RemoteError):
             lines += self.cause.render().splitlines()
-        return lines
+        return ipython_lines(self, lines)
 
     def report(self) -> str:
         """The whole story as text: the failure, and the remote traceback of its cause."""

@@ -172,6 +172,9 @@ class PendingCall:
         self.grace = 3.0  # seconds the stopper waits before it kills
         self.answered: set[int] = set()
         self.closed = False  # finish bookkeeping done (under the tracker's lock)
+        # Called with each rank's failure as it arrives, on the receiving thread,
+        # before the call completes (``--fail-fast`` interrupts the other ranks).
+        self.on_failure: Callable[[RemoteFailure], None] | None = None
 
     @property
     def label(self) -> str:
@@ -193,6 +196,8 @@ class PendingCall:
     def add_failure(self, failure: RemoteFailure, *, serialization: bool = False) -> None:
         (self.serialization_failures if serialization else self.failures).append(failure)
         self._answer(failure.rank)
+        if self.on_failure is not None:
+            self.on_failure(failure)
         self._next_stream_item(lambda f: f.set_exception(self._error([failure], serialization)))
         self._maybe_finish()
 
@@ -234,6 +239,11 @@ class PendingCall:
             return True
         return False
 
+    def error_so_far(self) -> Exception:
+        """The error of the failures that arrived so far, with the values so far (for a
+        call ended before every rank answered)."""
+        return self._error(list(self.failures), False)
+
     def _error(self, failures: list[RemoteFailure], serialization: bool) -> Exception:
         if serialization:
             f = failures[0]
@@ -243,7 +253,12 @@ class PendingCall:
                 ranks=ranks,
                 type_name=f.type_name,
             )
-        return self.error_class(failures, actor=self.actor, endpoint=self.endpoint)
+        succeeded = [r for r in self.ranks if r in self.values]
+        values = None
+        if succeeded:
+            shape = Shape(("ranks",), (len(succeeded),), succeeded)
+            values = ValueMesh(shape, [self.values[r] for r in succeeded])
+        return self.error_class(failures, actor=self.actor, endpoint=self.endpoint, values=values)
 
     def _finished(self) -> None:
         if self.tracker is not None:

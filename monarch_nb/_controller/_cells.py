@@ -16,21 +16,26 @@ from typing import TYPE_CHECKING, Any
 from .._common._cell_source import cache_source, compile_cell, next_cell_name
 from .._common._errors import CellError
 from .._common._messages import Pull, Push, RunCell
+from . import _interrupt
 from ._calls import CallFuture, send_call
 
 if TYPE_CHECKING:
     from ._proc_mesh import ProcMesh
 
 
-def run_cell(procs: ProcMesh, source: str, *, name: str | None = None) -> CallFuture:
+def run_cell(
+    procs: ProcMesh, source: str, *, name: str | None = None, fail_fast: bool = False
+) -> CallFuture:
     """Run ``source`` on every rank of ``procs``; a future of the last expression's values.
 
-    Raises SyntaxError at once (locally) if the cell does not compile.
+    Raises SyntaxError at once (locally) if the cell does not compile. With
+    ``fail_fast`` the first rank that raises interrupts the others (see
+    :func:`~._interrupt.fail_fast`).
     """
     filename = name or next_cell_name()[1]
     compile_cell(source, filename)  # SyntaxError here, before anything is sent
     cache_source(filename, source)
-    return send_call(
+    future = send_call(
         procs._group,
         procs.shape,
         lambda call_id: RunCell(call_id, filename),
@@ -38,6 +43,9 @@ def run_cell(procs: ProcMesh, source: str, *, name: str | None = None) -> CallFu
         actor=f"cell {filename}",
         error_class=CellError,
     ).future
+    if fail_fast:
+        _interrupt.fail_fast(future)
+    return future
 
 
 def push(procs: ProcMesh, values: Mapping[str, Any]) -> CallFuture:

@@ -8,17 +8,29 @@ second Ctrl-C during the grace period kills at once.
 
 Lives in the runtime, so a plain script's Ctrl-C on ``.get()`` leaves no
 rank running; the notebook layer only wires the kernel's interrupt to it.
+
+:func:`fail_fast` applies the same to the ranks of a call as soon as one of
+them failed: the others stop instead of running on (or waiting forever in a
+collective for the rank that failed).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
-from .._common._errors import CallTimeout, MeshFailure, RemoteError, format_ranks
+from .._common._errors import (
+    CallTimeout,
+    MeshFailure,
+    RemoteError,
+    RemoteFailure,
+    format_ranks,
+)
+from .._common._hints import restart_hint
 
 if TYPE_CHECKING:
-    from .._common._pending import CallFuture
+    from .._common._pending import CallFuture, PendingCall
 
 GRACE_S = float(os.environ.get("MONARCH_NB_INTERRUPT_GRACE", "3"))
 _AFTER_KILL_S = 10.0  # the pidfd reports a SIGKILLed rank at once; this is a safety net
@@ -70,7 +82,7 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
         raise MeshFailure(
             f"{label} {why}; rank(s) {format_ranks(killed)} did not stop within {grace} s "
             f"of the interrupt (stuck outside Python?) and were killed, so mesh "
-            f"{group.name!r} is failed: call restart() (%mesh restart) to continue",
+            f"{group.name!r} is failed: {restart_hint(group.name)} to continue",
             ranks=killed,
             cause=future.exception(timeout=0) if future.done() else None,
         )
@@ -90,6 +102,71 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
         f"{label} {why}; rank(s) {where} were interrupted and the mesh is usable",
         ranks=busy,
     ) from error
+
+
+def fail_fast(future: CallFuture, *, grace: float = GRACE_S) -> None:
+    """When a rank of ``future``'s call fails, interrupt the ranks still running it.
+
+    A rank that is still busy ``grace`` s later (stuck outside Python, e.g. in
+    a collective waiting for the rank that failed) is killed, and the call
+    fails with a MeshFailure naming it, whose ``.cause`` is the call's
+    RemoteError. Otherwise the call fails as usual, with a RemoteError whose
+    interrupted ranks are named on one line and whose ``.values`` hold what
+    the ranks that finished returned.
+    """
+    call = future._call
+    if call is None or future.done() or call.group is None:
+        return
+    group = call.group
+    lock = threading.Lock()
+    fired: list[RemoteFailure] = []
+
+    def on_failure(failure: RemoteFailure) -> None:
+        if failure.type_name == "KeyboardInterrupt":
+            return  # an interrupt is what stops the others, not a reason to
+        with lock:
+            if fired:
+                return
+            fired.append(failure)
+        others = [r for r in future.waiting_ranks() if r != failure.rank]
+        if not others:
+            return
+        group.interrupt(others, call.call_id)
+        loop = group.controller.loop
+
+        def escalate() -> None:
+            _kill_stuck(future, call, failure, others, grace)
+
+        loop.call_soon(lambda: loop.call_later(grace, escalate))
+
+    call.on_failure = on_failure
+    for failure in list(call.failures):  # any that arrived before the hook was set
+        on_failure(failure)
+
+
+def _kill_stuck(
+    future: CallFuture,
+    call: PendingCall,
+    first: RemoteFailure,
+    interrupted: list[int],
+    grace: float,
+) -> None:
+    """``grace`` s after a fail-fast interrupt: kill the ranks still running the call."""
+    stuck = future.waiting_ranks()
+    if not stuck:
+        return
+    group = call.group
+    error = MeshFailure(
+        f"{call.label} failed on rank {first.rank} ({first.type_name}: {first.message}); "
+        f"fail-fast interrupted rank(s) {format_ranks(interrupted)}, and rank(s) "
+        f"{format_ranks(stuck)} did not stop within {grace} s (stuck outside Python, e.g. "
+        f"in a collective waiting for rank {first.rank}) and were killed, so mesh "
+        f"{group.name!r} is failed: {restart_hint(group.name)} to continue",
+        ranks=stuck,
+        cause=call.error_so_far(),
+    )
+    call.fail(error)  # before the kill, so this error wins over the mesh failure's
+    group.kill_ranks(stuck)
 
 
 def _only_interrupts(error: BaseException) -> bool:

@@ -6,18 +6,19 @@ import importlib
 import itertools
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._common import _refs
 from .._common._actors import Actor
+from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
 from .._common._future import Future, completed
 from .._common._messages import Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._value_mesh import ValueMesh
-from . import _cells
+from . import _cells, _data_parallel
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
@@ -172,23 +173,28 @@ class ProcMesh(MeshShape):
 
     # -- code cells: the plain-Python API behind %%mesh ---------------------------------
 
-    def exec(self, source: str, *, name: str | None = None) -> CallFuture:
+    def exec(self, source: str, *, name: str | None = None, fail_fast: bool = False) -> CallFuture:
         """Start ``source`` on every rank of this view; a future of the last expression's
         values (a ValueMesh). Raises SyntaxError locally, before anything is sent.
 
         Each rank keeps one namespace across cells, with ``rank``, ``world_size``,
-        ``local_rank``, ``point`` and ``display`` predefined.
+        ``local_rank``, ``point`` and ``display`` predefined. With ``fail_fast``
+        the first rank that raises interrupts the others (and kills those stuck
+        outside Python after the grace period).
         """
-        return _cells.run_cell(self, source, name=name)
+        return _cells.run_cell(self, source, name=name, fail_fast=fail_fast)
 
-    def run(self, source: str, *, timeout: float | None = None) -> ValueMesh[Any]:
+    def run(
+        self, source: str, *, timeout: float | None = None, fail_fast: bool = False
+    ) -> ValueMesh[Any]:
         """Run ``source`` on every rank and wait: the ValueMesh of its last expression.
 
         On ``timeout`` (or Ctrl-C) the ranks still running are interrupted, and
         killed if they do not stop within the grace period. Raises CellError with
-        every rank's traceback if it raised.
+        every rank's traceback if it raised; its ``.values`` hold the values of
+        the ranks that succeeded.
         """
-        return wait_for(self.exec(source), timeout=timeout)
+        return wait_for(self.exec(source, fail_fast=fail_fast), timeout=timeout)
 
     def push(self, values: Mapping[str, Any] | None = None, /, **names: Any) -> None:
         """Set names in every rank's namespace: ``procs.push(lr=0.1)``."""
@@ -197,6 +203,30 @@ class ProcMesh(MeshShape):
     def pull(self, name: str) -> ValueMesh[Any]:
         """``name`` from every rank's namespace, as a ValueMesh."""
         return wait_for(_cells.pull(self, name))
+
+    # -- data parallel: see _data_parallel ----------------------------------------------
+
+    def scatter(self, name: str, seq: Any) -> None:
+        """Split ``seq`` (a list, tuple, string, tensor or array) into one contiguous
+        chunk per rank, in rank order, and set ``name`` to it on each rank:
+        ``procs.scatter("shard", list(range(10)))``."""
+        _data_parallel.scatter(self, name, seq)
+
+    def gather(self, name: str) -> Any:
+        """``name`` from every rank, concatenated in rank order (lists, tuples and
+        strings joined, tensors and arrays concatenated); other values as a list."""
+        return _data_parallel.gather(self, name)
+
+    def map(
+        self, fn: Callable[[Any], Any], items: Iterable[Any], *, in_flight: int = 2
+    ) -> MapFuture:
+        """``fn(item)`` for every item, load-balanced over the ranks: each rank runs at
+        most ``in_flight`` items at a time and gets the next as soon as one
+        finishes. A future of the results in input order:
+        ``procs.map(score, batches).get()``. ``fn`` travels with each item, so
+        keep large data on the ranks (``scatter`` it) rather than in ``fn``.
+        """
+        return _data_parallel.map_items(self, fn, items, in_flight=in_flight)
 
     # -- actors ---------------------------------------------------------------------
 

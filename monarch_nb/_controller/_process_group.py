@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .._common import _context, _peer, _refs, _rundir
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError
 from .._common._future import Future
+from .._common._hints import restart_hint
 from .._common._messages import (
     BroadcastFailure,
     DebugEnded,
@@ -440,8 +441,11 @@ class ProcGroup:
         return self.signer.encode(message, payload)
 
     def note_failure(self, rank: int, cause: str) -> None:
-        """``rank`` raised: it shows FAILED once it has no other call in flight."""
-        self.rank_failures[rank] = cause
+        """``rank`` raised: it shows FAILED once it has no other call in flight. An
+        interrupt (Ctrl-C, a timeout, fail-fast) is a stop someone asked for, not a
+        failure of the rank."""
+        if not cause.startswith("KeyboardInterrupt"):
+            self.rank_failures[rank] = cause
 
     def rank_settled(self, rank: int) -> None:
         """``rank`` has no call in flight any more: say what it is now (any thread)."""
@@ -654,7 +658,7 @@ class ProcGroup:
         running = self.controller.calls_waiting_on(self, worker.rank)
         what = f" while running {', '.join(running)}" if running else ""
         if worker.rank in self.ready_ranks:
-            consequence = "the mesh is failed: call restart() to start fresh processes"
+            consequence = f"the mesh is failed: {restart_hint(self.name)} for fresh processes"
         else:
             consequence = "so the mesh failed to start"
             if worker.stderr_tail:
@@ -685,8 +689,9 @@ class ProcGroup:
         self.fail(
             MeshFailure(
                 f"host {host} of process mesh {self.name!r} {why}: its ranks "
-                f"{_describe_ranks(ranks)} are lost; the mesh is failed (restart() once "
-                "the host is back, or start a new mesh without it)",
+                f"{_describe_ranks(ranks)} are lost; the mesh is failed "
+                f"({restart_hint(self.name)} once the host is back, or start a new mesh "
+                "without it)",
                 ranks=ranks,
                 cause=why,
             )

@@ -59,10 +59,11 @@ DEFAULT_HEARTBEAT_S = 1.0
 _DISPATCH_FILES = frozenset(
     os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
 )
-# Frames of waiting on a future: where a nested call's error was re-raised.
+# Frames of waiting on a future (where a nested call's error was re-raised), and
+# of the actor that applies ProcMesh.map's function: ours, not the user's.
 _WAIT_FILES = frozenset(
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "_common", name)
-    for name in ("_future.py", "_pending.py")
+    for name in ("_future.py", "_pending.py", "_balance.py")
 )
 
 
@@ -709,7 +710,9 @@ class Worker:
             tb = tb.tb_next
         summary = traceback.TracebackException(type(exc), exc, tb)
         summary.stack = traceback.StackSummary.from_list(
-            [f for f in summary.stack if f.filename not in _WAIT_FILES]
+            # Dispatch frames inside user code too: the SIGINT handler raising
+            # KeyboardInterrupt is the last frame of an interrupt.
+            [f for f in summary.stack if f.filename not in _WAIT_FILES | _DISPATCH_FILES]
         )
         text = "".join(summary.format())
         if isinstance(exc, RemoteError):  # a call this actor made failed: show where

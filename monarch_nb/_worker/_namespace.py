@@ -4,7 +4,9 @@ Each rank keeps one namespace (per process mesh), with ``rank``,
 ``world_size``, ``local_rank``, ``point`` and ``display`` predefined
 (``display(obj)`` sends the object's rich representation to the notebook,
 tagged with the rank). Top-level ``await`` works in cells; the value of a
-trailing expression is returned, like IPython's ``Out``.
+trailing expression is returned, like IPython's ``Out``. Matplotlib figures
+and ``IPython.display.display`` from any library reach the notebook too
+(see :mod:`._rich`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._common._cell_source import CO_COROUTINE, cache_source, compile_cell
 from .._common._context import Context
 from .._common._messages import Display
+from . import _rich
 
 if TYPE_CHECKING:
     from ._main import Worker
@@ -38,6 +41,7 @@ class RankNamespace:
             "point": point,
             "display": self.display,
         }
+        _rich.install(self)
 
     def execute(self, filename: str, source: str) -> Any:
         """Run a cell; the trailing expression's value, or a coroutine if it awaits."""
@@ -45,19 +49,28 @@ class RankNamespace:
         body, expr = compile_cell(source, filename)
         if (body.co_flags | (expr.co_flags if expr else 0)) & CO_COROUTINE:
             return self._execute_async(body, expr)
-        exec(body, self.globals)
-        if expr is not None:
-            return eval(expr, self.globals)
-        return None
+        value = None
+        try:
+            exec(body, self.globals)
+            if expr is not None:
+                value = eval(expr, self.globals)
+        finally:
+            value = _rich.after_cell(value)  # figures left open are shown, as inline does
+        return value
 
     async def _execute_async(self, body: Any, expr: Any) -> Any:
-        result = eval(body, self.globals)
-        if inspect.iscoroutine(result):
-            await result
-        if expr is None:
-            return None
-        value = eval(expr, self.globals)
-        return await value if expr.co_flags & CO_COROUTINE else value
+        value = None
+        try:
+            result = eval(body, self.globals)
+            if inspect.iscoroutine(result):
+                await result
+            if expr is not None:
+                value = eval(expr, self.globals)
+                if expr.co_flags & CO_COROUTINE:
+                    value = await value
+        finally:
+            value = _rich.after_cell(value)
+        return value
 
     def display(self, *objs: Any, metadata: dict[str, Any] | None = None) -> None:
         """Show ``objs`` in the notebook cell running this code, tagged with this rank.
@@ -69,6 +82,12 @@ class RankNamespace:
             data, md = mime_bundle(obj)
             md.update(metadata or {})
             self.worker.send(Display(), {"data": data, "metadata": md})
+
+    def publish(self, data: dict[str, Any], metadata: dict[str, Any] | None = None) -> None:
+        """Send a ready mime bundle (``IPython.display.display(..., raw=True)``)."""
+        bundle = {k: v for k, v in data.items() if isinstance(v, str | dict | list)}
+        bundle.setdefault("text/plain", "<display>")
+        self.worker.send(Display(), {"data": bundle, "metadata": dict(metadata or {})})
 
     def pull(self, name: str) -> Any:
         try:

@@ -13,13 +13,22 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .._common._errors import CallTimeout, MeshFailure, MeshUsageError, RemoteError
+from .._common import _hints
+from .._common._errors import (
+    CallTimeout,
+    MeshFailure,
+    MeshUsageError,
+    RemoteError,
+    ipython_lines,
+    set_ipython_style,
+)
 from .._common._value_mesh import ValueMesh
 from . import _debug_magic, _options, _render
 from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
 from ._panel import register_panel
 from ._registry import REGISTRY, CellHandle, NotebookMesh
+from ._tracebacks import IPythonStyle, restart_hint
 
 
 def _usage(exc: MeshUsageError) -> UsageError:
@@ -38,6 +47,13 @@ class MeshMagics(Magics):
         self.registry = REGISTRY
         self.autorun: AutoRun | None = None
         self.activation: Any = None  # monarch_nb.tensor's Activation, while %mesh activate
+        # Whether the cell running now counts in the notebook's history: only then
+        # is its execution count its own (nbval runs every cell as In [1]).
+        self.counted = False
+
+    def pre_run_cell(self, info: Any) -> None:
+        """IPython's ``pre_run_cell`` event: remember whether this cell is counted."""
+        self.counted = bool(getattr(info, "store_history", False))
 
     # -- %mesh ------------------------------------------------------------------------
 
@@ -63,8 +79,8 @@ class MeshMagics(Magics):
                 f"{', '.join(_options.SUBCOMMANDS)} (see %mesh?)"
             )
         try:
-            if command == "push":
-                return self._push(rest)
+            if command in ("push", "scatter"):
+                return self._assign(command, rest)
             args = _options.parse(func, rest)
             return getattr(self, f"_{command}")(args)
         except MeshUsageError as exc:
@@ -136,16 +152,29 @@ class MeshMagics(Magics):
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
         display(_render.StatusView([m.status() for m in meshes]))
 
-    def _push(self, rest: str) -> None:
-        options, pairs = _options.split_assignments(rest)
-        args = _options.parse(_options.push_options, options)
+    def _assign(self, command: str, rest: str) -> None:
+        """``%mesh push NAME=EXPR ...`` (every rank gets the value) and ``%mesh scatter
+        NAME=EXPR ...`` (each rank gets its chunk)."""
+        try:
+            options, pairs = _options.split_assignments(rest)
+        except UsageError as exc:
+            raise UsageError(f"%mesh {command}: {exc}") from None
+        args = _options.parse(_options.SUBCOMMANDS[command], options)
         if not pairs:
-            raise UsageError("%mesh push needs NAME=EXPR, e.g. %mesh push lr=0.1")
+            raise UsageError(f"%mesh {command} needs NAME=EXPR, e.g. %mesh {command} x=data")
         values = {}
         for name, expression in pairs:
             values[name] = self.shell.ev(expression)  # a local error shows as a local one
         mesh = self.registry.get(args.mesh)
-        mesh.push(values, ranks=args.ranks, where=args.where)
+        if command == "push":
+            mesh.push(values, ranks=args.ranks, where=args.where)
+            return
+        for name, value in values.items():
+            mesh.scatter(name, value, ranks=args.ranks, where=args.where)
+
+    def _gather(self, args: Any) -> Any:
+        mesh = self.registry.get(args.mesh)
+        return mesh.gather(args.name, ranks=args.ranks, where=args.where)
 
     def _pull(self, args: Any) -> ValueMesh[Any]:
         mesh = self.registry.get(args.mesh)
@@ -203,6 +232,9 @@ class MeshMagics(Magics):
                 timeout=args.timeout,
                 block=not args.no_block,
                 ordered=ordered,
+                fail_fast=args.fail_fast,
+                # <mesh-cell-N> is In [N]; an uncounted cell takes the next of our own count.
+                number=self.shell.execution_count if self.counted else None,
                 on_done=self._done_callback(mesh, args.out) if args.no_block else None,
             )
         except MeshUsageError as exc:
@@ -252,8 +284,9 @@ def _without_local_frames(exc: BaseException) -> BaseException:
     """Show ``exc`` as its message, then where each rank was, not our own frames."""
     lines = [f"{type(exc).__name__}: {exc}"]
     if isinstance(exc.__cause__, RemoteError):
-        lines += ["where the ranks were:", *exc.__cause__.render().splitlines()[1:]]
-    exc._render_traceback_ = lambda: lines  # type: ignore[attr-defined]  # IPython's hook
+        lines += ["--- where the ranks were:", *exc.__cause__.render().splitlines()[1:]]
+    shown = ipython_lines(exc, lines)
+    exc._render_traceback_ = lambda: shown  # type: ignore[attr-defined]  # IPython's hook
     return exc
 
 
@@ -291,6 +324,9 @@ def load_ipython_extension(shell: Any) -> None:
     _loaded[id(shell)] = magics
     atexit.register(REGISTRY.stop_all)
     register_panel(shell)  # the JupyterLab Mesh panel's comm (labextension/)
+    shell.events.register("pre_run_cell", magics.pre_run_cell)
+    set_ipython_style(IPythonStyle(shell))  # remote errors in IPython's colours
+    _hints.set_restart_hint(restart_hint)  # "run %mesh restart", not the method
     _debug_magic.install()  # breakpoint() on a rank prompts in the waiting cell
 
 
@@ -299,10 +335,13 @@ def unload_ipython_extension(shell: Any) -> None:
     if magics is None:
         return
     magics._off(None)
+    shell.events.unregister("pre_run_cell", magics.pre_run_cell)
     if magics.activation is not None:
         magics.activation.exit()
     REGISTRY.stop_all()
     atexit.unregister(REGISTRY.stop_all)
+    set_ipython_style(None)
+    _hints.set_restart_hint(None)
     for kind in ("line", "cell"):
         shell.magics_manager.magics[kind].pop("mesh", None)
     display(_render.Notice("monarch_nb: every mesh stopped"))

@@ -128,6 +128,23 @@ def pull_options() -> None:
     """Bring NAME back from every rank as a ValueMesh (returned, so `x = %mesh pull x`)."""
 
 
+@magic_arguments(name="mesh scatter")
+@argument("assignments", metavar="NAME=EXPR", nargs="*", help="EXPR is evaluated here")
+@_selection_options
+@_mesh_option
+def scatter_options() -> None:
+    """Split each EXPR (a list, tuple, string, tensor or array, evaluated in this
+    kernel) into one contiguous chunk per rank, in rank order, and set NAME to it."""
+
+
+@magic_arguments(name="mesh gather")
+@argument("name", metavar="NAME", help="a name defined on the ranks")
+@_selection_options
+@_mesh_option
+def gather_options() -> None:
+    """NAME from every rank, concatenated in rank order (`x = %mesh gather x`)."""
+
+
 @magic_arguments(name="mesh on")
 @_selection_options
 @_mesh_option
@@ -148,6 +165,8 @@ SUBCOMMANDS = {
     "dashboard": dashboard_options,
     "push": push_options,
     "pull": pull_options,
+    "scatter": scatter_options,
+    "gather": gather_options,
     "on": on_options,
     "off": off_options,
 }
@@ -156,12 +175,19 @@ SUBCOMMANDS = {
 @magic_arguments(name="%mesh")
 @argument("--auto", action="store_true", help=argparse.SUPPRESS)
 @argument(
+    "--fail-fast",
+    action="store_true",
+    help="when a rank raises, interrupt the others (killing those stuck outside Python "
+    "after the grace period)",
+)
+@argument(
     "--live",
     action="store_true",
     help="stream output as it arrives, even in deterministic mode",
 )
 @argument(
     "--ordered",
+    "--group-by-rank",
     action="store_true",
     help="hold output back and show it rank by rank when the cell ends "
     "(deterministic; also MONARCH_NB_DETERMINISTIC=1)",
@@ -205,6 +231,7 @@ def line_help() -> str:
         "  %mesh status                        what each rank is doing\n"
         "  %mesh dashboard                     the same, live, with failures\n"
         "  %mesh push lr=0.1 / %mesh pull x    move values to / from the ranks\n"
+        "  %mesh scatter x=data / gather x     split data across the ranks / join it\n"
         "  %mesh on / %mesh off                run plain cells on the mesh\n"
         "  %mesh stop / %mesh restart\n"
         "  %%mesh                              run a cell on the ranks (see %%mesh?)\n"
@@ -246,14 +273,14 @@ def split_assignments(argstring: str) -> tuple[str, list[tuple[str, str]]]:
     while position < len(rest):
         match = _ASSIGNMENT.match(rest, position)
         if match is None:
-            raise UsageError(f"%mesh push: expected NAME=EXPR at {rest[position:]!r}")
+            raise UsageError(f"expected NAME=EXPR at {rest[position:]!r}")
         # Cut at the first later " NAME=" before which the expression is complete.
         cuts = [m.start() for m in _ASSIGNMENT.finditer(rest, match.end()) if m.start() > 0]
         cuts = [c for c in cuts if rest[c].isspace()] + [len(rest)]
         end = next(c for c in cuts if _is_expression(rest[match.end() : c]) or c == len(rest))
         expression = rest[match.end() : end].strip()
         if not expression:
-            raise UsageError(f"%mesh push: {match.group(1)}= has no expression after '='")
+            raise UsageError(f"{match.group(1)}= has no expression after '='")
         matches.append((match.group(1), expression))
         position = end
     return " ".join(options), matches

@@ -16,6 +16,10 @@ deterministic, for nbval and CI).
 Progress bars (updates ending in ``\r``) are shown live as one display per
 rank updated in place, where the frontend can (Jupyter); elsewhere, and in
 ordered mode, only the finished line is shown, as a terminal would leave it.
+
+A rank that raises while other ranks of its cell still run is announced in
+the cell at once, one line naming the rank and the error (live mode only:
+the full traceback comes when the cell ends, in either mode).
 """
 
 from __future__ import annotations
@@ -24,10 +28,28 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._controller._events import DisplayData, Event, Output
+from .._common._errors import format_ranks
+from .._controller._events import DisplayData, Event, Output, RankFailed
 from . import _render
+
+
+@dataclass(frozen=True)
+class BarUpdate:
+    """A progress bar's new line: which cell's group, which bar (rank, id), its text."""
+
+    group: str  # one per cell: its bars are shown together
+    rank: int
+    bar_id: str  # a rank's later bars after its earlier ones
+    text: str
+    first: bool  # the bar's first update
+    final: bool  # its last (the line ended with a newline)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.rank, self.bar_id)
 
 
 class Frontend(Protocol):
@@ -42,7 +64,16 @@ class Frontend(Protocol):
 
     def display(self, parent: Any, data: dict[str, Any], metadata: dict[str, Any]) -> None: ...
 
-    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None: ...
+    def update(
+        self, parent: Any, display_id: str, text: str, *, first: bool, final: bool = False
+    ) -> None: ...
+
+    def progress(self, parent: Any, bar: BarUpdate) -> None:
+        """One update of a rank's bar in a cell's group of bars, shown in rank order
+        where the front end can."""
+
+    def end_progress(self, parent: Any, group: str) -> None:
+        """The cell of ``group`` ended."""
 
 
 class PlainFrontend:
@@ -50,7 +81,15 @@ class PlainFrontend:
 
     live_updates = False
 
-    def update(self, parent: Any, display_id: str, text: str, *, first: bool) -> None:
+    def update(
+        self, parent: Any, display_id: str, text: str, *, first: bool, final: bool = False
+    ) -> None:
+        pass
+
+    def progress(self, parent: Any, bar: BarUpdate) -> None:
+        pass
+
+    def end_progress(self, parent: Any, group: str) -> None:
         pass
 
     def capture(self) -> Any:
@@ -84,8 +123,15 @@ class CellOutput:
         self.started = time.monotonic()
         self.closed = threading.Event()
         self._items: dict[int, list[tuple[str, Any]]] = {r: [] for r in ranks}
-        self._progress: dict[int, str] = {}  # rank -> display id of its live progress bar
+        self._progress: dict[int, str] = {}  # rank -> id of its live progress bar
+        self._bars = 0
         self.wrote = False
+        # The cell's call, once sent: its label tells its failures from those of
+        # other work on the same ranks, its waiting ranks who still runs.
+        self.future: Any = None
+        self.fail_fast = False
+        self._lock = threading.Lock()
+        self._early: list[RankFailed] = []  # failures that came before the future
 
     # -- I/O thread ------------------------------------------------------------------
 
@@ -106,13 +152,15 @@ class CellOutput:
                 self.frontend.write(self.parent, "stderr", _render.rank_prefix(rank, text))
             return
         first = rank not in self._progress
-        if first:
-            self._progress[rank] = f"monarch-nb-{id(self)}-{rank}"
+        if first:  # a bar of its own, after this rank's earlier ones
+            self._bars += 1
+            self._progress[rank] = f"monarch-nb-{id(self)}-{rank}-{self._bars}"
         self.wrote = True
         label = _render.rank_prefix(rank, text).rstrip("\n")
-        self.frontend.update(self.parent, self._progress[rank], label, first=first)
+        bar = BarUpdate(f"monarch-nb-{id(self)}", rank, self._progress[rank], label, first, final)
+        self.frontend.progress(self.parent, bar)
         if final:
-            del self._progress[rank]  # the next bar on this rank gets a display of its own
+            del self._progress[rank]  # the next bar on this rank is a new one
 
     def display(self, rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> None:
         if self.ordered:
@@ -121,10 +169,42 @@ class CellOutput:
             self.wrote = True
             self.frontend.display(self.parent, *_render.label_bundle(rank, data, metadata))
 
+    def attach(self, future: Any) -> None:
+        """The cell's call was sent (caller's thread); failures that raced it are told now."""
+        with self._lock:
+            self.future = future
+            early, self._early = self._early, []
+        for event in early:
+            self.failed(event)
+
+    def failed(self, event: RankFailed) -> None:
+        """A rank of this cell raised: say so now if other ranks still run (live mode)."""
+        if self.ordered or event.cause.startswith("KeyboardInterrupt"):
+            return  # ordered output is deterministic; an interrupt is not a failure
+        with self._lock:
+            future = self.future
+            if future is None:  # the rank answered before exec() returned here
+                self._early.append(event)
+                return
+        if future.label != event.label:
+            return  # another call on this rank failed, not this cell (or it ended)
+        running = [r for r in future.waiting_ranks() if r != event.rank]
+        if not running:
+            return  # the cell ends now: its traceback follows at once
+        if self.fail_fast:
+            then = f"--fail-fast: interrupting rank(s) {format_ranks(running)}"
+        else:
+            then = f"rank(s) {format_ranks(running)} still running; traceback at the end"
+        self.wrote = True
+        text = _render.rank_prefix(event.rank, f"failed: {event.cause} ({then})")
+        self.frontend.write(self.parent, "stderr", text)
+
     def close(self) -> None:
         """Write what ordered mode held back, rank by rank, and stop receiving."""
         try:
             self.router.detach(self)
+            if self._bars:
+                self.frontend.end_progress(self.parent, f"monarch-nb-{id(self)}")
             for rank in self.ranks:
                 for kind, item in self._items[rank]:
                     self.wrote = True
@@ -135,6 +215,35 @@ class CellOutput:
             self._items.clear()
         finally:
             self.closed.set()
+
+
+class MapProgress:
+    """``map: 37/100 items`` in the running cell, updated in place (Jupyter) at most
+    ten times a second; elsewhere only the final line."""
+
+    MIN_INTERVAL_S = 0.1
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
+        self.parent = frontend.capture()
+        self.display_id = f"monarch-nb-map-{id(self)}"
+        self._lock = threading.Lock()
+        self._shown = False
+        self._last = 0.0
+        self._final = False
+
+    def update(self, done: int, total: int, *, final: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._final or (not final and now - self._last < self.MIN_INTERVAL_S):
+                return
+            self._last, self._final = now, final
+            text = f"map: {done}/{total} items"
+            if self.frontend.live_updates:
+                first, self._shown = not self._shown, True
+                self.frontend.update(self.parent, self.display_id, text, first=first, final=final)
+            elif final:
+                self.frontend.write(self.parent, "stderr", text + "\n")
 
 
 class OutputRouter:
@@ -176,6 +285,10 @@ class OutputRouter:
             self.on_output(event)
         elif isinstance(event, DisplayData):
             self.on_display(event)
+        elif isinstance(event, RankFailed) and event.returncode is None:
+            cell = self.owner(event.mesh, event.rank)
+            if cell is not None:
+                cell.failed(event)
 
     def on_output(self, output: Output) -> None:
         cell = self.owner(output.mesh, output.rank)

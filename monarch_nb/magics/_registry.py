@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .._common._actors import Actor
@@ -37,7 +37,7 @@ from .._controller._interrupt import wait_for
 from .._controller._proc_mesh import HostMesh, ProcMesh, this_host
 from ..widgets._model import FailureLog
 from . import _render
-from ._output import CellOutput, OutputRouter
+from ._output import CellOutput, MapProgress, OutputRouter
 from ._selection import select
 
 A = TypeVar("A", bound=Actor)
@@ -103,7 +103,7 @@ class NotebookMesh:
         self.dist = dist
         self.ordered = ordered
         self._subscription = procs.events.subscribe(
-            registry.router.on_event, kinds=(Output, DisplayData)
+            registry.router.on_event, kinds=(Output, DisplayData, RankFailed)
         )
         # Kept from the start, so a dashboard opened after a crash still lists it.
         self.failures = FailureLog()
@@ -135,21 +135,29 @@ class NotebookMesh:
         timeout: float | None = None,
         block: bool = True,
         ordered: bool | None = None,
+        fail_fast: bool = False,
         on_done: Any = None,
+        number: int | None = None,
     ) -> ValueMesh[Any] | CellHandle:
         """Run ``source`` on the selected ranks (default: all); its last expression's values.
 
         Raises SyntaxError locally before anything is sent. With ``block=False``
         returns a :class:`CellHandle` at once. Output streams to the current
-        cell while it runs (ordered by rank if ``ordered``). An interrupt or
-        ``timeout`` stops the busy ranks; see :func:`wait_for`.
+        cell while it runs (ordered by rank if ``ordered``), and a rank that
+        raises is named there at once. An interrupt or ``timeout`` stops the
+        busy ranks (see :func:`wait_for`); so does the first failure with
+        ``fail_fast``. A CellError keeps the succeeded ranks' values (``.values``).
+        ``number`` names the cell ``<mesh-cell-number>`` (the notebook's execution
+        count; default: the next of a process-wide count).
         """
         view = select(self.procs, ranks, where)
-        _, filename = next_cell_name()
+        _, filename = next_cell_name(number)
         compile_cell(source, filename)  # SyntaxError here, with the cell's own line numbers
         label = _render.cell_label(filename)
         cell = self._open(view, label, ordered)
-        future = view.exec(source, name=filename)
+        cell.fail_fast = fail_fast
+        future = view.exec(source, name=filename, fail_fast=fail_fast)
+        cell.attach(future)
         finished = self._finish_after_output(future, cell, on_done)
         if not block:
             return CellHandle(future, label, view.shape.ranks)
@@ -168,6 +176,39 @@ class NotebookMesh:
     def pull(self, name: str, *, ranks=None, where=None) -> ValueMesh[Any]:
         """``name`` from every selected rank's namespace, as a ValueMesh."""
         return select(self.procs, ranks, where).pull(name)
+
+    def scatter(self, name: str, seq: Any, *, ranks=None, where=None) -> None:
+        """Each selected rank gets its contiguous chunk of ``seq`` as ``name``
+        (see ProcMesh.scatter)."""
+        select(self.procs, ranks, where).scatter(name, seq)
+
+    def gather(self, name: str, *, ranks=None, where=None) -> Any:
+        """``name`` from the selected ranks, concatenated in rank order
+        (see ProcMesh.gather)."""
+        return select(self.procs, ranks, where).gather(name)
+
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Iterable[Any],
+        *,
+        ranks=None,
+        where=None,
+        in_flight: int = 2,
+    ) -> list[Any]:
+        """``fn(item)`` for every item, load-balanced over the selected ranks; the
+        results in input order (see ProcMesh.map), with a progress line in the
+        cell while it runs (not in deterministic mode). Ctrl-C stops sending items."""
+        future = select(self.procs, ranks, where).map(fn, items, in_flight=in_flight)
+        if self.ordered or deterministic_default():
+            return future.get()
+        progress = MapProgress(self.registry.router.frontend)
+        future.on_progress = progress.update
+        progress.update(*future.progress)
+        try:
+            return future.get()
+        finally:
+            progress.update(*future.progress, final=True)
 
     def _open(self, view: ProcMesh, label: str, ordered: bool | None) -> CellOutput:
         if ordered is None:

@@ -11,42 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._common._errors import format_ranks
-from .._common._fold import MAX_GROUPS_SHOWN, fold, more
+from .._common._fold import fold_lines, value_text
 from .._common._value_mesh import ValueMesh
 from .._controller._status import MeshStatus, RankStatus
 
-_MAX_REPR_CHARS = 2000  # one rank's value; longer reprs are cut with a marker
-
-
-def _value_text(value: Any) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a broken __repr__ must not hide the other ranks
-        text = f"<repr failed: {type(exc).__name__}: {exc}>"
-    if len(text) > _MAX_REPR_CHARS:
-        text = text[:_MAX_REPR_CHARS] + f"... ({len(text) - _MAX_REPR_CHARS} more characters)"
-    return text
-
 
 def fold_values(values: ValueMesh[Any]) -> str:
-    """``[0-3] tensor([6., 6.])`` when equal; otherwise one line per group of ranks.
-
-    Groups keep rank order of their first rank; a multi-line repr is indented
-    under its label so the rank stays visible.
-    """
-    texts = (_value_text(value) for value in values.values())
-    groups = fold(zip(values.shape.ranks, texts, strict=True))
-    lines = []
-    for ranks, text in groups[:MAX_GROUPS_SHOWN]:
-        label = f"[{format_ranks(ranks)}] "
-        first, *rest = text.splitlines() or [""]
-        lines.append(label + first)
-        lines.extend(" " * len(label) + line for line in rest)
-    tail = more(len(groups), what="more distinct values")
-    if tail:
-        lines.append(tail)
-    return "\n".join(lines)
+    """``[0-3] tensor([6., 6.])`` when equal; otherwise one line per group of ranks."""
+    texts = (value_text(value) for value in values.values())
+    return "\n".join(fold_lines(zip(values.shape.ranks, texts, strict=True)))
 
 
 def all_none(values: ValueMesh[Any]) -> bool:
@@ -68,6 +41,11 @@ def label_bundle(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> t
         data["text/plain"] = f"[{rank}] {data['text/plain']}"
     else:
         data["text/plain"] = f"[{rank}] <display>"
+    if "text/html" not in data:  # an image alone would not say whose it is
+        for mime in ("image/png", "image/jpeg"):
+            if isinstance(data.get(mime), str):
+                data["text/html"] = f'<img src="data:{mime};base64,{data[mime]}">'
+                break
     if "text/html" in data:
         data["text/html"] = (
             f'<div class="monarch-nb-rank"><small>[rank {rank}]</small></div>{data["text/html"]}'
@@ -78,7 +56,9 @@ def label_bundle(rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> t
 
 
 def cell_label(filename: str) -> str:
-    """``<mesh-cell-3>`` -> ``%%mesh cell [3]``: how a notebook names a cell's work."""
+    """``<mesh-cell-3>`` (or the call label ``cell <mesh-cell-3>``) -> ``%%mesh cell [3]``:
+    how a notebook names a cell's work."""
+    filename = filename.removeprefix("cell ")
     if filename.startswith("<mesh-cell-") and filename.endswith(">"):
         return f"%%mesh cell [{filename[len('<mesh-cell-') : -1]}]"
     return filename

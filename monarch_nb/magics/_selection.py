@@ -41,8 +41,7 @@ def parse_ranks(text: str, size: int | None = None, mesh: str = "this mesh") -> 
             raise SelectionError(f"--ranks {text!r}: {part!r} is not a valid range")
         if size is not None and hi >= size:
             raise SelectionError(
-                f"--ranks {text!r}: {mesh} has ranks 0-{size - 1}, not {hi} "
-                "(nothing was expanded)"
+                f"--ranks {text!r}: {mesh} has ranks 0-{size - 1}, not {hi} (nothing was expanded)"
             )
         ranks.extend(range(lo, hi + 1))
     if not ranks:

@@ -85,7 +85,9 @@ class Dashboard:
         self.header = w.HTML()
         self.grid = TileGrid(procs.shape, heartbeat_s=_heartbeat_s())
         self.failures = FailurePanel(
-            procs.shape.ranks, lambda rank: [o.line for o in procs.output_tail(rank)]
+            procs.shape.ranks,
+            lambda rank: [o.line for o in procs.output_tail(rank)],
+            clear=self._clear_failures,
         )
         self.widget = w.VBox([self.header, self.grid.widget, self.failures.widget])
         self.widget.add_class("mnb-dashboard")
@@ -107,6 +109,14 @@ class Dashboard:
     def _failure_log(self) -> tuple[FailureRecord, ...]:
         log: FailureLog | None = getattr(self.mesh, "failures", None)
         return log.records() if log is not None else ()
+
+    def _clear_failures(self) -> None:
+        log: FailureLog | None = getattr(self.mesh, "failures", None)
+        if log is not None:
+            log.clear()
+        self.feed.wake.set()  # redraw soon: the failure list, and the header
+        with self._drawn:
+            self.failure_records = ()
 
     def text(self) -> str:
         """The text summary of what the dashboard shows now."""

@@ -10,19 +10,34 @@ from ._model import FailureRecord
 from ._text import failures_html, output_html
 
 TAIL_LINES = 30  # of the core's per-rank ring buffer (OUTPUT_TAIL_LINES)
+MAX_RANK_BUTTONS = 8
 
 
 class FailurePanel:
-    """Failures as they happen (newest last); a rank picker shows that rank's output.
+    """Failures as they happen, identical ones folded by rank set, newest first; a
+    rank picker shows that rank's output; ``clear`` empties the list.
 
     Picking the rank of a failure is one click: the panel offers a button per
-    failed rank, and a dropdown for any rank.
+    recently failed rank, and a dropdown for any rank.
     """
 
-    def __init__(self, ranks: Sequence[int], tail: Callable[[int], list[str]]) -> None:
+    def __init__(
+        self,
+        ranks: Sequence[int],
+        tail: Callable[[int], list[str]],
+        clear: Callable[[], None] | None = None,
+    ) -> None:
         self._tail = tail
+        self._clear = clear
         self.list = w.HTML(failures_html(()))
         self.buttons = w.HBox([])
+        self.clear_button = w.Button(
+            description="clear",
+            tooltip="forget the failures listed (the ranks are not touched)",
+            layout=w.Layout(width="auto", display="none"),
+        )
+        self.clear_button.add_class("mnb-clear-failures")
+        self.clear_button.on_click(lambda _: self.clear())
         self.picker = w.Dropdown(
             options=[("-", None)] + [(f"rank {r}", r) for r in ranks],
             value=None,
@@ -31,7 +46,9 @@ class FailurePanel:
         )
         self.output = w.HTML()
         self.picker.observe(self._on_pick, names="value")
-        self.widget = w.VBox([self.list, w.HBox([self.picker, self.buttons]), self.output])
+        self.widget = w.VBox(
+            [self.list, w.HBox([self.picker, self.buttons, self.clear_button]), self.output]
+        )
         self.widget.add_class("mnb-failure-panel")
         self._shown: tuple[FailureRecord, ...] = ()
         self._button_ranks: tuple[int, ...] = ()
@@ -49,15 +66,25 @@ class FailurePanel:
         if self.output.value != value:
             self.output.value = value
 
+    def clear(self) -> None:
+        """Forget the failures listed (the mesh's log too); the next draw shows none."""
+        if self._clear is not None:
+            self._clear()
+        self.update(())
+
     def update(self, failures: tuple[FailureRecord, ...]) -> None:
         if failures != self._shown:
             self._shown = failures
             with self.list.hold_sync():
                 self.list.value = failures_html(failures)
-            ranks = tuple(dict.fromkeys(f.rank for f in failures))
+            # The ranks of the newest failures first.
+            ranks = tuple(dict.fromkeys(f.rank for f in reversed(failures)))[:MAX_RANK_BUTTONS]
             if ranks != self._button_ranks:
                 self._button_ranks = ranks
-                self.buttons.children = [self._button(r) for r in ranks[-8:]]
+                old, self.buttons.children = self.buttons.children, [self._button(r) for r in ranks]
+                for button in old:
+                    button.close()
+            self.clear_button.layout.display = "" if failures else "none"
         if self.picker.value is not None:
             self.refresh_output()
 
@@ -71,5 +98,6 @@ class FailurePanel:
     def close(self) -> None:
         for child in self.buttons.children:
             child.close()
-        for widget in (self.list, self.buttons, self.picker, self.output, self.widget):
+        widgets = (self.list, self.buttons, self.clear_button, self.picker, self.output)
+        for widget in (*widgets, self.widget):
             widget.close()

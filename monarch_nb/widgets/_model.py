@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .._controller._events import (
@@ -51,8 +52,42 @@ class FailureRecord:
         return time.strftime("%H:%M:%S", time.localtime(self.at))
 
 
+@dataclass(frozen=True, slots=True)
+class FailureGroup:
+    """Identical failures (same cause, traceback and call) of a set of ranks."""
+
+    ranks: tuple[int, ...]  # sorted
+    record: FailureRecord  # the newest of them: its cause, traceback, label and time
+    count: int  # failures in the group (a rank that failed twice counts twice)
+
+    @property
+    def at(self) -> float:
+        return self.record.at
+
+
+def fold_failures(records: Iterable[FailureRecord]) -> list[FailureGroup]:
+    """Identical failures folded by rank set, newest group first."""
+    groups: dict[tuple[str, str, str, int | None], list[FailureRecord]] = {}
+    for record in records:
+        key = (record.cause, record.traceback, record.label, record.returncode)
+        groups.setdefault(key, []).append(record)
+    folded = [
+        FailureGroup(tuple(sorted({r.rank for r in members})), members[-1], len(members))
+        for members in groups.values()
+    ]
+    folded.sort(key=lambda group: group.at, reverse=True)
+    return folded
+
+
+def is_interrupt(event: RankFailed) -> bool:
+    """A KeyboardInterrupt is a stop someone asked for (Ctrl-C, a timeout,
+    ``--fail-fast``), not a failure of the rank."""
+    return event.returncode is None and event.cause.startswith("KeyboardInterrupt")
+
+
 class FailureLog:
-    """Every RankFailed of a mesh (the newest ``MAX_FAILURES``); an event observer.
+    """Every RankFailed of a mesh (the newest ``MAX_FAILURES``), interrupts left out;
+    an event observer.
 
     A notebook mesh keeps one from its start, so a dashboard opened after a
     crash still lists it.
@@ -64,14 +99,19 @@ class FailureLog:
         self.total = 0  # including those dropped from the deque
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, RankFailed):
+        if isinstance(event, RankFailed) and not is_interrupt(event):
             with self._lock:
                 self._records.append(FailureRecord.from_event(event))
                 self.total += 1
 
     def records(self) -> tuple[FailureRecord, ...]:
+        """The failures kept, oldest first."""
         with self._lock:
             return tuple(self._records)
+
+    def groups(self) -> list[FailureGroup]:
+        """The failures kept, folded by rank set, newest first."""
+        return fold_failures(self.records())
 
     def clear(self) -> None:
         with self._lock:

@@ -9,15 +9,16 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
+from .._common._errors import format_ranks
 from .._controller._events import RankState
 from .._controller._status import MeshStatus, RankStatus
 from ..magics._render import NotebookMeshStatus, cell_label, megabytes, render_status
-from ._model import FailureRecord, Progress
+from ._model import FailureGroup, FailureRecord, Progress, fold_failures
 
 # A heartbeat older than this many intervals marks the tile as stale (a hung host,
 # a stopped process); ranks busy in C code still beat, their wire thread runs.
 STALE_HEARTBEATS = 3.0
-MAX_FAILURES_SHOWN = 20
+MAX_FAILURE_GROUPS_SHOWN = 5  # newest first; older groups are counted ("... and 3 more")
 
 COLOURS: dict[RankState, tuple[str, str]] = {  # background, text
     RankState.STARTING: ("#cfd8dc", "#263238"),
@@ -36,12 +37,25 @@ def as_notebook_status(status: MeshStatus | NotebookMeshStatus) -> NotebookMeshS
     return NotebookMeshStatus(status, None, False)
 
 
-def describe_failure(record: FailureRecord) -> str:
-    """``rank 1 · 06:30:01 · was killed by signal SIGKILL · during %%mesh cell [3]``."""
-    parts = [f"rank {record.rank}", record.when(), record.cause]
+def ranks_text(ranks: Sequence[int]) -> str:
+    """``rank 1`` or ``ranks 0-2,5``."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+def describe_failure(group: FailureGroup) -> str:
+    """``ranks 0-3 · 06:30:01 · ValueError: boom · during %%mesh cell [3]``."""
+    record = group.record
+    parts = [ranks_text(group.ranks), record.when(), record.cause]
     if record.label:
         parts.append(f"during {cell_label(record.label)}")
+    if group.count > len(group.ranks):
+        parts.append(f"{group.count} times")
     return " · ".join(parts)
+
+
+def _more_failures(groups: Sequence[FailureGroup]) -> str | None:
+    hidden = len(groups) - MAX_FAILURE_GROUPS_SHOWN
+    return f"... and {hidden} more (older)" if hidden > 0 else None
 
 
 def progress_text(rank: int, progress: Progress) -> str:
@@ -63,11 +77,12 @@ def render_text(
         lines.append("progress:")
         lines += [f"  {progress_text(rank, p)}" for rank, p in bars]
     if failures:
-        lines.append(f"failures ({len(failures)}):")
-        shown = failures[-MAX_FAILURES_SHOWN:]
-        if len(failures) > len(shown):
-            lines.append(f"  ... {len(failures) - len(shown)} earlier failures not shown")
-        lines += [f"  {describe_failure(f)}" for f in shown]
+        groups = fold_failures(failures)
+        lines.append(f"failures ({len(failures)}, newest first):")
+        lines += [f"  {describe_failure(g)}" for g in groups[:MAX_FAILURE_GROUPS_SHOWN]]
+        more = _more_failures(groups)
+        if more:
+            lines.append(f"  {more}")
     return "\n".join(lines)
 
 
@@ -101,6 +116,15 @@ def _gpu(rank: RankStatus) -> str:
     return " ".join(parts)
 
 
+# Rows a tile can hold: rank and state, host and pid, work, cpu and rss, GPU,
+# progress or failure, heartbeat or returncode (fewer when compact). Every tile
+# is this tall whatever it shows, so the grid does not jump as bars come and go.
+TILE_ROWS = 7
+TILE_ROWS_COMPACT = 5
+_BAR_PX = 6
+_ROW = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
+
+
 def tile_html(
     rank: RankStatus,
     progress: Progress | None = None,
@@ -108,8 +132,10 @@ def tile_html(
     heartbeat_s: float = 1.0,
     compact: bool = False,
 ) -> str:
-    """One rank's tile. Numbers are rounded so that an idle rank's tile stays the
-    same string from one refresh to the next (an unchanged tile sends nothing)."""
+    """One rank's tile, of a fixed height (long rows are cut with an ellipsis).
+
+    Numbers are rounded so that an idle rank's tile stays the same string from
+    one refresh to the next (an unchanged tile sends nothing)."""
     background, colour = COLOURS.get(rank.state, ("#ffffff", "#000000"))
     stale = (
         rank.heartbeat_age is not None
@@ -127,53 +153,72 @@ def tile_html(
     gpu = _gpu(rank)
     if gpu:
         rows.append(html.escape(gpu))
+    bar = ""
     if progress is not None and rank.state is RankState.BUSY:
         if progress.fraction is not None:
             pct = f"{100 * progress.fraction:.0f}%"
-            rows.append(
-                '<div class="mnb-bar" style="background:rgba(0,0,0,0.12);height:6px">'
-                f'<div style="width:{pct};height:6px;background:{colour}"></div></div>'
+            bar = (
+                f'<div class="mnb-bar" style="background:rgba(0,0,0,0.12);height:{_BAR_PX}px">'
+                f'<div style="width:{pct};height:{_BAR_PX}px;background:{colour}"></div></div>'
             )
         if not compact:
             title, shown = html.escape(progress.text), html.escape(progress.text[:40])
             rows.append(f'<span title="{title}">{shown}</span>')
     if rank.failure and rank.state in (RankState.FAILED, RankState.DEAD):
-        rows.append(f"<i>{html.escape(rank.failure[:80])}</i>")
+        title = html.escape(rank.failure)
+        rows.append(f'<i title="{title}">{html.escape(rank.failure[:80])}</i>')
     alive = rank.state not in (RankState.DEAD, RankState.STOPPED)
     if not compact and alive:
         rows.append(f"<small>{_age(rank.heartbeat_age)}{' · stale' if stale else ''}</small>")
     elif rank.returncode is not None:
         rows.append(f"<small>returncode {rank.returncode}</small>")
     size = "10px" if compact else "12px"
+    lines = TILE_ROWS_COMPACT if compact else TILE_ROWS
+    body = "".join(f'<div style="{_ROW}">{row}</div>' for row in rows[:1]) + bar
+    body += "".join(f'<div style="{_ROW}">{row}</div>' for row in rows[1:])
     return (
         f'<div class="mnb-tile mnb-{rank.state}" data-rank="{rank.rank}" '
         f'style="background:{background};color:{colour};border:{border};border-radius:4px;'
-        f"padding:3px 5px;font-size:{size};line-height:1.3;"
-        'font-family:var(--jp-code-font-family,monospace)">' + "<br>".join(rows) + "</div>"
+        f"padding:3px 5px;font-size:{size};line-height:1.3;box-sizing:content-box;"
+        f"height:calc({lines} * 1.3em + {_BAR_PX}px);overflow:hidden;"
+        'font-family:var(--jp-code-font-family,monospace)">' + body + "</div>"
     )
 
 
 def failures_html(failures: Sequence[FailureRecord]) -> str:
-    """The failure panel's list: rank, time, cause, and the traceback folded away."""
+    """The failure panel's list: identical failures folded by rank set, newest first,
+    each with its cause and its traceback folded away."""
     if not failures:
         return '<div class="mnb-failures mnb-none"><small>no failures</small></div>'
+    groups = fold_failures(failures)
     items = []
-    for record in failures[-MAX_FAILURES_SHOWN:]:
+    for group in groups[:MAX_FAILURE_GROUPS_SHOWN]:
+        record = group.record
         exit_code = f" (returncode {record.returncode})" if record.returncode is not None else ""
         item = (
-            f'<div class="mnb-failure" data-rank="{record.rank}" style="color:#b71c1c">'
-            f"<b>rank {record.rank}</b> · {record.when()} · {html.escape(record.cause)}{exit_code}"
+            f'<div class="mnb-failure" data-rank="{format_ranks(group.ranks)}" '
+            'style="color:var(--jp-error-color1,#b71c1c)">'
+            f"<b>{ranks_text(group.ranks)}</b> · {record.when()} · "
+            f"{html.escape(record.cause)}{exit_code}"
         )
         if record.label:
             item += f" · during {html.escape(cell_label(record.label))}"
+        if group.count > len(group.ranks):
+            item += f" · {group.count} times"
         if record.traceback:
             item += (
                 "<details><summary>traceback</summary>"
                 f"<pre style='font-size:11px'>{html.escape(record.traceback)}</pre></details>"
             )
         items.append(item + "</div>")
-    head = f"<b>failures ({len(failures)})</b>"
-    return f'<div class="mnb-failures">{head}{"".join(items)}</div>'
+    more = _more_failures(groups)
+    if more:
+        items.append(f'<div class="mnb-more"><small>{html.escape(more)}</small></div>')
+    head = f"<b>failures ({len(failures)}, newest first)</b>"
+    return (
+        f'<div class="mnb-failures" style="max-height:16em;overflow:auto">{head}'
+        f"{''.join(items)}</div>"
+    )
 
 
 def output_html(rank: int, lines: Sequence[str]) -> str:
