@@ -394,7 +394,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.listen:
         if not args.key_file:
             parser.error("--listen needs --key-file (make one with: monarch-nb keygen FILE)")
-        config = _keys.agent_config_from_file(args.key_file)
+        try:
+            config = _keys.agent_config_from_file(args.key_file)
+        except (PermissionError, ValueError) as exc:
+            # The message already says what is wrong and what to run; no traceback.
+            parser.exit(2, f"monarch_nb agent: {exc}\n")
         config["host_index"] = args.host_index
         agent = Agent(config, listen=args.listen)
     else:

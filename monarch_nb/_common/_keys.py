@@ -43,22 +43,57 @@ def write_key_file(path: str) -> None:
         f.write("\n")
 
 
+_CURVE_FIELDS = ("server_public", "server_secret", "client_public", "client_secret")
+
+
 def read_key_file(path: str) -> dict[str, Any]:
-    """The keys in ``path``; refuses a file others could read (as ssh does)."""
+    """The keys in ``path``; refuses, as ssh does, a file that others could read
+    or that belongs to another user (who could swap the keys for their own)."""
     try:
-        mode = os.stat(path).st_mode
+        info = os.stat(path)
     except OSError as exc:
         raise SystemExit(f"monarch_nb: cannot read key file {path!r}: {exc.strerror}") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+    if info.st_uid != os.geteuid():
         raise PermissionError(
-            f"key file {path!r} is readable by others (mode {stat.S_IMODE(mode):o}); "
+            f"key file {path!r} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
+            f"use a key file of your own (make one: monarch-nb keygen)"
+        )
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PermissionError(
+            f"key file {path!r} is readable by others (mode {stat.S_IMODE(info.st_mode):o}); "
             f"run: chmod 600 {path}"
         )
     with open(path) as f:
-        keys = json.load(f)
-    if not isinstance(keys, dict) or "key" not in keys or "curve" not in keys:
-        raise ValueError(f"{path!r} is not a monarch_nb key file (make one: monarch-nb keygen)")
+        text = f.read()
+    try:
+        keys = json.loads(text)
+    except ValueError:
+        keys = None
+    problem = _key_file_problem(keys)
+    if problem:
+        raise ValueError(
+            f"{path!r} is not a monarch_nb key file ({problem}); make a new one: monarch-nb keygen"
+        )
     return keys
+
+
+def _key_file_problem(keys: Any) -> str:
+    """What is wrong with a parsed key file, or "" when it is well formed."""
+    if not isinstance(keys, dict):
+        return "not a JSON object"
+    try:
+        if len(bytes.fromhex(keys.get("key", ""))) < 16:
+            return "'key' is too short"
+    except (TypeError, ValueError):
+        return "'key' is not hex"
+    curve = keys.get("curve")
+    if not isinstance(curve, dict):
+        return "no 'curve' key pairs"
+    for field in _CURVE_FIELDS:
+        value = curve.get(field)
+        if not isinstance(value, str) or len(value) != 40:
+            return f"'curve.{field}' is not a 40-character Z85 key"
+    return ""
 
 
 def agent_config_from_file(path: str) -> dict[str, Any]:
