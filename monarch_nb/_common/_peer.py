@@ -486,12 +486,9 @@ class PeerNode:
     def _fail_rank(self, call: PendingCall | None, rank: int, why: str) -> None:
         if call is None or rank in call.answered:
             return
-        call.fail(
-            MeshFailure(
-                f"{call.label}: rank {rank} cannot be reached: {why}",
-                ranks=[rank],
-            )
-        )
+        mesh = getattr(call.group, "name", "")  # the ProcsRef a reference sent through
+        where = f"rank {rank} of mesh {mesh!r}" if mesh else f"rank {rank}"
+        call.fail(MeshFailure(f"{call.label}: {where} cannot be reached: {why}", ranks=[rank]))
 
     def forget(self, address: str) -> None:
         """Drop the outbox to ``address`` (a peer known to be gone), so a later call
