@@ -19,8 +19,8 @@ from ._controller._jobs import (
     ProcessJob,
     SSHJob,
     job_load,
-    register_job_kind,
 )
+from ._controller._slurm_job import SlurmJob
 
 __all__ = [
     "DEFAULT_JOB_PATH",
@@ -30,6 +30,6 @@ __all__ = [
     "LocalJob",
     "ProcessJob",
     "SSHJob",
+    "SlurmJob",
     "job_load",
-    "register_job_kind",
 ]

@@ -32,6 +32,7 @@ from .._common import _keys
 from .._common._errors import MeshUsageError
 from ._launchers import attach
 from ._proc_mesh import HostMesh, this_host
+from ._process_group import START_TIMEOUT_S
 
 DEFAULT_JOB_PATH = ".monarch_nb/job_state.json"
 # Agents this process started: kept so they are reaped, not warned about.
@@ -76,6 +77,9 @@ def _meshes(meshes: Mapping[str, int], what: str) -> dict[str, int]:
     return out
 
 
+_KINDS: dict[str, type[JobTrait]] = {}
+
+
 class JobTrait:
     """A job: its spec (constructor arguments), and once applied, its running agents.
 
@@ -84,6 +88,10 @@ class JobTrait:
     """
 
     kind = "job"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _KINDS[cls.kind] = cls  # job_load finds it by the "kind" saved with it
 
     def __init__(self) -> None:
         self._running: dict[str, Any] | None = None
@@ -115,7 +123,9 @@ class JobTrait:
         if cached_path is not None:
             self.dump(cached_path)
 
-    def state(self, cached_path: str | None = DEFAULT_JOB_PATH, timeout: float = 60.0) -> JobState:
+    def state(
+        self, cached_path: str | None = DEFAULT_JOB_PATH, timeout: float | None = 60.0
+    ) -> JobState:
         """One HostMesh per named mesh; applies the job, or re-attaches to the
         running job saved at ``cached_path`` when it has this spec."""
         if self._state is not None:
@@ -165,7 +175,7 @@ class JobTrait:
     def _alive(self) -> bool:
         return True
 
-    def _connect(self, timeout: float) -> dict[str, HostMesh]:
+    def _connect(self, timeout: float | None) -> dict[str, HostMesh]:
         assert self._running is not None
         key_file = self._running["key_file"]
         return {
@@ -186,7 +196,7 @@ class LocalJob(JobTrait):
     def spec(self) -> dict[str, Any]:
         return {"hosts": self.hosts}
 
-    def state(self, cached_path: str | None = None, timeout: float = 60.0) -> JobState:
+    def state(self, cached_path: str | None = None, timeout: float | None = 60.0) -> JobState:
         self._running = {"meshes": {}}
         self._state = JobState({name: this_host() for name in self.hosts})
         return self._state
@@ -454,17 +464,6 @@ class KubernetesJob(JobTrait):
         self._kubectl("delete", "secret", f"{self.name}-key")
 
 
-_KINDS: dict[str, type[JobTrait]] = {
-    cls.kind: cls for cls in (LocalJob, ProcessJob, SSHJob, KubernetesJob)
-}
-
-
-def register_job_kind(cls: type[JobTrait]) -> type[JobTrait]:
-    """Make ``job_load`` know a job class by its ``kind``."""
-    _KINDS[cls.kind] = cls
-    return cls
-
-
 def job_load(path: str = DEFAULT_JOB_PATH) -> JobTrait:
     """The job saved at ``path`` (by ``apply``/``state``), running state included."""
     with open(path) as f:
@@ -536,10 +535,10 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def _attach_when_listening(addresses: list[str], key_file: str, timeout: float) -> HostMesh:
+def _attach_when_listening(addresses: list[str], key_file: str, timeout: float | None) -> HostMesh:
     from urllib.parse import urlsplit
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (START_TIMEOUT_S if timeout is None else timeout)
     for address in addresses:  # an agent binds a moment after it starts
         parts = urlsplit(address)
         while True:
