@@ -103,7 +103,8 @@ def test_ssh_job_starts_detached_agents_through_ssh(tmp_path):
     home.mkdir()
     fake.write_text(f'#!/bin/sh\nshift 3\ncd {home} && exec sh -c "$1"\n')
     fake.chmod(0o755)
-    job = SSHJob(hosts=["127.0.0.1"], meshes={"hosts": 1}, ssh=[str(fake), "-T", "-o"])
+    job = SSHJob(ssh=[str(fake), "-T", "-o"])  # Monarch's form: meshes added by name
+    job.add_mesh("hosts", ["127.0.0.1"])
     path = str(tmp_path / "job.json")
     try:
         state = job.state(cached_path=path)

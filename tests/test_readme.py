@@ -45,3 +45,13 @@ def test_the_demo_runs_headless():
     assert "stopped: <ProcMesh 'demo' {procs: 4} stopped>" in out.stdout
     unlabelled = [line for line in out.stdout.splitlines() if re.fullmatch(r"[\d{}:\-, ]+", line)]
     assert not unlabelled, f"the demo printed values without saying what they are: {unlabelled}"
+
+
+def test_the_configuration_table_is_every_setting():
+    from monarch_nb.config import table
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Clusters: jobs, SPMD, configuration", 1)[1].split("\n## ", 1)[0]
+    assert table() in section
+    for block in re.findall(r"```python\n(.*?)```", section, re.S):
+        compile(block, "README.md", "exec")  # the examples at least parse

@@ -252,33 +252,48 @@ class ProcessJob(JobTrait):
 class SSHJob(JobTrait):
     """Agents started over ssh on ``hosts``, detached so they outlive the kernel.
 
-    ``meshes`` splits the hosts in order (default: all under ``"hosts"``).
-    The key file reaches each host on ssh's stdin (written there mode 0600);
-    each agent listens on its host's address as ssh names it.
+    ``meshes`` splits the hosts in order (default: all under ``"hosts"``);
+    Monarch's form works too: ``SSHJob(python_exe=, ssh_args=)`` then
+    ``job.add_mesh("trainers", ["node1", "node2"])``. The key file reaches
+    each host on ssh's stdin (written there mode 0600, removed by ``kill()``);
+    each agent listens on its host's name as ssh was given it.
     """
 
     kind = "ssh"
 
     def __init__(
         self,
-        hosts: Sequence[str],
+        hosts: Sequence[str] = (),
         meshes: Mapping[str, int] | None = None,
         *,
         python: str | None = None,
         ssh: Sequence[str] = ("ssh", "-T", "-o", "BatchMode=yes"),
         ssh_options: Sequence[str] = (),
+        python_exe: str | None = None,
+        ssh_args: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.hosts = [hosts] if isinstance(hosts, str) else list(hosts)
-        self.meshes = _meshes(meshes or {"hosts": len(self.hosts)}, "SSHJob")
+        self.meshes: dict[str, int] = {}
+        if self.hosts:
+            self.meshes = _meshes(meshes or {"hosts": len(self.hosts)}, "SSHJob")
+        elif meshes:
+            raise MeshUsageError("SSHJob(meshes=...) needs hosts=[...] to split among them")
         if sum(self.meshes.values()) != len(self.hosts):
             raise MeshUsageError(
                 f"SSHJob: meshes {self.meshes} count {sum(self.meshes.values())} hosts, "
                 f"hosts= names {len(self.hosts)}"
             )
-        self.python = python or sys.executable
+        self.python = python or python_exe or sys.executable
         self.ssh = list(ssh)
-        self.ssh_options = list(ssh_options)
+        self.ssh_options = [*ssh_options, *ssh_args]
+
+    def add_mesh(self, name: str, hosts: Sequence[str]) -> None:
+        """Monarch's way to name a mesh: its hosts, after those added before."""
+        if self._running is not None:
+            raise MeshUsageError("SSHJob.add_mesh: the job is applied already; kill() it first")
+        self.meshes = {**self.meshes, **_meshes({name: len(hosts)}, "SSHJob.add_mesh")}
+        self.hosts += list(hosts)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -303,6 +318,8 @@ class SSHJob(JobTrait):
         )
 
     def _create(self, key_file: str) -> dict[str, Any]:
+        if not self.hosts:
+            raise MeshUsageError("SSHJob has no hosts: SSHJob(hosts=[...]) or job.add_mesh()")
         with open(key_file, "rb") as f:
             key = f.read()
         remote_key = f".monarch_nb/agent-{os.path.basename(key_file)}"
