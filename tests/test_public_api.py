@@ -5,7 +5,7 @@ import monarch_nb
 
 # Module-level names of the package that are not API: submodules, typing helpers.
 _NOT_API = {"annotations", "importlib", "magics", "native", "worker", "Any", "TYPE_CHECKING"}
-_NOT_API |= {"debug", "tensor", "widgets"}  # subpackages, attributes once imported
+_NOT_API |= {"debug", "tensor", "widgets", "config", "spmd", "job"}  # imported submodules
 _NOT_API |= {"actor", "rdma"}  # Monarch's import paths, modules of their own
 _EXTENSION_HOOKS = {"load_ipython_extension", "unload_ipython_extension"}
 

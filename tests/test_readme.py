@@ -45,3 +45,10 @@ def test_the_demo_runs_headless():
     assert "stopped: <ProcMesh 'demo' {procs: 4} stopped>" in out.stdout
     unlabelled = [line for line in out.stdout.splitlines() if re.fullmatch(r"[\d{}:\-, ]+", line)]
     assert not unlabelled, f"the demo printed values without saying what they are: {unlabelled}"
+
+
+def test_the_configuration_table_is_every_setting():
+    from monarch_nb.config import table
+
+    text = (ROOT / "docs" / "clusters.md").read_text()
+    assert table() in text

@@ -23,7 +23,7 @@ from .._common._errors import (
     set_ipython_style,
 )
 from .._common._value_mesh import ValueMesh
-from . import _debug_magic, _options, _render
+from . import _debug_magic, _options, _render, _run_script
 from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
 from ._panel import register_panel
@@ -67,6 +67,12 @@ class MeshMagics(Magics):
             return None
         if command == "debug":  # the pdb bridge: see _debug_magic
             return _debug_magic.debug_line(rest)
+        if command == "run":  # a torchrun-style script on the mesh: see _run_script
+            try:
+                _run_script.run_line(self.registry, rest)
+            except MeshUsageError as exc:
+                raise _usage(exc) from None
+            return None
         if command in ("activate", "deactivate"):  # the tensor engine: ProcMesh.activate()
             return self._activate(command, rest.strip())
         if command in ("help", "-h", "--help"):

@@ -1,0 +1,35 @@
+"""Jobs as in Monarch's ``monarch.job``: apply(), state() (one HostMesh per mesh), kill().
+
+::
+
+    from monarch_nb.job import ProcessJob, SSHJob, KubernetesJob, LocalJob, job_load
+
+    job = SSHJob(hosts=["node1", "node2"], meshes={"trainers": 2})
+    procs = job.state().trainers.spawn_procs(per_host={"gpus": 8})
+"""
+
+from __future__ import annotations
+
+from ._controller._jobs import (
+    DEFAULT_JOB_PATH,
+    JobState,
+    JobTrait,
+    KubernetesJob,
+    LocalJob,
+    ProcessJob,
+    SSHJob,
+    job_load,
+)
+from ._controller._slurm_job import SlurmJob
+
+__all__ = [
+    "DEFAULT_JOB_PATH",
+    "JobState",
+    "JobTrait",
+    "KubernetesJob",
+    "LocalJob",
+    "ProcessJob",
+    "SSHJob",
+    "SlurmJob",
+    "job_load",
+]
