@@ -112,6 +112,9 @@ class ActorMesh(Generic[A]):
         """Remove these actors from their processes (the processes keep running)."""
         group = self._group
         if self._generation == group.generation:
+            record = group.spawned.get(self._actor_id)
+            if record is not None:  # not to be spawned again on a rank that restarts
+                record.stopped.update(self._shape.ranks)
             group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
 
     def _check_usable(self) -> MeshFailure | None:
@@ -125,7 +128,9 @@ class ActorMesh(Generic[A]):
         error = group.actor_failures.get(self._actor_id)
         if error is not None:
             return error
-        return group.failure_for(self._shape.ranks)
+        return group.failure_for(self._shape.ranks) or group.actor_missing(
+            self._actor_id, self._name, self._shape.ranks
+        )
 
     def _sent_to(self, shape: Shape) -> tuple[Any, ...]:
         """What a call tells the callee about the slice it went to (message_rank)."""
