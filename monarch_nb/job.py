@@ -14,12 +14,12 @@ from ._controller._jobs import (
     DEFAULT_JOB_PATH,
     JobState,
     JobTrait,
-    KubernetesJob,
     LocalJob,
     ProcessJob,
     SSHJob,
     job_load,
 )
+from ._controller._kubernetes_job import KubernetesJob
 from ._controller._slurm_job import SlurmJob
 
 __all__ = [

@@ -143,10 +143,9 @@ class SlurmJob(JobTrait):
                 why = _WHY_ENDED.get(state, f"ended ({state or 'gone from the queue'})")
                 raise MeshFailure(f"SLURM job {job_id} (mesh {mesh!r}) {why}")
             waited = time.monotonic() - started
-            line = (
-                f"queued: mesh {mesh!r}, {self.meshes[mesh]} nodes, "
-                f"{state.lower()} {reason}, {waited:.0f} s"
-            )
+            why = f" {reason}" if reason and reason != "None" else ""
+            line = f"queued: mesh {mesh!r}, {self.meshes[mesh]} nodes, {state.lower()}{why}, "
+            line += f"{waited:.0f} s"
             if line.rsplit(",", 1)[0] != shown.rsplit(",", 1)[0] or int(waited) % 10 == 0:
                 print(line, file=sys.stderr, flush=True)
                 shown = line
@@ -155,7 +154,8 @@ class SlurmJob(JobTrait):
                     f"SLURM job {job_id} (mesh {mesh!r}) still {state.lower()} ({reason}); "
                     "state(timeout=None) waits as long as the queue does"
                 )
-            time.sleep(1.0)
+            # A job that starts at once is seen at once; a long wait polls slowly.
+            time.sleep(min(2.0, 0.05 + waited / 20))
 
 
 def _squeue(job_id: str) -> tuple[str, str, str]:
