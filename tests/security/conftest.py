@@ -20,41 +20,22 @@ class Attacker:
     def __init__(self, name: str) -> None:
         self.name = name
 
+    def _argv(self, code: str, args: tuple[str, ...]) -> list[str]:
+        return [
+            "setpriv", f"--reuid={self.name}", f"--regid={self.name}", "--init-groups",
+            sys.executable, "-c", code, *args,
+        ]  # fmt: skip
+
     def run(self, code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [
-                "setpriv",
-                f"--reuid={self.name}",
-                f"--regid={self.name}",
-                "--init-groups",
-                sys.executable,
-                "-c",
-                code,
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd="/",
+            self._argv(code, args), capture_output=True, text=True, timeout=timeout, cwd="/"
         )
 
     def popen(self, code: str, *args: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [
-                "setpriv",
-                f"--reuid={self.name}",
-                f"--regid={self.name}",
-                "--init-groups",
-                sys.executable,
-                "-c",
-                code,
-                *args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd="/",
-        )
+            self._argv(code, args),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
+        )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
