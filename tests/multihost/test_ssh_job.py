@@ -22,7 +22,7 @@ def test_ssh_job_meshes_reattach_and_kill(cluster2, monkeypatch, tmp_path) -> No
 
     job = again = spec()
     try:
-        state = job.state(cached_path=path)
+        state = job.state(cached_path=path, timeout=180)  # generous: a loaded machine
         for i, name in enumerate(("a", "b")):
             with state[name].spawn_procs(per_host={"procs": 1}) as procs:
                 (found,) = procs.run("import socket; socket.gethostname()").values()
@@ -33,7 +33,7 @@ def test_ssh_job_meshes_reattach_and_kill(cluster2, monkeypatch, tmp_path) -> No
         for name in ("a", "b"):
             state[name].shutdown()  # the kernel goes away; the agents stay
         again = spec()  # a restarted kernel, same spec
-        state = again.state(cached_path=path)
+        state = again.state(cached_path=path, timeout=180)  # generous: a loaded machine
         assert again._running["pids"] == pids
         with state.b.spawn_procs(per_host={"procs": 2}) as procs:
             assert procs.run("rank").values() == [0, 1]
