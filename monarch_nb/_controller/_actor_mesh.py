@@ -95,6 +95,9 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         """
         group = self._group
         if self._generation == group.generation:
+            record = group.spawned.get(self._actor_id)
+            if record is not None:  # not to be spawned again on a rank that restarts
+                record.stopped.update(self._shape.ranks)
             group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
         return completed(None)
 
@@ -109,7 +112,9 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         error = group.actor_failures.get(self._actor_id)
         if error is not None:
             return error
-        return group.failure_for(self._shape.ranks)
+        return group.failure_for(self._shape.ranks) or group.actor_missing(
+            self._actor_id, self._name, self._shape.ranks
+        )
 
     def __reduce__(self):
         procs = self._group.ref()

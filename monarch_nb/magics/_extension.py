@@ -151,7 +151,7 @@ class MeshMagics(Magics):
 
     def _restart(self, args: Any) -> None:
         mesh = self.registry.get(args.mesh)
-        mesh.restart()
+        mesh.restart(args.ranks)
         display(_render.StatusView([mesh.status()]))
 
     def _status(self, args: Any) -> None:

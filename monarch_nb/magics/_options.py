@@ -93,9 +93,15 @@ def stop_options() -> None:
 
 
 @magic_arguments(name="mesh restart")
+@argument(
+    "--ranks",
+    help="replace only these ranks' processes (e.g. 1 or 1,3): the others keep their "
+    "namespaces and actors, and the actors of these ranks are spawned again",
+)
 @_mesh_option
 def restart_options() -> None:
-    """Replace every process with a fresh one (namespaces start empty again)."""
+    """Replace every process with a fresh one (namespaces start empty again), or only
+    those of --ranks; torch.distributed is set up again on every rank."""
 
 
 @magic_arguments(name="mesh status")
