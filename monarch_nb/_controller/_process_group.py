@@ -771,10 +771,11 @@ class ProcGroup:
             )
             self._notify_restart()
             return
-        if self.events:
-            self._emit_exit(worker)
-        if ended:
-            return
+        if ended or rank not in self.ready_ranks:
+            if self.events:
+                self._emit_exit(worker)
+            if ended:
+                return
         running = self.controller.calls_waiting_on(self, rank)
         what = f" while running {', '.join(running)}" if running else ""
         died = (
@@ -787,7 +788,9 @@ class ProcGroup:
                 consequence += "; last lines of its stderr:\n  " + "\n  ".join(worker.stderr_tail)
             self.fail(MeshFailure(f"{died}; {consequence}", ranks=(rank,), cause=worker.returncode))
             return
-        self.ranks_lost((rank,), died, worker.returncode)
+        # Its RankFailed goes out once the rank is marked dead, so a listener
+        # that reacts with healthy() already gets the survivors.
+        self.ranks_lost((rank,), died, worker.returncode, announce=lambda: self._emit_exit(worker))
 
     def host_lost(self, workers: list[WorkerProcess], host: str, why: str) -> None:
         """Every rank on ``host`` is gone at once (its agent stopped answering, or its
@@ -798,9 +801,13 @@ class ProcGroup:
             return
         for worker in workers:
             worker.returncode, worker.lost = -signal.SIGKILL, why
-            if self.events:
+
+        def announce() -> None:
+            for worker in workers:
                 self._emit_exit(worker)
+
         if isinstance(self.state, Stopped | Failed):
+            announce()
             return
         ranks = tuple(sorted(w.rank for w in workers))
         self.ranks_lost(
@@ -808,6 +815,7 @@ class ProcGroup:
             f"host {host} of process mesh {self.name!r} {why}: its ranks "
             f"{_describe_ranks(ranks)} are lost",
             why,
+            announce=announce,
         )
 
     def _end_ranks(
@@ -823,12 +831,21 @@ class ProcGroup:
                 self.interrupt(others, call.call_id)
         return len(failed)
 
-    def ranks_lost(self, ranks: tuple[int, ...], what: str, cause: object) -> None:
+    def ranks_lost(
+        self,
+        ranks: tuple[int, ...],
+        what: str,
+        cause: object,
+        announce: Callable[[], None] = lambda: None,
+    ) -> None:
         """``ranks`` died (``what`` says how): fail the calls waiting on them; the
         other ranks go on. A restart policy brings them back while it may; past
-        that, the mesh fails (I/O thread)."""
+        that, the mesh fails (I/O thread). ``announce`` emits their deaths: called
+        once they count as dead, before any MeshFailed."""
         budget = self._budget
         if budget is not None and not budget.take():
+            if self.events:
+                announce()
             self.fail(
                 MeshFailure(
                     f"{what}; {budget.describe()}, so the mesh is failed: call restart() "
@@ -861,6 +878,8 @@ class ProcGroup:
 
         if not self._end_ranks(ranks, error, mark):
             _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
+        if self.events:
+            announce()
         if budget is None:
             _context.report_child_failure(self.owner, error)
             return
