@@ -405,7 +405,7 @@ def test_a_fault_hook_that_raises_interrupts_the_main_thread(tmp_path):
             procs = this_host().spawn_procs(per_host={"procs": 2})
             os.kill(procs.pids[0], signal.SIGKILL)
             try:
-                time.sleep(60)
+                time.sleep(600)  # woken by the interrupt, not at the end of the sleep
             except KeyboardInterrupt:
                 print("interrupted", flush=True)
             procs.stop()

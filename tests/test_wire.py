@@ -13,6 +13,7 @@ import torch
 import zmq
 
 from monarch_nb import Actor, endpoint
+from monarch_nb._common import _serialize
 from monarch_nb._common._messages import Call, Value
 from monarch_nb._common._wire import ReplayWindow, Signer, WireStats, decode_payload, new_key
 from monarch_nb._controller._client import Controller
@@ -300,3 +301,19 @@ def test_the_bind_address_can_be_chosen(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("tcp://127.0.0.2:")
     assert out.stdout.strip().endswith("running")
+
+
+def test_code_sent_by_value_keeps_its_file_name_and_its_nested_functions_too():
+    # pdb and tracebacks on a rank find a notebook cell's lines by the code's file
+    # name; cloudpickle alone would rename every code object "<dynamic-code>".
+    namespace: dict = {}
+    exec(
+        compile(
+            "def outer():\n    def inner():\n        pass\n    return inner", "<cell-7>", "exec"
+        ),
+        namespace,
+    )
+    data, buffers = _serialize.dumps(namespace["outer"])
+    outer = _serialize.loads(data, buffers)
+    assert outer.__code__.co_filename == "<cell-7>"
+    assert outer().__code__.co_filename == "<cell-7>"

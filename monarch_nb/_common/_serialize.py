@@ -193,6 +193,12 @@ def _cloudpickler() -> type:
                 reduced = _reduce_buffers(obj)
                 if reduced is not NotImplemented:
                     return reduced
+                if type(obj) is types.CodeType and obj.co_filename != _ANONYMOUS_CODE:
+                    # cloudpickle >= 3.1.2 sends every code object as "<dynamic-code>":
+                    # keep the real file name, or pdb and tracebacks on the rank
+                    # cannot show the notebook cell's lines.
+                    anonymous = obj.replace(co_filename=_ANONYMOUS_CODE)
+                    return _with_filename, (anonymous, obj.co_filename)
                 if type(obj) is types.FunctionType and id(obj) not in self._shipping_source:
                     source = _cell_source(obj.__code__.co_filename)
                     if source is not None:
@@ -204,6 +210,13 @@ def _cloudpickler() -> type:
 
         _cloud_pickler = _CloudPickler
     return _cloud_pickler
+
+
+_ANONYMOUS_CODE = "<dynamic-code>"  # the name cloudpickle gives the code it sends
+
+
+def _with_filename(code: types.CodeType, filename: str) -> types.CodeType:
+    return code.replace(co_filename=filename)
 
 
 def _cell_source(filename: str) -> list[str] | None:

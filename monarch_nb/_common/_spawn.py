@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -25,6 +26,12 @@ def start_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> subpro
         start_new_session=True,
     )
     assert popen.stdin is not None
-    popen.stdin.write(json.dumps(dict(bootstrap)).encode() + b"\n")
-    popen.stdin.close()
+    try:
+        popen.stdin.write(json.dumps(dict(bootstrap)).encode() + b"\n")
+        popen.stdin.close()
+    except BrokenPipeError:
+        # It died before reading (a broken interpreter, a bad environment): its
+        # exit code and stderr, which the caller watches, say why better than we can.
+        with contextlib.suppress(OSError):
+            popen.stdin.close()
     return popen

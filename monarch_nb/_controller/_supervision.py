@@ -28,6 +28,7 @@ from __future__ import annotations
 import _thread
 import logging
 import queue
+import signal
 import threading
 from collections.abc import Callable
 
@@ -86,4 +87,17 @@ def _run_hooks() -> None:
                 failure.report(),
                 exc_info=not isinstance(exc, SystemExit),
             )
-            _thread.interrupt_main()
+            _interrupt_main_thread()
+
+
+def _interrupt_main_thread() -> None:
+    """KeyboardInterrupt in the main thread now, even inside ``time.sleep`` or a
+    blocking wait: ``_thread.interrupt_main`` only sets a flag that a sleeping
+    thread reads when it wakes. A real SIGINT interrupts the system call; it is
+    sent only when Python handles SIGINT (otherwise it would kill the process)."""
+    if callable(signal.getsignal(signal.SIGINT)):
+        main = threading.main_thread().ident
+        assert main is not None
+        signal.pthread_kill(main, signal.SIGINT)
+    else:
+        _thread.interrupt_main()
