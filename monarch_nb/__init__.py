@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         MonarchNbError,
         RemoteError,
         RemoteFailure,
+        ReplayError,
         SerializationError,
         SpawnError,
     )
@@ -99,6 +100,7 @@ _DEFINED_IN = {
     "ProcMesh": "_controller._proc_mesh",
     "RankState": "_controller._events",
     "RankStatus": "_controller._status",
+    "ReplayError": "_common._errors",
     "RemoteError": "_common._errors",
     "RemoteFailure": "_common._errors",
     "ReplyStream": "_common._pending",
@@ -205,6 +207,7 @@ __all__ = [
     "RankStatus",
     "RemoteError",
     "RemoteFailure",
+    "ReplayError",
     "ReplyStream",
     "RestartPolicy",
     "RestartRecord",

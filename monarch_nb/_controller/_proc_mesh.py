@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import os
@@ -23,6 +24,7 @@ from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
 from ._events import EventStream, Output, RankState, print_output
+from ._history import History
 from ._interrupt import wait_for
 from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
 from ._recovery import RestartPolicy
@@ -202,16 +204,24 @@ class ProcMesh(MeshShape):
 
     # -- code cells: the plain-Python API behind %%mesh ---------------------------------
 
-    def exec(self, source: str, *, name: str | None = None, fail_fast: bool = False) -> CallFuture:
+    def exec(
+        self,
+        source: str,
+        *,
+        name: str | None = None,
+        fail_fast: bool = False,
+        replay: bool = True,
+    ) -> CallFuture:
         """Start ``source`` on every rank of this view; a future of the last expression's
         values (a ValueMesh). Raises SyntaxError locally, before anything is sent.
 
         Each rank keeps one namespace across cells, with ``rank``, ``world_size``,
         ``local_rank``, ``point`` and ``display`` predefined. With ``fail_fast``
         the first rank that raises interrupts the others (and kills those stuck
-        outside Python after the grace period).
+        outside Python after the grace period). With ``replay=False`` the cell
+        is left out of what ``restart(replay=True)`` runs again.
         """
-        return _cells.run_cell(self, source, name=name, fail_fast=fail_fast)
+        return _cells.run_cell(self, source, name=name, fail_fast=fail_fast, replay=replay)
 
     def run(
         self, source: str, *, timeout: float | None = None, fail_fast: bool = False
@@ -286,9 +296,14 @@ class ProcMesh(MeshShape):
             ),
         )
         call.future.get()
-        group.spawned[actor_id] = SpawnRecord(
+        record = SpawnRecord(
             name, actor_class, args, kwargs, shape.labels, shape.sizes, shape.ranks
         )
+        group.spawned[actor_id] = record
+        step = group.history.record(
+            "spawn", f"spawn {name} ({actor_class.__name__})", shape, (actor_id, record)
+        )
+        step.outcome = "ok"
         return ActorMesh(
             self, shape, actor_id=actor_id, name=name, cls=actor_class, generation=group.generation
         )
@@ -305,7 +320,7 @@ class ProcMesh(MeshShape):
         self._group.stop()
         return completed(None)
 
-    def restart(self, ranks: Iterable[int] | None = None) -> RestartRecord:
+    def restart(self, ranks: Iterable[int] | None = None, *, replay: bool = False) -> RestartRecord:
         """Replace processes with fresh ones (blocking); returns what was done.
 
         ``restart()`` replaces every process: namespaces start empty and actor
@@ -315,8 +330,30 @@ class ProcMesh(MeshShape):
         the arguments they were first given (the record names any that could
         not be: spawn those again yourself). Raises MeshFailure if a new
         process does not start.
+
+        ``replay=True`` then sends the :meth:`history` again to the new
+        processes, in order: the pushes, cells and spawns that succeeded (cells
+        run with ``replay=False`` left out), each to the part of its view that
+        restarted; actor meshes spawned again this way keep working through
+        the handles you hold. A step that fails stops the replay with a
+        ReplayError naming it. Without replay, a restart of every rank starts
+        the history over.
         """
-        return self._group.restart(ranks)
+        from ._replay import replay as replay_history
+
+        record = self._group.restart(ranks)
+        if replay:
+            sent = replay_history(self, record.ranks, spawns=ranks is None)
+            return dataclasses.replace(record, replayed=sent)
+        if ranks is None:
+            self._group.history.clear()
+        return record
+
+    def history(self) -> History:
+        """The pushes, cells and spawns sent to this mesh (every view of it) since it
+        started or last restarted without replay, in order, with how each ended:
+        what ``restart(replay=True)`` sends again. ``print(procs.history())``."""
+        return self._group.history
 
     def add_restart_hook(self, hook: Callable[[tuple[int, ...]], None]) -> None:
         """Call ``hook(ranks)`` each time processes of this mesh are replaced

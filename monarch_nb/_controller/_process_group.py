@@ -66,8 +66,9 @@ from .._common._shape import Shape
 from .._common._spawn import start_worker
 from .._common._wire import Encoded, Signer, decode_payload, new_key
 from . import _events as ev
-from ._calls import send_call
+from ._calls import CallFuture, send_call
 from ._client import Controller
+from ._history import History
 from ._oom import OomWitness, describe_oom
 from ._recovery import RestartBudget, RestartPolicy
 
@@ -271,6 +272,9 @@ class ProcGroup:
         self.restart_policy = restart
         self._budget = RestartBudget(restart) if restart is not None else None
         self.spawned: dict[int, SpawnRecord] = {}  # actor id -> how to spawn it again
+        # actor id -> the generation a replay spawned it again in: its old handles work
+        self.replayed_actors: dict[int, int] = {}
+        self.history = History()  # what built the ranks' state, for restart(replay=True)
         self.missing_actors: dict[int, dict[int, str]] = {}  # actor id -> rank -> why absent
         self.restarts: deque[RestartRecord] = deque(maxlen=20)
         # Run after ranks got fresh processes (restart(ranks=...) or a policy), with
@@ -1126,6 +1130,26 @@ class ProcGroup:
             self.dead.pop(rank, None)
         self._restarting.difference_update(ranks)
 
+    def spawn_again(self, actor_id: int, record: SpawnRecord, on: tuple[int, ...]) -> CallFuture:
+        """Send the spawn of ``record`` again to ranks ``on``, with its old actor id (so
+        references to it reach the new instances); a future of its completion."""
+        message = functools.partial(
+            Spawn,
+            actor_id=actor_id,
+            name=record.name,
+            labels=record.labels,
+            sizes=record.sizes,
+            ranks=record.ranks,
+        )
+        return send_call(
+            self,
+            Shape(("ranks",), (len(on),), on),
+            lambda call_id: message(call_id),
+            (record.cls, record.args, record.kwargs),
+            actor=f"{record.cls.__name__} {record.name!r}",
+            error_class=SpawnError,
+        ).future
+
     def _respawn(self, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Spawn again, on ``ranks``, the actors that lived there: (spawned again, failed)."""
         calls = []
@@ -1133,23 +1157,7 @@ class ProcGroup:
             on = tuple(r for r in ranks if r in record.ranks and r not in record.stopped)
             if not on:
                 continue
-            message = functools.partial(
-                Spawn,
-                actor_id=actor_id,
-                name=record.name,
-                labels=record.labels,
-                sizes=record.sizes,
-                ranks=record.ranks,
-            )
-            call = send_call(
-                self,
-                Shape(("ranks",), (len(on),), on),
-                lambda call_id, m=message: m(call_id),  # type: ignore[misc]
-                (record.cls, record.args, record.kwargs),
-                actor=f"{record.cls.__name__} {record.name!r}",
-                error_class=SpawnError,
-            )
-            calls.append((actor_id, record, on, call.future))
+            calls.append((actor_id, record, on, self.spawn_again(actor_id, record, on)))
         respawned: list[str] = []
         failed: list[str] = []
         for actor_id, record, on, future in calls:

@@ -61,6 +61,7 @@ class RestartRecord:
     respawned: tuple[str, ...]  # actor meshes spawned again on those ranks
     to_spawn_again: tuple[str, ...]  # actor meshes the caller must spawn again
     seconds: float  # from the restart's start to the ranks usable again
+    replayed: tuple[str, ...] = ()  # the history steps sent again (restart(replay=True))
 
 
 @dataclass(frozen=True, slots=True)

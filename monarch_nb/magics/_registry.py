@@ -32,6 +32,7 @@ from .._common._future import Future
 from .._common._value_mesh import ValueMesh
 from .._controller._actor_mesh import ActorMesh
 from .._controller._calls import CallFuture
+from .._controller._cells import run_cell
 from .._controller._events import DisplayData, Output, RankFailed
 from .._controller._interrupt import wait_for
 from .._controller._proc_mesh import HostMesh, ProcMesh, this_host
@@ -161,6 +162,7 @@ class NotebookMesh:
         fail_fast: bool = False,
         on_done: Any = None,
         number: int | None = None,
+        replay: bool = True,
     ) -> ValueMesh[Any] | CellHandle:
         """Run ``source`` on the selected ranks (default: all); its last expression's values.
 
@@ -179,7 +181,7 @@ class NotebookMesh:
         label = _render.cell_label(filename)
         cell = self._open(view, label, ordered)
         cell.fail_fast = fail_fast
-        future = view.exec(source, name=filename, fail_fast=fail_fast)
+        future = view.exec(source, name=filename, fail_fast=fail_fast, replay=replay)
         cell.attach(future)
         finished = self._finish_after_output(future, cell, on_done)
         if not block:
@@ -270,7 +272,7 @@ class NotebookMesh:
             self._dashboards.clear()
             self.registry._forget(self)
 
-    def restart(self, ranks: str | list[int] | None = None) -> Any:
+    def restart(self, ranks: str | list[int] | None = None, *, replay: bool = False) -> Any:
         """Fresh processes; torch.distributed is set up again on every rank.
 
         Without ``ranks`` every process is replaced (empty namespaces, actors to
@@ -278,9 +280,9 @@ class NotebookMesh:
         other ranks keep their namespaces and actors. Returns the RestartRecord.
         """
         if ranks is None:
-            return self.procs.restart()
+            return self.procs.restart(replay=replay)
         chosen = select(self.procs, ranks, None).shape.ranks
-        return self.procs.restart(ranks=chosen)
+        return self.procs.restart(ranks=chosen, replay=replay)
 
     def interrupt(self) -> list[int]:
         """KeyboardInterrupt in every busy rank; returns those ranks."""
@@ -308,7 +310,8 @@ class NotebookMesh:
             "(lambda s: (s.bind(('', 0)), s.getsockname()[1], s.close())[1])"
             "(__import__('socket').socket())"
         )
-        return int(first.run(source, timeout=DIST_INIT_TIMEOUT_S).values()[0])
+        probe = run_cell(first, source, record=False)  # not a step of the user's history
+        return int(wait_for(probe, timeout=DIST_INIT_TIMEOUT_S).values()[0])
 
     def status(self) -> _render.NotebookMeshStatus:
         """A snapshot (``ProcMesh.status()``) with what the notebook adds: the
@@ -343,7 +346,8 @@ class NotebookMesh:
         )
         view = self.procs
         cell = self._open(view, f"torch.distributed setup ({self.dist})", None)
-        future = view.exec(source, name=f"<mesh-{self.name}-dist-setup>")
+        # Not a step of the history: a restart runs it again by itself, before a replay.
+        future = run_cell(view, source, name=f"<mesh-{self.name}-dist-setup>", record=False)
         finished = self._finish_after_output(future, cell, None)
         try:
             wait_for(future, timeout=DIST_INIT_TIMEOUT_S)
