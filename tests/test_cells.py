@@ -129,7 +129,7 @@ while True:  # ignores interrupts, as a rank stuck in C code would
     assert error.cause.ranks == (0,)
     log.wait_for(RankFailed, lambda e: e.rank == 1, timeout=30)  # once its exit is seen
     assert procs2.state == "failed"  # the whole mesh, with a rank dead
-    assert "use healthy() for them, replace the killed ones with restart(ranks=[1])" in str(error)
+    assert "restart(ranks=[1]) on process mesh 'procs' to replace the killed" in str(error)
     assert run_cell(procs2.healthy(), "rank").get(timeout=30).values() == [0]  # kept its state
 
 

@@ -259,7 +259,9 @@ def test_a_rank_killed_inside_a_gloo_all_reduce_frees_the_survivors(monkeypatch)
         # The survivors leave the collective (gloo sees the connection close, or
         # the timeout ends it) and answer, their namespaces intact.
         assert procs.healthy().run("kept", timeout=timeout + LIMIT_S).values() == [0, 200, 300]
-        assert time.monotonic() - killed_at < timeout
+        # Within the collective timeout (gloo frees only the dead rank's neighbours at
+        # once; the others wait for it), plus the time a loaded machine takes to answer.
+        assert time.monotonic() - killed_at < timeout + LIMIT_S
         # restart(ranks=[1]) sets the process group up again across the mesh.
         record = mesh.restart("1")
         assert record.ranks == (1,)

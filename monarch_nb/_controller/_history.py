@@ -48,6 +48,12 @@ class Step:
         return f"{self.number:>4}  {self.label} on ranks {ranks}" + (f"  [{note}]" if note else "")
 
 
+def _first_clause(message: str, limit: int = 160) -> str:
+    """What failed, without the advice that follows it: "rank 1 (pid 7) ... SIGKILL"."""
+    first = message.splitlines()[0].split("; ")[0] if message else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
 @dataclass
 class History:
     """The steps of one process mesh, oldest first (thread-safe)."""
@@ -78,7 +84,7 @@ class History:
                 step.outcome = "ok"
             else:
                 step.outcome = "failed"
-                step.failure = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                step.failure = f"{type(error).__name__}: {_first_clause(str(error))}"
 
         future.add_done_callback(done)
 

@@ -27,7 +27,7 @@ from .._common._errors import (
     RemoteFailure,
     format_ranks,
 )
-from .._common._hints import restart_hint
+from .._common._hints import restart_hint, restart_ranks_hint
 
 if TYPE_CHECKING:
     from .._common._pending import CallFuture, PendingCall
@@ -172,11 +172,10 @@ def _kill_stuck(
 def _after_kill(mesh: str, killed: list[int]) -> str:
     """What a user does next once fail-fast killed ``killed``: the other ranks
     keep their state, so both a partial restart and the survivors are offered."""
-    listed = ", ".join(map(str, killed))
     return (
-        f"the other ranks of mesh {mesh!r} keep their state: use healthy() for them, "
-        f"replace the killed ones with restart(ranks=[{listed}]) (%mesh restart --ranks "
-        f"{listed} in a notebook), or {restart_hint(mesh)} for every rank"
+        f"the other ranks of mesh {mesh!r} keep their state (healthy() is their view); "
+        f"{restart_ranks_hint(mesh, killed)} to replace the killed ones, or "
+        f"{restart_hint(mesh)} for every rank"
     )
 
 

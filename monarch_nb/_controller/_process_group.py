@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from .._common import _context, _peer, _refs, _rundir
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, SpawnError
 from .._common._future import Future
-from .._common._hints import restart_hint
+from .._common._hints import restart_hint, restart_ranks_hint
 from .._common._messages import (
     BroadcastFailure,
     DebugEnded,
@@ -867,12 +867,11 @@ class ProcGroup:
                 f"{policy.max_restarts} within {policy.window_s:g} s)"
             )
         else:
-            listed = ", ".join(map(str, ranks))
             consequence = (
-                f"calls that include it fail until it is replaced: {restart_hint(self.name)} "
-                f"(every rank), or replace only rank(s) {listed} (restart(ranks=[{listed}]), "
-                f"or %mesh restart --ranks {listed} in a notebook), or use healthy(), the "
-                "view of the ranks still running"
+                f"calls that include it fail until it is replaced: "
+                f"{restart_ranks_hint(self.name, ranks)} (the other ranks keep their state), "
+                f"or {restart_hint(self.name)} for every rank; healthy() is the view of the "
+                "ranks still running"
             )
         error = MeshFailure(f"{what}; {consequence}", ranks=ranks, cause=cause)
 
