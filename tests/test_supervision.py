@@ -412,7 +412,16 @@ def test_a_fault_hook_that_raises_interrupts_the_main_thread(tmp_path):
             """
         )
     )
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    # Started with SIGINT at its default, as from a terminal: a job that a
+    # non-interactive shell put in the background inherits it ignored, and then
+    # Python cannot raise KeyboardInterrupt at all.
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert out.stdout.strip() == "interrupted", out.stderr[-2000:]
     assert "unhandled_fault_hook 'hook' raised SystemExit" in out.stderr
     assert "SIGKILL" in out.stderr
