@@ -828,9 +828,10 @@ class ProcGroup:
         """Fail the calls waiting on ``ranks`` (see ``Controller.end_ranks``); how many."""
         failed = self.controller.end_ranks(self, ranks, error, mark)
         # The other ranks' share of those calls has nobody waiting for it any more:
-        # stop it (KeyboardInterrupt in that call only), so they are free at once.
+        # stop it (KeyboardInterrupt in that call only), so they are free at once;
+        # not where the user is debugging (a rank paused in pdb), who goes on.
         for call in failed:
-            others = [r for r in call.waiting_ranks() if r not in ranks]
+            others = [r for r in call.waiting_ranks() if r not in ranks and r not in self.paused]
             if others:
                 self.interrupt(others, call.call_id)
         return len(failed)
