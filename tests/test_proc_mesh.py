@@ -1,6 +1,7 @@
 """Process meshes: start, environment, views, stop, restart."""
 
 import os
+import signal
 import sys
 import time
 
@@ -223,3 +224,32 @@ def test_stop_and_shutdown_return_futures_once_stopped():
 
     assert not wait_for_exit(set(asyncio.run(main())), 1.0)
     # shutdown_context() stops every mesh of the process: tests/test_monarch_surface.py
+
+
+@pytest.mark.parametrize("how", ["stop", "SIGKILL"])
+def test_a_ranks_subprocesses_do_not_outlive_it(how):
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        children = procs.run(
+            "import subprocess\nchild = subprocess.Popen(['sleep', '600'])\nchild.pid"
+        ).values()
+        assert all(psutil.pid_exists(pid) for pid in children)
+        if how == "SIGKILL":
+            os.kill(procs.pids[1], signal.SIGKILL)  # rank 1 dies; its child goes with it
+            children_gone = [children[1]]
+        else:
+            procs.stop()
+            children_gone = children
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in children_gone):
+            assert time.monotonic() < deadline, f"left running: {children_gone}"
+            time.sleep(0.05)  # polling the process table: there is no event for it
+    finally:
+        procs.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

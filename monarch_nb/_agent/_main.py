@@ -62,7 +62,7 @@ from .._common._messages import (
     WorkerOutput,
     WorkerStarted,
 )
-from .._common._spawn import start_worker
+from .._common._spawn import kill_leftovers, start_worker
 from .._common._wire import (
     MAX_FRAME_BYTES,
     OWN,
@@ -339,6 +339,7 @@ class Agent:
         self._fd_owner.pop(child.pidfd, None)
         os.close(child.pidfd)
         returncode = child.popen.wait()
+        kill_leftovers(child.popen.pid)
         for fd in list(child.pipes):  # its last words first
             for _ in range(64):
                 if fd not in self._fd_owner or not self._read_pipe(child, fd):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -35,3 +37,12 @@ def start_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> subpro
         with contextlib.suppress(OSError):
             popen.stdin.close()
     return popen
+
+
+def kill_leftovers(pid: int) -> None:
+    """SIGKILL what is left of the process group of worker ``pid`` (its children that
+    did not leave it), once the worker itself is gone and reaped: a rank's
+    subprocesses do not outlive it. Safe after the reap: Linux does not reuse a
+    pid while a process group of that id still has members."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

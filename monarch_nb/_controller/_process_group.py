@@ -63,7 +63,7 @@ from .._common._messages import (
 )
 from .._common._network import visible_gpus
 from .._common._shape import Shape
-from .._common._spawn import start_worker
+from .._common._spawn import kill_leftovers, start_worker
 from .._common._wire import Encoded, Signer, decode_payload, new_key
 from . import _events as ev
 from ._calls import CallFuture, send_call
@@ -421,6 +421,7 @@ class ProcGroup:
                 worker.popen.kill()
             for worker in launched:
                 worker.popen.wait()
+                kill_leftovers(worker.pid)
             self.state = Failed(
                 MeshFailure(f"{self.name}: could not start rank {len(launched)}: {exc}")
             )
@@ -753,6 +754,7 @@ class ProcGroup:
         os.close(worker.pidfd)
         worker.pidfd = -1
         worker.returncode = worker.popen.wait()
+        kill_leftovers(worker.pid)
         self._drain(worker)
         self.worker_exited(worker)
 
