@@ -283,6 +283,7 @@ class ProcGroup:
         self._env: dict[str, str] = {}
         self._incarnation: dict[int, int] = {}
         self._restarting: set[int] = set()
+        self._replacing_all = False  # restart(): between the kill and the new start
         self._restart_failed: dict[int, str] = {}  # rank -> why its new process did not start
         self._ready_changed = threading.Condition()
         self._restart_lock = threading.Lock()
@@ -996,8 +997,12 @@ class ProcGroup:
     def _restart_all(self, cause: str, *, automatic: bool) -> RestartRecord:
         started = time.monotonic()
         spawned = tuple(dict.fromkeys(r.name for r in self.spawned.values()))
-        self.kill()
-        self.start()
+        self._replacing_all = True  # the kill's "stopped" reads as "starting" meanwhile
+        try:
+            self.kill()
+            self.start()
+        finally:
+            self._replacing_all = False
         for hook in list(self.after_restart):
             hook(self.shape.ranks)
         return self._restarted(self.shape.ranks, cause, automatic, (), spawned, started)
@@ -1338,6 +1343,8 @@ class ProcGroup:
             case Failed(error):
                 return MeshState.FAILED, str(error)
             case Stopped():
+                if self._replacing_all:
+                    return MeshState.STARTING, None
                 return MeshState.STOPPED, None
         raise AssertionError(self.state)
 

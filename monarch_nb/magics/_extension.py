@@ -159,7 +159,7 @@ class MeshMagics(Magics):
                     "(%mesh history lists them)"
                 )
             )
-        display(_render.StatusView([mesh.status()]))
+        display(mesh.dashboard())  # live, following the new processes
 
     def _history(self, args: Any) -> None:
         mesh = self.registry.get(args.mesh)
