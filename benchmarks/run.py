@@ -14,7 +14,17 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-_AREAS = ["runtime", "actors", "native", "notebook", "scale", "chaos", "multihost", "tensor"]
+_AREAS = [
+    "runtime",
+    "actors",
+    "native",
+    "notebook",
+    "scale",
+    "chaos",
+    "recovery",
+    "multihost",
+    "tensor",
+]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -56,6 +66,10 @@ def main(argv: list[str] | None = None) -> None:
         chaos = importlib.import_module("bench_chaos")
         print("## Hardening (faults, load, bad input)\n")
         print(chaos.render(chaos.measure(quick=args.quick)), "\n", flush=True)
+    if "recovery" in wanted:
+        recovery = importlib.import_module("bench_recovery")
+        print("## Recovery (a rank SIGKILLed, the mesh usable again)\n")
+        print(recovery.table(recovery.run(quick=args.quick)), "\n", flush=True)
     if "multihost" in wanted:
         multihost = importlib.import_module("bench_multihost")
         print("## Multi-host (network-namespace hosts through ssh)\n")

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         MonarchNbError,
         RemoteError,
         RemoteFailure,
+        ReplayError,
         SerializationError,
         SpawnError,
     )
@@ -53,7 +54,8 @@ if TYPE_CHECKING:
     from ._controller._events import RankState
     from ._controller._launchers import attach, slurm_hosts, ssh_hosts
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
-    from ._controller._status import MeshState, MeshStatus, RankStatus
+    from ._controller._recovery import RestartPolicy
+    from ._controller._status import MeshState, MeshStatus, RankStatus, RestartRecord
     from .debug._remote import breakpoint
     from .tensor._active import get_active_mesh, no_mesh
     from .tensor._api import (
@@ -98,9 +100,12 @@ _DEFINED_IN = {
     "ProcMesh": "_controller._proc_mesh",
     "RankState": "_controller._events",
     "RankStatus": "_controller._status",
+    "ReplayError": "_common._errors",
     "RemoteError": "_common._errors",
     "RemoteFailure": "_common._errors",
     "ReplyStream": "_common._pending",
+    "RestartPolicy": "_controller._recovery",
+    "RestartRecord": "_controller._status",
     "SerializationError": "_common._errors",
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",
@@ -202,7 +207,10 @@ __all__ = [
     "RankStatus",
     "RemoteError",
     "RemoteFailure",
+    "ReplayError",
     "ReplyStream",
+    "RestartPolicy",
+    "RestartRecord",
     "SerializationError",
     "Shape",
     "SpawnError",

@@ -12,7 +12,7 @@ from monarch_nb._common._cell_source import compile_cell
 from monarch_nb._controller._cells import pull, push, run_cell
 from monarch_nb._controller._interrupt import fail_fast
 from monarch_nb._worker._namespace import mime_bundle
-from monarch_nb.events import DisplayData, EventLog, MeshFailed
+from monarch_nb.events import DisplayData, EventLog, RankFailed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,7 +115,7 @@ while True:  # ignores interrupts, as a rank stuck in C code would
         pass
 """
     log = EventLog()
-    procs2.events.subscribe(log, kinds=(MeshFailed,))
+    procs2.events.subscribe(log, kinds=(RankFailed,))
     future = run_cell(procs2, source)
     fail_fast(future, grace=0.5)
     error = future.exception(timeout=30)
@@ -127,8 +127,10 @@ while True:  # ignores interrupts, as a rank stuck in C code would
     assert "did not stop within 0.5 s" in str(error)
     assert isinstance(error.cause, CellError)
     assert error.cause.ranks == (0,)
-    log.wait_for(MeshFailed, timeout=30)  # once its exit is seen
-    assert procs2.state == "failed"
+    log.wait_for(RankFailed, lambda e: e.rank == 1, timeout=30)  # once its exit is seen
+    assert procs2.state == "failed"  # the whole mesh, with a rank dead
+    assert "restart(ranks=[1]) on process mesh 'procs' to replace the killed" in str(error)
+    assert run_cell(procs2.healthy(), "rank").get(timeout=30).values() == [0]  # kept its state
 
 
 def test_display_sends_a_tagged_bundle_event(procs4):

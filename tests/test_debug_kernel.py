@@ -202,3 +202,17 @@ def test_a_rank_that_dies_while_paused_is_reported_and_the_others_stay(kernel):
     assert reply.error["ename"] == "MeshFailure", text
     kernel.ok("%mesh stop --mesh dying")
     assert kernel.ok("%%mesh --mesh m\nrank").text() == "[0] 0\n[1] 1\n"
+
+
+def test_a_death_before_a_restart_does_not_greet_the_next_breakpoint(kernel):
+    kernel.ok("%mesh start --procs 2 --name reborn")
+    cell = "%%mesh --mesh reborn --ranks 1\nbreakpoint()\nz = 1"
+    reply, convo = converse(kernel, cell, scripted("c"))  # the debugger has met this mesh
+    assert reply.status == "ok", convo.text()
+    kernel.ok("from monarch_nb import current_mesh\ncurrent_mesh('reborn').procs.kill([1])")
+    kernel.ok("%mesh restart --mesh reborn --ranks 1")
+    reply, convo = converse(kernel, cell, scripted("c"))
+    assert reply.status == "ok", convo.text()
+    assert convo.prompts == ["(Pdb rank 1) "]
+    assert "killed" not in convo.text()
+    kernel.ok("%mesh stop --mesh reborn")

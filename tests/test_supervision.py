@@ -140,14 +140,18 @@ def test_sigkill_during_a_call_fails_it_within_a_second_then_fails_fast(procs2):
         fut.get(timeout=10)
     assert time.monotonic() - killed_at < 1.0
     assert info.value.ranks == (1,)
-    # Fail fast: later calls raise at once, with the cause, until restart().
+    # Fail fast: later calls that include rank 1 raise at once, with the cause,
+    # until restart() ...
     started = time.monotonic()
     with pytest.raises(MeshFailure, match="SIGKILL"):
-        workers.slice(procs=0).pid.call_one().get(timeout=10)
+        workers.pid.call().get(timeout=10)
     with pytest.raises(MeshFailure, match="SIGKILL"):
         procs2.spawn("again", Worker)
     assert time.monotonic() - started < 0.5
     assert procs2.failure is info.value
+    # ... while rank 0 keeps its actor, and its share of the failed call was
+    # stopped, so it answers at once.
+    assert workers.slice(procs=0).pid.call_one().get(timeout=10) == procs2.pids[0]
 
 
 def test_broadcast_failure_reaches_supervision(procs2, caplog):

@@ -198,3 +198,29 @@ def test_plain_ipython_shows_the_text_summary() -> None:
     assert result.stdout.count("mesh 'term' · running · 1 ranks") == 2
     assert "mesh 'term' stopped" in result.stdout
     assert "Widget" not in result.stdout + result.stderr
+
+
+def test_the_dashboard_follows_the_mesh_across_restarts(kernel: Kernel) -> None:
+    kernel.ok("%mesh start --procs 2 --name again")
+    code = (
+        "from monarch_nb import current_mesh\n"
+        "mesh = current_mesh()\n"
+        "d = mesh.dashboard()\n"
+        "mesh.procs.kill([1])\n"
+        "mesh.restart()\n"  # every process
+        "def showing(d, pids):\n"
+        "    return (d.status.status.state == 'running'\n"
+        "            and [r.pid for r in d.status.status.ranks] == pids)\n"
+        "print(d.wait_until(lambda d: showing(d, mesh.procs.pids), timeout=30))\n"
+        "mesh.restart('1')\n"  # one rank
+        "print(d.wait_until(lambda d: showing(d, mesh.procs.pids), timeout=30))\n"
+        "print(d.finished)\n"
+    )
+    reply, outputs, _ = run_collecting_comms(kernel, code, timeout=90)
+    assert reply["content"]["status"] == "ok", outputs
+    out = "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream")
+    assert out.split() == ["True", "True", "False"]  # still live, with the new pids
+    # %mesh restart shows a live dashboard, not a table.
+    reply, outputs, _ = run_collecting_comms(kernel, "%mesh restart", timeout=90)
+    assert reply["content"]["status"] == "ok"
+    assert any(WIDGET_VIEW in data for data in displays(outputs))

@@ -61,10 +61,17 @@ def test_a_broadcast_whose_arguments_cannot_be_unpickled_fails_its_actor_mesh(pr
 
 def test_stacks_and_interrupts_reach_the_survivors_of_a_failed_mesh(procs2):
     sleepers = procs2.spawn("survivors", Sleeper)
-    running = sleepers.sleep.call(30)
+    # Separate calls: a call that included the dead rank would have its share on
+    # rank 0 stopped when rank 1 dies (see tests/test_recovery.py).
+    survivor = sleepers.slice(procs=0).sleep.call_one(30)
+    running = sleepers.slice(procs=1).sleep.call_one(30)
     procs2.kill([1])
     with pytest.raises(MeshFailure):
         running.get(timeout=10)
     stacks = procs2.stacks(timeout=5)
     assert "time.sleep(seconds)" in stacks[0]
     assert stacks[1].startswith("<no stack: the process was killed by signal SIGKILL")
+    assert not survivor.done()
+    procs2.interrupt([0])
+    with pytest.raises(RemoteError, match="KeyboardInterrupt"):
+        survivor.get(timeout=10)

@@ -12,6 +12,7 @@
      ├── EndpointError        the thing called is not an endpoint (lists the endpoints)
      ├── CallTimeout          ranks did not reply in time (names them); also a TimeoutError
      ├── CallCancelled        the caller cancelled the call's future
+     ├── ReplayError          restart(replay=True): a step of the history failed again
      └── MeshUsageError       wrong use of the API (bad slice, call_one on many points, ...)
 
 Remote errors keep the remote traceback as text with real source lines and
@@ -56,6 +57,16 @@ class MonarchNbError(Exception):
 
 class MeshUsageError(MonarchNbError, ValueError):
     """The API was used in a way that cannot work; the message says the right way."""
+
+
+class ReplayError(MonarchNbError):
+    """A step of a mesh's history failed when ``restart(replay=True)`` sent it again;
+    ``.step`` is its number in ``procs.history()`` (None: nothing was replayed).
+    The processes run, with the state the steps before it built."""
+
+    def __init__(self, message: str, *, step: int | None) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class EndpointError(MonarchNbError, AttributeError):

@@ -8,7 +8,7 @@ installs its own spelling with :func:`set_restart_hint`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 # mesh name -> what to type, or None for the runtime's own words
 _restart_hint: Callable[[str], str | None] | None = None
@@ -26,3 +26,12 @@ def restart_hint(mesh: str) -> str:
     hint = _restart_hint
     spelled = hint(mesh) if hint is not None else None
     return spelled or f"call restart() on process mesh {mesh!r}"
+
+
+def restart_ranks_hint(mesh: str, ranks: Sequence[int]) -> str:
+    """``"call restart(ranks=[1]) on process mesh 'm'"``, or ``"run %mesh restart --ranks 1"``."""
+    hint = _restart_hint
+    spelled = hint(mesh) if hint is not None else None
+    if spelled:
+        return f"{spelled} --ranks {','.join(map(str, ranks))}"
+    return f"call restart(ranks=[{', '.join(map(str, ranks))}]) on process mesh {mesh!r}"

@@ -94,13 +94,22 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         Monarch's is.)
         """
         group = self._group
-        if self._generation == group.generation:
+        if self._is_current():
+            record = group.spawned.get(self._actor_id)
+            if record is not None:  # not to be spawned again on a rank that restarts
+                record.stopped.update(self._shape.ranks)
             group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
         return completed(None)
 
+    def _is_current(self) -> bool:
+        """Spawned in its process mesh's present processes (or spawned again there by
+        a replay), not in processes a restart replaced."""
+        group = self._group
+        return group.generation in (self._generation, group.replayed_actors.get(self._actor_id))
+
     def _check_usable(self) -> MeshFailure | None:
         group = self._group
-        if self._generation != group.generation:
+        if not self._is_current():
             return MeshFailure(
                 f"actor mesh {self._name!r} was spawned before its process mesh restarted; "
                 f"spawn it again with procs.spawn({self._name!r}, {self._cls_name}, ...)",
@@ -109,7 +118,9 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         error = group.actor_failures.get(self._actor_id)
         if error is not None:
             return error
-        return group.failure_for(self._shape.ranks)
+        return group.failure_for(self._shape.ranks) or group.actor_missing(
+            self._actor_id, self._name, self._shape.ranks
+        )
 
     def __reduce__(self):
         procs = self._group.ref()
@@ -119,7 +130,9 @@ class ActorMesh(ActorMeshBase, Generic[A]):
                 "is not supported yet for meshes started through host agents; call it from "
                 "the controller, or pass the values it returns"
             )
-        procs = dataclasses.replace(procs, generation=self._generation)
+        procs = dataclasses.replace(
+            procs, generation=self._group.generation if self._is_current() else self._generation
+        )
         ref = _refs.ActorRef(
             procs,
             self._actor_id,

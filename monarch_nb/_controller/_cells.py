@@ -24,13 +24,21 @@ if TYPE_CHECKING:
 
 
 def run_cell(
-    procs: ProcMesh, source: str, *, name: str | None = None, fail_fast: bool = False
+    procs: ProcMesh,
+    source: str,
+    *,
+    name: str | None = None,
+    fail_fast: bool = False,
+    replay: bool = True,
+    record: bool = True,
 ) -> CallFuture:
     """Run ``source`` on every rank of ``procs``; a future of the last expression's values.
 
     Raises SyntaxError at once (locally) if the cell does not compile. With
     ``fail_fast`` the first rank that raises interrupts the others (see
-    :func:`~._interrupt.fail_fast`).
+    :func:`~._interrupt.fail_fast`). The cell becomes a step of the mesh's
+    history (``record``), sent again by ``restart(replay=True)`` if it
+    succeeded and ``replay`` is true.
     """
     filename = name or next_cell_name()[1]
     compile_cell(source, filename)  # SyntaxError here, before anything is sent
@@ -45,12 +53,25 @@ def run_cell(
     ).future
     if fail_fast:
         _interrupt.fail_fast(future)
+    if record:
+        history = procs._group.history
+        step = history.record(
+            "cell", f"cell {filename}", procs.shape, (filename, source), replay=replay
+        )
+        history.watch(step, future)
     return future
 
 
-def push(procs: ProcMesh, values: Mapping[str, Any]) -> CallFuture:
+def push(procs: ProcMesh, values: Mapping[str, Any], *, record: bool = True) -> CallFuture:
     """Set names in every rank's namespace (the values are pickled once)."""
-    return send_call(procs._group, procs.shape, Push, dict(values), actor="push").future
+    values = dict(values)
+    future = send_call(procs._group, procs.shape, Push, values, actor="push").future
+    if record:
+        history = procs._group.history
+        history.watch(
+            history.record("push", f"push {', '.join(values)}", procs.shape, values), future
+        )
+    return future
 
 
 def pull(procs: ProcMesh, name: str) -> CallFuture:

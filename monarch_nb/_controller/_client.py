@@ -258,6 +258,25 @@ class Controller:
             call.fail(error)
         return len(calls)
 
+    def end_ranks(
+        self, group: ProcGroup, ranks: Iterable[int], error: MeshFailure, mark: Callable[[], None]
+    ) -> list[PendingCall]:
+        """Some ranks of ``group`` are gone: ``mark()`` records it (under the lock, so
+        no call to them slips in after), then every call in flight still waiting on
+        one of them fails with ``error``. Calls to other ranks go on. Any thread;
+        returns the calls failed."""
+        gone = set(ranks)
+        with self._lock:
+            mark()
+            calls = [
+                c
+                for c in self._calls.values()
+                if c.group is group and gone.intersection(c.waiting_ranks())
+            ]
+        for call in calls:
+            call.fail(error)
+        return calls
+
     def calls_waiting_on(self, group: ProcGroup, rank: int) -> list[str]:
         """Labels of the calls in flight that still wait for ``rank``, oldest first."""
         with self._lock:

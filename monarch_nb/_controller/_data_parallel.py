@@ -51,16 +51,14 @@ def scatter(procs: ProcMesh, name: str, seq: Any) -> None:
             "send one value to every rank"
         ) from None
     ranks = procs.shape.ranks
-    futures = [
-        send_call(
-            procs._group,
-            Shape([], [], [rank]),
-            Push,
-            {name: seq[start:stop]},
-            actor=f"scatter {name!r}",
-        ).future
-        for rank, (start, stop) in zip(ranks, split_bounds(length, len(ranks)), strict=True)
-    ]
+    history = procs._group.history
+    futures = []
+    for rank, (start, stop) in zip(ranks, split_bounds(length, len(ranks)), strict=True):
+        shape = Shape([], [], [rank])
+        values = {name: seq[start:stop]}
+        future = send_call(procs._group, shape, Push, values, actor=f"scatter {name!r}").future
+        history.watch(history.record("push", f"scatter {name}", shape, values), future)
+        futures.append(future)
     for future in futures:
         wait_for(future)
 

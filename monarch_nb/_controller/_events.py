@@ -23,6 +23,7 @@ Events::
     DisplayData       a rank's ``display(obj)``
     RankFailed        a rank raised, or its process died (cause, traceback or exit)
     MeshFailed        the mesh can no longer be used (until restart)
+    RanksRestarted    some ranks (or all) got fresh processes, by restart() or a RestartPolicy
     Heartbeat         a rank's periodic sign of life, with its resource sample
     DebuggerPaused    a rank stopped in pdb and waits for a line (monarch_nb.debug)
     DebuggerOutput    text pdb wrote on a rank
@@ -119,6 +120,15 @@ class RankFailed(Event):
 @dataclass(frozen=True, slots=True)
 class MeshFailed(Event):
     error: MeshFailure
+
+
+@dataclass(frozen=True, slots=True)
+class RanksRestarted(Event):
+    ranks: tuple[int, ...]  # the ranks whose processes were replaced
+    cause: str  # the death that triggered it, or "restart(ranks=[1])"
+    automatic: bool  # made by the mesh's RestartPolicy
+    respawned: tuple[str, ...] = ()  # actor meshes spawned again on those ranks
+    to_spawn_again: tuple[str, ...] = ()  # actor meshes the caller must spawn again
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from .._common._errors import (
     RemoteFailure,
     format_ranks,
 )
-from .._common._hints import restart_hint
+from .._common._hints import restart_hint, restart_ranks_hint
 
 if TYPE_CHECKING:
     from .._common._pending import CallFuture, PendingCall
@@ -81,8 +81,8 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
             pass
         raise MeshFailure(
             f"{label} {why}; rank(s) {format_ranks(killed)} did not stop within {grace} s "
-            f"of the interrupt (stuck outside Python?) and were killed, so mesh "
-            f"{group.name!r} is failed: {restart_hint(group.name)} to continue",
+            f"of the interrupt (stuck outside Python?) and were killed; "
+            f"{_after_kill(group.name, killed)}",
             ranks=killed,
             cause=future.exception(timeout=0) if future.done() else None,
         )
@@ -160,13 +160,23 @@ def _kill_stuck(
         f"{call.label} failed on rank {first.rank} ({first.type_name}: {first.message}); "
         f"fail-fast interrupted rank(s) {format_ranks(interrupted)}, and rank(s) "
         f"{format_ranks(stuck)} did not stop within {grace} s (stuck outside Python, e.g. "
-        f"in a collective waiting for rank {first.rank}) and were killed, so mesh "
-        f"{group.name!r} is failed: {restart_hint(group.name)} to continue",
+        f"in a collective waiting for rank {first.rank}) and were killed; "
+        f"{_after_kill(group.name, stuck)}",
         ranks=stuck,
         cause=call.error_so_far(),
     )
     call.fail(error)  # before the kill, so this error wins over the mesh failure's
     group.kill_ranks(stuck)
+
+
+def _after_kill(mesh: str, killed: list[int]) -> str:
+    """What a user does next once fail-fast killed ``killed``: the other ranks
+    keep their state, so both a partial restart and the survivors are offered."""
+    return (
+        f"the other ranks of mesh {mesh!r} keep their state (healthy() is their view); "
+        f"{restart_ranks_hint(mesh, killed)} to replace the killed ones, or "
+        f"{restart_hint(mesh)} for every rank"
+    )
 
 
 def _only_interrupts(error: BaseException) -> bool:

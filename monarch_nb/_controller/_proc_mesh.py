@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import itertools
 import os
@@ -23,9 +24,11 @@ from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
 from ._events import EventStream, Output, RankState, print_output
+from ._history import History
 from ._interrupt import wait_for
-from ._process_group import Failed, ProcGroup, check_gpus, describe_exit
-from ._status import MeshState, MeshStatus
+from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
+from ._recovery import RestartPolicy
+from ._status import MeshState, MeshStatus, RestartRecord
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
@@ -92,14 +95,41 @@ class ProcMesh(MeshShape):
 
     @property
     def state(self) -> MeshState:
-        """``starting``, ``running``, ``failed`` or ``stopped`` (a str enum)."""
-        return self._group._mesh_state()[0]
+        """``starting``, ``running``, ``failed`` or ``stopped`` (a str enum), for the
+        ranks of this view: failed if one of them is dead, while a view without the
+        dead ranks is still running."""
+        return self._group._mesh_state(self._shape.ranks)[0]
 
     @property
     def failure(self) -> MeshFailure | None:
-        """Why the mesh failed, or None."""
+        """Why the mesh, or a rank of this view, failed; None if none did."""
         state = self._group.state
-        return state.error if isinstance(state, Failed) else None
+        if isinstance(state, Failed):
+            return state.error
+        return self._group._rank_failure(self._shape.ranks)
+
+    def healthy(self) -> ProcMesh:
+        """The view of this one's ranks that are alive (neither dead nor restarting).
+
+        ``procs.healthy().run(...)`` and ``actors.slice(...)`` over it keep
+        working while a dead rank waits for :meth:`restart`. A one-dimensional
+        view keeps its dimension (``procs.healthy()`` is ``procs.slice(procs=[0,
+        2, 3])`` when rank 1 died); a view of several dimensions becomes one
+        dimension, ``ranks``, over the live ranks. Raises MeshFailure if none is
+        alive.
+        """
+        shape = self._shape
+        live = self._group.live_ranks(shape.ranks)
+        if len(live) == len(shape):
+            return self
+        if not live:
+            raise self.failure or MeshFailure(
+                f"no rank of process mesh {self.name!r} {shape!r} is alive", ranks=shape.ranks
+            )
+        if len(shape.labels) == 1:
+            indices = [shape.index_of_rank(r) for r in live]
+            return ProcMesh(self._group, shape.slice(**{shape.labels[0]: indices}))
+        return ProcMesh(self._group, Shape(("ranks",), (len(live),), live))
 
     @property
     def pids(self) -> list[int]:
@@ -135,7 +165,7 @@ class ProcMesh(MeshShape):
             else:
                 worker = group.workers[rank]
                 why = (
-                    f"the process {describe_exit(worker.returncode)}"
+                    f"the process {worker.exit_cause()}"
                     if worker.returncode is not None
                     else f"no answer within {timeout} s (stopped, or stuck in C holding the GIL)"
                 )
@@ -167,22 +197,31 @@ class ProcMesh(MeshShape):
     def kill(self, ranks: Iterable[int]) -> None:
         """Kill ``ranks`` with SIGKILL (a rank stuck in C ignores interrupts).
 
-        The mesh is then failed, naming those ranks, until :meth:`restart`.
+        Those ranks are then dead: calls that include them fail, naming them,
+        until :meth:`restart` (the other ranks, :meth:`healthy`, go on).
         """
         self._group.kill_ranks(ranks)
 
     # -- code cells: the plain-Python API behind %%mesh ---------------------------------
 
-    def exec(self, source: str, *, name: str | None = None, fail_fast: bool = False) -> CallFuture:
+    def exec(
+        self,
+        source: str,
+        *,
+        name: str | None = None,
+        fail_fast: bool = False,
+        replay: bool = True,
+    ) -> CallFuture:
         """Start ``source`` on every rank of this view; a future of the last expression's
         values (a ValueMesh). Raises SyntaxError locally, before anything is sent.
 
         Each rank keeps one namespace across cells, with ``rank``, ``world_size``,
         ``local_rank``, ``point`` and ``display`` predefined. With ``fail_fast``
         the first rank that raises interrupts the others (and kills those stuck
-        outside Python after the grace period).
+        outside Python after the grace period). With ``replay=False`` the cell
+        is left out of what ``restart(replay=True)`` runs again.
         """
-        return _cells.run_cell(self, source, name=name, fail_fast=fail_fast)
+        return _cells.run_cell(self, source, name=name, fail_fast=fail_fast, replay=replay)
 
     def run(
         self, source: str, *, timeout: float | None = None, fail_fast: bool = False
@@ -257,6 +296,14 @@ class ProcMesh(MeshShape):
             ),
         )
         call.future.get()
+        record = SpawnRecord(
+            name, actor_class, args, kwargs, shape.labels, shape.sizes, shape.ranks
+        )
+        group.spawned[actor_id] = record
+        step = group.history.record(
+            "spawn", f"spawn {name} ({actor_class.__name__})", shape, (actor_id, record)
+        )
+        step.outcome = "ok"
         return ActorMesh(
             self, shape, actor_id=actor_id, name=name, cls=actor_class, generation=group.generation
         )
@@ -273,9 +320,47 @@ class ProcMesh(MeshShape):
         self._group.stop()
         return completed(None)
 
-    def restart(self) -> None:
-        """Replace every process with a fresh one; spawn actors again afterwards."""
-        self._group.restart()
+    def restart(self, ranks: Iterable[int] | None = None, *, replay: bool = False) -> RestartRecord:
+        """Replace processes with fresh ones (blocking); returns what was done.
+
+        ``restart()`` replaces every process: namespaces start empty and actor
+        meshes must be spawned again. ``restart(ranks=[1])`` replaces only those
+        processes (dead or alive): the other ranks keep their namespaces and
+        actors, and the actors that lived on rank 1 are spawned again there with
+        the arguments they were first given (the record names any that could
+        not be: spawn those again yourself). Raises MeshFailure if a new
+        process does not start.
+
+        ``replay=True`` then sends the :meth:`history` again to the new
+        processes, in order: the pushes, cells and spawns that succeeded (cells
+        run with ``replay=False`` left out), each to the part of its view that
+        restarted; actor meshes spawned again this way keep working through
+        the handles you hold. A step that fails stops the replay with a
+        ReplayError naming it. Without replay, a restart of every rank starts
+        the history over.
+        """
+        from ._replay import replay as replay_history
+
+        record = self._group.restart(ranks)
+        if replay:
+            sent = replay_history(self, record.ranks, spawns=ranks is None)
+            return dataclasses.replace(record, replayed=sent)
+        if ranks is None:
+            self._group.history.clear()
+        return record
+
+    def history(self) -> History:
+        """The pushes, cells and spawns sent to this mesh (every view of it) since it
+        started or last restarted without replay, in order, with how each ended:
+        what ``restart(replay=True)`` sends again. ``print(procs.history())``."""
+        return self._group.history
+
+    def add_restart_hook(self, hook: Callable[[tuple[int, ...]], None]) -> None:
+        """Call ``hook(ranks)`` each time processes of this mesh are replaced
+        (``restart()``, ``restart(ranks=...)``, a RestartPolicy), once they are up
+        and their actors spawned again, before ``restart()`` returns: set up what
+        every rank needs again (a torch.distributed process group, say)."""
+        self._group.after_restart.append(hook)
 
     def __enter__(self) -> ProcMesh:
         return self
@@ -343,6 +428,7 @@ class HostMesh:
         name: str = "procs",
         echo_output: bool = True,
         force: bool = False,
+        restart: RestartPolicy | None = None,
     ) -> ProcMesh:
         """Start worker processes: ``per_host={"procs": 4}`` or ``{"gpus": 4}``.
 
@@ -358,12 +444,16 @@ class HostMesh:
         are numbered host by host, and ``MASTER_ADDR`` is the first host's.
         More than ``MAX_PROCS_PER_CPU`` processes per CPU on a host is refused
         as a likely typo unless ``force=True``.
+        ``restart=RestartPolicy(max_restarts=3, window_s=60, ranks="failed")``
+        brings dead ranks back by itself (see :class:`~monarch_nb.RestartPolicy`).
         """
         if not isinstance(per_host, Mapping | None):
             raise MeshUsageError(
                 f"per_host must be a dict of dimension sizes, e.g. per_host={{'procs': 4}}; "
                 f"got {per_host!r}"
             )
+        if restart is not None and not isinstance(restart, RestartPolicy):
+            raise MeshUsageError(f"restart= takes a RestartPolicy, got {restart!r}")
         per_host = dict(per_host or {"procs": 1})
         for dim, size in per_host.items():
             if (
@@ -408,7 +498,13 @@ class HostMesh:
             sizes = {"hosts": len(agents.agents), **per_host}
         controller = self._controller or Controller.get()
         group = ProcGroup(
-            sizes, controller=controller, env=env, gpus=gpus, name=name, agents=agents
+            sizes,
+            controller=controller,
+            env=env,
+            gpus=gpus,
+            name=name,
+            agents=agents,
+            restart=restart,
         )
         if echo_output:
             group.events.subscribe(print_output, kinds=(Output,))

@@ -10,6 +10,13 @@ Life cycle, a small closed set of states::
 
     Starting -> Running -> Failed(cause) -> (restart) Starting ...
                         \\-> Stopped
+
+A rank that dies does not fail the group: it is marked dead (``dead``), the
+calls still waiting on it fail, and calls to the other ranks go on, so a view
+without it (``healthy()``) keeps working. ``restart(ranks=[...])`` replaces
+only dead (or chosen) processes; a :class:`~._recovery.RestartPolicy` does it
+by itself. The group as a whole fails when it cannot start, when a policy's
+restarts run out, or when a rank reports an unhandled supervision failure.
 """
 
 from __future__ import annotations
@@ -27,13 +34,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._common import _context, _peer, _refs, _rundir
-from .._common._errors import MeshFailure, MeshUsageError, RemoteError
+from .._common._errors import MeshFailure, MeshUsageError, RemoteError, SpawnError
 from .._common._future import Future
-from .._common._hints import restart_hint
+from .._common._hints import restart_hint, restart_ranks_hint
 from .._common._messages import (
     BroadcastFailure,
     DebugEnded,
@@ -49,6 +56,7 @@ from .._common._messages import (
     ProtocolError,
     ResourceSample,
     Shutdown,
+    Spawn,
     StatusQuery,
     StatusReply,
     Supervision,
@@ -58,11 +66,15 @@ from .._common._shape import Shape
 from .._common._spawn import kill_leftovers, start_worker
 from .._common._wire import Encoded, Signer, decode_payload, new_key
 from . import _events as ev
+from ._calls import CallFuture, send_call
 from ._client import Controller
+from ._history import History
+from ._oom import OomWitness, describe_oom
+from ._recovery import RestartBudget, RestartPolicy
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
-from ._status import MeshState, MeshStatus, RankStatus
+from ._status import MeshState, MeshStatus, RankStatus, RestartRecord
 
 _log = logging.getLogger("monarch_nb")
 _group_ids = itertools.count(1)
@@ -109,6 +121,20 @@ class Stopped:
 State = Starting | Running | Failed | Stopped
 
 
+@dataclass
+class SpawnRecord:
+    """How an actor mesh was spawned, to spawn it again on ranks that restart."""
+
+    name: str
+    cls: type
+    args: tuple
+    kwargs: dict
+    labels: tuple[str, ...]
+    sizes: tuple[int, ...]
+    ranks: tuple[int, ...]
+    stopped: set[int] = field(default_factory=set)  # ranks whose actor was stopped
+
+
 def describe_exit(returncode: int) -> str:
     """``-9`` -> ``"was killed by signal SIGKILL"``; ``3`` -> ``"exited with code 3"``."""
     if returncode < 0:
@@ -149,6 +175,17 @@ class WorkerProcess:
         self.previous_heartbeat: tuple[float, ResourceSample] | None = None
         self.work = ""  # as of the last heartbeat
         self.work_seconds = 0.0
+        self.oom: OomWitness | None = None  # what its cgroup said at start (local workers)
+        self.out_of_memory: str | None = None  # the evidence, if it was OOM-killed
+
+    def exit_cause(self) -> str:
+        """Why it is gone: its host lost, out of memory, or its exit code or signal."""
+        assert self.returncode is not None
+        if self.lost:
+            return self.lost
+        if self.out_of_memory:
+            return describe_oom(self.out_of_memory)
+        return describe_exit(self.returncode)
 
     @property
     def route(self) -> bytes | None:
@@ -171,6 +208,7 @@ class LocalWorker(WorkerProcess):
         super().__init__(rank, identity, popen.pid, socket.gethostname())
         self.popen = popen
         self.pidfd = os.pidfd_open(popen.pid)
+        self.oom = OomWitness(popen.pid)
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -196,6 +234,7 @@ class ProcGroup:
         gpus: bool = False,
         name: str = "procs",
         agents: HostAgents | None = None,
+        restart: RestartPolicy | None = None,
     ) -> None:
         self.id = next(_group_ids)
         # Names this group's inboxes in the tree's run directory, which nested
@@ -228,6 +267,28 @@ class ProcGroup:
         self.debugger: object | None = None  # see DEBUGGER_FOR
         self.paused: set[int] = set()  # ranks stopped in pdb, waiting for a line
         self.idle_since: dict[int, float] = {}  # rank -> when its last call in flight ended
+        # Partial failure and restarts (see the module docstring).
+        self.dead: dict[int, MeshFailure] = {}  # rank -> why it takes no calls
+        self.restart_policy = restart
+        self._budget = RestartBudget(restart) if restart is not None else None
+        self.spawned: dict[int, SpawnRecord] = {}  # actor id -> how to spawn it again
+        # actor id -> the generation a replay spawned it again in: its old handles work
+        self.replayed_actors: dict[int, int] = {}
+        self.history = History()  # what built the ranks' state, for restart(replay=True)
+        self.missing_actors: dict[int, dict[int, str]] = {}  # actor id -> rank -> why absent
+        self.restarts: deque[RestartRecord] = deque(maxlen=20)
+        # Run after ranks got fresh processes (restart(ranks=...) or a policy), with
+        # those ranks: how the notebook sets torch.distributed up again.
+        self.after_restart: list[Callable[[tuple[int, ...]], None]] = []
+        self._env: dict[str, str] = {}
+        self._incarnation: dict[int, int] = {}
+        self._restarting: set[int] = set()
+        self._replacing_all = False  # restart(): between the kill and the new start
+        self._restart_failed: dict[int, str] = {}  # rank -> why its new process did not start
+        self._ready_changed = threading.Condition()
+        self._restart_lock = threading.Lock()
+        self._pending_restart: dict[int, str] = {}  # rank -> cause, for the policy's thread
+        self._restarter: threading.Thread | None = None
 
     # -- starting -------------------------------------------------------------
 
@@ -239,6 +300,10 @@ class ProcGroup:
         self.rank_failures.clear()
         self.paused.clear()
         self.idle_since.clear()
+        self.dead.clear()
+        self.spawned.clear()
+        self.missing_actors.clear()
+        self._restarting.clear()
         self.hosts = {}
         self.peer_addresses = {}
         self.workers = []  # the new generation's, once launched
@@ -258,7 +323,7 @@ class ProcGroup:
             agents = self.agents
             self.controller.run(lambda: agents.launch(self, identities, self._bootstrap(key)))
         else:
-            base_env = self._base_env(self.controller.bind_host)
+            base_env = self._env = self._base_env(self.controller.bind_host)
             # Launched from the I/O thread, which lives as long as the controller: a
             # worker's parent-death signal fires when the *thread* that forked it
             # ends, and a caller's thread may end long before the mesh does.
@@ -393,13 +458,16 @@ class ProcGroup:
 
     def _watch(self, workers: list[LocalWorker]) -> None:
         self.workers = list(workers)
-        loop = self.controller.loop
         for w in workers:
-            loop.add_fd(w.pidfd, functools.partial(self._on_exit, w))
-            for name, pipe in (("stdout", w.popen.stdout), ("stderr", w.popen.stderr)):
-                assert pipe is not None
-                os.set_blocking(pipe.fileno(), False)
-                loop.add_fd(pipe.fileno(), functools.partial(self._on_output, w, name, pipe))
+            self._watch_one(w)
+
+    def _watch_one(self, w: LocalWorker) -> None:
+        loop = self.controller.loop
+        loop.add_fd(w.pidfd, functools.partial(self._on_exit, w))
+        for name, pipe in (("stdout", w.popen.stdout), ("stderr", w.popen.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            loop.add_fd(pipe.fileno(), functools.partial(self._on_output, w, name, pipe))
 
     # -- I/O thread -----------------------------------------------------------------
 
@@ -435,7 +503,48 @@ class ProcGroup:
                     "spawn_procs() or restart() has returned",
                     ranks=ranks,
                 )
+        if self.dead or self._restarting:
+            return self._rank_failure(ranks)
         return None
+
+    def _rank_failure(self, ranks: tuple[int, ...]) -> MeshFailure | None:
+        """Why some of ``ranks`` take no calls (dead or restarting), or None."""
+        restarting = [r for r in ranks if r in self._restarting]
+        if restarting:
+            return MeshFailure(
+                f"rank(s) {_describe_ranks(tuple(restarting))} of process mesh {self.name!r} "
+                "are being restarted; call again once the restart is done (restart() "
+                "returned, or a RanksRestarted event came)",
+                ranks=tuple(restarting),
+            )
+        errors = {r: self.dead[r] for r in ranks if r in self.dead}
+        if not errors:
+            return None
+        distinct = list({id(e): e for e in errors.values()}.values())
+        if len(distinct) == 1:
+            return distinct[0]
+        return MeshFailure(
+            f"ranks {_describe_ranks(tuple(errors))} of process mesh {self.name!r} are dead: "
+            + "; ".join(str(e) for e in distinct),
+            ranks=tuple(errors),
+            cause=distinct[0],
+        )
+
+    def actor_missing(self, actor_id: int, name: str, ranks: tuple[int, ...]) -> MeshFailure | None:
+        """Why actor ``actor_id`` is absent from some of ``ranks`` (they restarted), or None."""
+        missing = self.missing_actors.get(actor_id)
+        absent = {r: missing[r] for r in ranks if r in missing} if missing else {}
+        if not absent:
+            return None
+        _, why = next(iter(absent.items()))
+        return MeshFailure(
+            f"actor mesh {name!r} has no actor on rank(s) {_describe_ranks(tuple(absent))}: {why}",
+            ranks=tuple(absent),
+        )
+
+    def live_ranks(self, ranks: tuple[int, ...]) -> tuple[int, ...]:
+        """``ranks`` that can take calls now: neither dead nor restarting."""
+        return tuple(r for r in ranks if r not in self.dead and r not in self._restarting)
 
     def encode(self, message: Message, payload: Any = None) -> Encoded:
         """Sign ``message`` with this generation's key (once, for any number of ranks)."""
@@ -500,6 +609,8 @@ class ProcGroup:
                 if len(self.ready_ranks) == len(self.shape) and isinstance(self.state, Starting):
                     self.state = Running()
                     self._all_ready.set()
+                if rank in self._restarting:
+                    self._notify_restart()
             case Heartbeat(sample, work, work_seconds):
                 if rank >= len(self.workers):
                     return  # still starting: the next one will do
@@ -653,26 +764,40 @@ class ProcGroup:
         assert worker.returncode is not None
         if worker.identity not in self._identities():
             return  # a process of an earlier generation
-        if self.events:
-            self._emit_exit(worker)
-        if isinstance(self.state, Stopped | Failed):
+        rank = worker.rank
+        ended = isinstance(self.state, Stopped | Failed)
+        if worker.returncode == -signal.SIGKILL and worker.oom is not None and not ended:
+            worker.out_of_memory = worker.oom.evidence()  # not for the kills of a stop
+        if rank in self._restarting:
+            if rank in self.ready_ranks:
+                return  # the old process, killed to be replaced
+            self._restart_failed[rank] = f"its new process {worker.exit_cause()}" + (
+                "; last lines of its stderr:\n  " + "\n  ".join(worker.stderr_tail)
+                if worker.stderr_tail
+                else ""
+            )
+            self._notify_restart()
             return
-        running = self.controller.calls_waiting_on(self, worker.rank)
+        if ended or rank not in self.ready_ranks:
+            if self.events:
+                self._emit_exit(worker)
+            if ended:
+                return
+        running = self.controller.calls_waiting_on(self, rank)
         what = f" while running {', '.join(running)}" if running else ""
-        if worker.rank in self.ready_ranks:
-            consequence = f"the mesh is failed: {restart_hint(self.name)} for fresh processes"
-        else:
+        died = (
+            f"rank {rank} (pid {worker.pid}) of process mesh {self.name!r} "
+            f"{worker.exit_cause()}{what}"
+        )
+        if rank not in self.ready_ranks:
             consequence = "so the mesh failed to start"
             if worker.stderr_tail:
                 consequence += "; last lines of its stderr:\n  " + "\n  ".join(worker.stderr_tail)
-        self.fail(
-            MeshFailure(
-                f"rank {worker.rank} (pid {worker.pid}) of process mesh {self.name!r} "
-                f"{describe_exit(worker.returncode)}{what}; {consequence}",
-                ranks=(worker.rank,),
-                cause=worker.returncode,
-            )
-        )
+            self.fail(MeshFailure(f"{died}; {consequence}", ranks=(rank,), cause=worker.returncode))
+            return
+        # Its RankFailed goes out once the rank is marked dead, so a listener
+        # that reacts with healthy() already gets the survivors.
+        self.ranks_lost((rank,), died, worker.returncode, announce=lambda: self._emit_exit(worker))
 
     def host_lost(self, workers: list[WorkerProcess], host: str, why: str) -> None:
         """Every rank on ``host`` is gone at once (its agent stopped answering, or its
@@ -683,27 +808,95 @@ class ProcGroup:
             return
         for worker in workers:
             worker.returncode, worker.lost = -signal.SIGKILL, why
-            if self.events:
+
+        def announce() -> None:
+            for worker in workers:
                 self._emit_exit(worker)
+
         if isinstance(self.state, Stopped | Failed):
+            announce()
             return
         ranks = tuple(sorted(w.rank for w in workers))
-        self.fail(
-            MeshFailure(
-                f"host {host} of process mesh {self.name!r} {why}: its ranks "
-                f"{_describe_ranks(ranks)} are lost; the mesh is failed "
-                f"({restart_hint(self.name)} once the host is back, or start a new mesh "
-                "without it)",
-                ranks=ranks,
-                cause=why,
-            )
+        self.ranks_lost(
+            ranks,
+            f"host {host} of process mesh {self.name!r} {why}: its ranks "
+            f"{_describe_ranks(ranks)} are lost",
+            why,
+            announce=announce,
         )
+
+    def _end_ranks(
+        self, ranks: tuple[int, ...], error: MeshFailure, mark: Callable[[], None]
+    ) -> int:
+        """Fail the calls waiting on ``ranks`` (see ``Controller.end_ranks``); how many."""
+        failed = self.controller.end_ranks(self, ranks, error, mark)
+        # The other ranks' share of those calls has nobody waiting for it any more:
+        # stop it (KeyboardInterrupt in that call only), so they are free at once;
+        # not where the user is debugging (a rank paused in pdb), who goes on.
+        for call in failed:
+            others = [r for r in call.waiting_ranks() if r not in ranks and r not in self.paused]
+            if others:
+                self.interrupt(others, call.call_id)
+        return len(failed)
+
+    def ranks_lost(
+        self,
+        ranks: tuple[int, ...],
+        what: str,
+        cause: object,
+        announce: Callable[[], None] = lambda: None,
+    ) -> None:
+        """``ranks`` died (``what`` says how): fail the calls waiting on them; the
+        other ranks go on. A restart policy brings them back while it may; past
+        that, the mesh fails (I/O thread). ``announce`` emits their deaths: called
+        once they count as dead, before any MeshFailed."""
+        budget = self._budget
+        if budget is not None and not budget.take():
+            if self.events:
+                announce()
+            self.fail(
+                MeshFailure(
+                    f"{what}; {budget.describe()}, so the mesh is failed: call restart() "
+                    "to start fresh processes",
+                    ranks=ranks,
+                    cause=cause,
+                )
+            )
+            return
+        if budget is not None:
+            policy = budget.policy
+            which = "every rank" if policy.ranks == "all" else _plural_ranks(ranks)
+            consequence = (
+                f"its RestartPolicy restarts {which} (restart {budget.used()} of "
+                f"{policy.max_restarts} within {policy.window_s:g} s)"
+            )
+        else:
+            consequence = (
+                f"calls that include it fail until it is replaced: "
+                f"{restart_ranks_hint(self.name, ranks)} (the other ranks keep their state), "
+                f"or {restart_hint(self.name)} for every rank; healthy() is the view of the "
+                "ranks still running"
+            )
+        error = MeshFailure(f"{what}; {consequence}", ranks=ranks, cause=cause)
+
+        def mark() -> None:
+            for rank in ranks:
+                self.dead[rank] = error
+
+        if not self._end_ranks(ranks, error, mark):
+            _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
+        if self.events:
+            announce()
+        if budget is None:
+            _context.report_child_failure(self.owner, error)
+            return
+        self._schedule_restart(ranks, what)
 
     def _emit_exit(self, worker: WorkerProcess) -> None:
         assert worker.returncode is not None
         stopping = isinstance(self.state, Stopped)
         state = ev.RankState.STOPPED if stopping else ev.RankState.DEAD
-        cause = worker.lost or describe_exit(worker.returncode)
+        cause = worker.exit_cause()
         if not stopping:
             self.events.emit(
                 ev.RankFailed(self.name, worker.rank, cause, returncode=worker.returncode)
@@ -734,16 +927,21 @@ class ProcGroup:
         the exit (a rank stuck in C is killed after ``grace``)."""
         if isinstance(self.state, Stopped):
             return
-        workers = self.workers
         message = self.signer.encode(Shutdown())
-        live = tuple(w.rank for w in workers if w.returncode is None)
-        busy = tuple(r for r in live if self.rank_state(r) is ev.RankState.BUSY)
+        busy = tuple(
+            w.rank
+            for w in self.workers
+            if w.returncode is None and self.rank_state(w.rank) is ev.RankState.BUSY
+        )
         # Stopped first: a worker that exits on the shutdown must not look like a crash.
         self.controller.end_group(
             self,
             Stopped(),
             MeshFailure(f"process mesh {self.name!r} was stopped", ranks=self.shape.ranks),
         )
+        self._notify_restart()
+        workers = list(self.workers)  # a rank restarted meanwhile: stop its new process too
+        live = tuple(w.rank for w in workers if w.returncode is None)
         if busy:
             self.controller.send(self, busy, self.signer.encode(Interrupt(0)), even_if_failed=True)
         self.controller.send(self, live, message, even_if_failed=True)
@@ -763,6 +961,7 @@ class ProcGroup:
                 Stopped(),
                 MeshFailure(f"process mesh {self.name!r} was killed", ranks=self.shape.ranks),
             )
+        self._notify_restart()
         for w in self.workers:
             w.kill()
         for w in self.workers:
@@ -787,10 +986,273 @@ class ProcGroup:
 
         self.controller.run(forget)
 
-    def restart(self) -> None:
-        """Replace every process with a fresh one (actors must be spawned again)."""
-        self.kill()
-        self.start()
+    def restart(self, ranks: Iterable[int] | None = None) -> RestartRecord:
+        """Replace every process with a fresh one (actors must be spawned again), or
+        only those of ``ranks`` (see :meth:`restart_ranks`). Blocking."""
+        if ranks is not None:
+            chosen = sorted(set(ranks))
+            return self.restart_ranks(tuple(chosen), cause=f"restart(ranks={chosen})")
+        return self._restart_all("restart()", automatic=False)
+
+    def _restart_all(self, cause: str, *, automatic: bool) -> RestartRecord:
+        started = time.monotonic()
+        spawned = tuple(dict.fromkeys(r.name for r in self.spawned.values()))
+        self._replacing_all = True  # the kill's "stopped" reads as "starting" meanwhile
+        try:
+            self.kill()
+            self.start()
+        finally:
+            self._replacing_all = False
+        for hook in list(self.after_restart):
+            hook(self.shape.ranks)
+        return self._restarted(self.shape.ranks, cause, automatic, (), spawned, started)
+
+    def restart_ranks(
+        self, ranks: tuple[int, ...], *, cause: str, automatic: bool = False
+    ) -> RestartRecord:
+        """Replace the processes of ``ranks`` only (dead or alive); the other ranks keep
+        their namespaces and actors. The actors that lived on ``ranks`` are spawned
+        again with the arguments they were first given; then the ``after_restart``
+        hooks run (``--dist``: the process group is set up again on every rank).
+        Blocking; raises MeshFailure if a new process does not start (those ranks
+        stay dead), MeshUsageError if the mesh cannot be restarted in part."""
+        unknown = [r for r in ranks if r not in self.shape.ranks]
+        if not ranks or unknown:
+            raise MeshUsageError(
+                f"restart(ranks={list(ranks)!r}): process mesh {self.name!r} has ranks "
+                f"{_describe_ranks(self.shape.ranks)}"
+            )
+        match self.state:
+            case Stopped():
+                raise MeshUsageError(
+                    f"process mesh {self.name!r} was stopped; start a new one (restart(ranks=...) "
+                    "brings back ranks of a running mesh)"
+                )
+            case Failed(error):
+                raise MeshUsageError(
+                    f"process mesh {self.name!r} failed as a whole ({error}); restart() replaces "
+                    "every process"
+                )
+            case Starting():
+                raise MeshUsageError(f"process mesh {self.name!r} is starting; wait for it")
+        if self.agents is not None:
+            raise MeshUsageError(
+                f"process mesh {self.name!r} runs on several hosts: restart(ranks=...) is not "
+                "supported there yet; restart() replaces every process"
+            )
+        with self._restart_lock:
+            started = time.monotonic()
+            self._replace(ranks, cause)
+            respawned, to_spawn_again = self._respawn(ranks)
+            for hook in list(self.after_restart):
+                hook(ranks)
+            return self._restarted(ranks, cause, automatic, respawned, to_spawn_again, started)
+
+    def _replace(self, ranks: tuple[int, ...], cause: str) -> None:
+        """Kill the processes of ``ranks`` and start new ones; wait for their hello."""
+        error = MeshFailure(
+            f"rank(s) {_describe_ranks(ranks)} of process mesh {self.name!r} are being "
+            f"restarted ({cause})",
+            ranks=ranks,
+        )
+
+        def mark() -> None:
+            self._restarting.update(ranks)
+            for rank in ranks:
+                self._restart_failed.pop(rank, None)
+            for actor_id, record in self.spawned.items():
+                on = [r for r in ranks if r in record.ranks and r not in record.stopped]
+                missing = self.missing_actors.setdefault(actor_id, {})
+                for rank in on:
+                    missing[rank] = f"it is being spawned again on rank {rank}, which restarted"
+
+        self._end_ranks(ranks, error, mark)
+        old = [self.workers[r] for r in ranks]
+        for w in old:
+            w.kill()
+        for w in old:
+            w.wait(KILL_WAIT_S)
+        self._forget(old)
+
+        def launch() -> list[LocalWorker]:
+            if isinstance(self.state, Stopped | Failed):
+                return []
+            new = []
+            for rank in ranks:
+                self._incarnation[rank] = self._incarnation.get(rank, 0) + 1
+                identity = f"{self.id}.{self.generation}.{rank}.{self._incarnation[rank]}"
+                self.ready_ranks.discard(rank)
+                self.paused.discard(rank)
+                self.rank_failures.pop(rank, None)
+                self.controller.add_peer(identity.encode(), self, rank, None)
+                worker = self._launch(rank, identity.encode(), self._key, self._env)
+                self.workers[rank] = worker
+                self._watch_one(worker)
+                new.append(worker)
+            return new
+
+        new = self.controller.run(launch)
+        if self.events:
+            for rank in ranks:
+                self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.STARTING))
+
+        def settled() -> bool:
+            if isinstance(self.state, Stopped | Failed):
+                return True
+            return all(r in self.ready_ranks or r in self._restart_failed for r in ranks)
+
+        with self._ready_changed:
+            self._ready_changed.wait_for(settled, START_TIMEOUT_S)
+        if isinstance(self.state, Stopped | Failed):
+            for w in new:
+                w.kill()
+            self._restarting.difference_update(ranks)
+            raise self.failure_for(ranks) or MeshFailure(
+                f"process mesh {self.name!r} stopped during a restart", ranks=ranks
+            )
+        failed = {r: self._restart_failed.get(r) for r in ranks if r not in self.ready_ranks}
+        if failed:
+            for w in new:
+                if w.rank in failed:
+                    w.kill()
+            why = "; ".join(
+                f"rank {r}: {text or f'no hello within {START_TIMEOUT_S} s'}"
+                for r, text in failed.items()
+            )
+            lost = MeshFailure(
+                f"could not restart rank(s) {_describe_ranks(tuple(failed))} of process mesh "
+                f"{self.name!r} ({why}); they stay dead: call restart(ranks=...) again or "
+                "restart()",
+                ranks=tuple(failed),
+            )
+
+            def still_dead() -> None:
+                for rank in failed:
+                    self.dead[rank] = lost
+                self._restarting.difference_update(ranks)
+
+            self._end_ranks(tuple(failed), lost, still_dead)
+            raise lost
+        for rank in ranks:
+            self.dead.pop(rank, None)
+        self._restarting.difference_update(ranks)
+
+    def spawn_again(self, actor_id: int, record: SpawnRecord, on: tuple[int, ...]) -> CallFuture:
+        """Send the spawn of ``record`` again to ranks ``on``, with its old actor id (so
+        references to it reach the new instances); a future of its completion."""
+        message = functools.partial(
+            Spawn,
+            actor_id=actor_id,
+            name=record.name,
+            labels=record.labels,
+            sizes=record.sizes,
+            ranks=record.ranks,
+        )
+        return send_call(
+            self,
+            Shape(("ranks",), (len(on),), on),
+            lambda call_id: message(call_id),
+            (record.cls, record.args, record.kwargs),
+            actor=f"{record.cls.__name__} {record.name!r}",
+            error_class=SpawnError,
+        ).future
+
+    def _respawn(self, ranks: tuple[int, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Spawn again, on ``ranks``, the actors that lived there: (spawned again, failed)."""
+        calls = []
+        for actor_id, record in list(self.spawned.items()):
+            on = tuple(r for r in ranks if r in record.ranks and r not in record.stopped)
+            if not on:
+                continue
+            calls.append((actor_id, record, on, self.spawn_again(actor_id, record, on)))
+        respawned: list[str] = []
+        failed: list[str] = []
+        for actor_id, record, on, future in calls:
+            missing = self.missing_actors.setdefault(actor_id, {})
+            try:
+                future.get(timeout=START_TIMEOUT_S)
+            except Exception as exc:
+                for rank in on:
+                    missing[rank] = (
+                        f"spawning it again on rank {rank}, which restarted, failed "
+                        f"({type(exc).__name__}: {exc}); spawn it again yourself"
+                    )
+                failed.append(record.name)
+                continue
+            for rank in on:
+                missing.pop(rank, None)
+            if not missing:
+                del self.missing_actors[actor_id]
+            respawned.append(record.name)
+        return tuple(dict.fromkeys(respawned)), tuple(dict.fromkeys(failed))
+
+    def _restarted(
+        self,
+        ranks: tuple[int, ...],
+        cause: str,
+        automatic: bool,
+        respawned: tuple[str, ...],
+        to_spawn_again: tuple[str, ...],
+        started: float,
+    ) -> RestartRecord:
+        record = RestartRecord(
+            time.time(),
+            ranks,
+            cause,
+            automatic,
+            respawned,
+            to_spawn_again,
+            time.monotonic() - started,
+        )
+        self.restarts.append(record)
+        if self.events:
+            self.events.emit(
+                ev.RanksRestarted(self.name, ranks, cause, automatic, respawned, to_spawn_again)
+            )
+        return record
+
+    def _notify_restart(self) -> None:
+        with self._ready_changed:
+            self._ready_changed.notify_all()
+
+    def _schedule_restart(self, ranks: tuple[int, ...], cause: str) -> None:
+        """Have the policy's thread restart ``ranks`` (I/O thread: never blocks here)."""
+        with self._ready_changed:
+            for rank in ranks:
+                self._pending_restart[rank] = cause
+            if self._restarter is not None:
+                return  # it takes these too, once done with the ones before
+            self._restarter = threading.Thread(
+                target=self._restart_loop, name=f"monarch_nb-restart-{self.name}", daemon=True
+            )
+        self._restarter.start()
+
+    def _restart_loop(self) -> None:
+        policy = self.restart_policy
+        assert policy is not None
+        while True:
+            with self._ready_changed:
+                pending, self._pending_restart = self._pending_restart, {}
+                if not pending or isinstance(self.state, Stopped | Failed):
+                    self._restarter = None
+                    return
+            cause = "; ".join(dict.fromkeys(pending.values()))
+            try:
+                if policy.ranks == "all":
+                    self._restart_all(cause, automatic=True)
+                else:
+                    self.restart_ranks(tuple(sorted(pending)), cause=cause, automatic=True)
+            except Exception as exc:
+                if isinstance(self.state, Stopped | Failed):
+                    continue
+                self.fail(
+                    MeshFailure(
+                        f"process mesh {self.name!r}: the automatic restart after ({cause}) "
+                        f"failed: {exc}; the mesh is failed: call restart()",
+                        ranks=tuple(sorted(pending)),
+                        cause=exc,
+                    )
+                )
 
     # -- control and observation (any thread) ---------------------------------------
 
@@ -846,7 +1308,7 @@ class ProcGroup:
     def status(self, ranks: tuple[int, ...]) -> MeshStatus:
         """A snapshot of ``ranks`` (any thread; see :mod:`._status`)."""
         now = time.monotonic()
-        mesh_state, failure = self._mesh_state()
+        mesh_state, failure = self._mesh_state(ranks)
         rows = []
         for rank in ranks:
             worker = self.workers[rank] if rank < len(self.workers) else None
@@ -861,17 +1323,28 @@ class ProcGroup:
             tuple(rows),
             self.controller.stats.snapshot(),
             time.time(),
+            tuple(self.restarts),
         )
 
-    def _mesh_state(self) -> tuple[MeshState, str | None]:
+    def _mesh_state(self, ranks: tuple[int, ...] | None = None) -> tuple[MeshState, str | None]:
+        """The state of the view over ``ranks`` (default: every rank): failed if one
+        of them is dead, starting while one restarts."""
         match self.state:
             case Starting():
                 return MeshState.STARTING, None
             case Running():
+                view = self.shape.ranks if ranks is None else ranks
+                if any(r in self._restarting for r in view):
+                    return MeshState.STARTING, None
+                error = self._rank_failure(view)
+                if error is not None:
+                    return MeshState.FAILED, str(error)
                 return MeshState.RUNNING, None
             case Failed(error):
                 return MeshState.FAILED, str(error)
             case Stopped():
+                if self._replacing_all:
+                    return MeshState.STARTING, None
                 return MeshState.STOPPED, None
         raise AssertionError(self.state)
 
@@ -879,7 +1352,7 @@ class ProcGroup:
         state = self.rank_state(rank)
         failure = self.rank_failures.get(rank)
         if worker.returncode is not None:
-            failure = failure or worker.lost or describe_exit(worker.returncode)
+            failure = failure or worker.exit_cause()
         beat, before = worker.heartbeat, worker.previous_heartbeat
         sample = beat[1] if beat else None
         cpu = None
@@ -915,6 +1388,10 @@ class ProcGroup:
     def output_tail(self, rank: int) -> list[ev.Output]:
         """The last lines ``rank`` wrote (up to ``OUTPUT_TAIL_LINES``), oldest first."""
         return list(self.workers[rank].output_tail)
+
+
+def _plural_ranks(ranks: tuple[int, ...]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {_describe_ranks(ranks)}"
 
 
 def _describe_ranks(ranks: tuple[int, ...]) -> str:

@@ -51,6 +51,20 @@ class RankStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class RestartRecord:
+    """One restart of some (or all) of a mesh's processes."""
+
+    at: float  # wall clock, when the new processes were up
+    ranks: tuple[int, ...]  # the ranks whose processes were replaced
+    cause: str  # why: the death that triggered it, or "restart(ranks=[1])"
+    automatic: bool  # made by the mesh's RestartPolicy
+    respawned: tuple[str, ...]  # actor meshes spawned again on those ranks
+    to_spawn_again: tuple[str, ...]  # actor meshes the caller must spawn again
+    seconds: float  # from the restart's start to the ranks usable again
+    replayed: tuple[str, ...] = ()  # the history steps sent again (restart(replay=True))
+
+
+@dataclass(frozen=True, slots=True)
 class MeshStatus:
     """A process mesh, as of the snapshot."""
 
@@ -61,6 +75,7 @@ class MeshStatus:
     ranks: tuple[RankStatus, ...]
     wire: WireStats
     taken_at: float  # wall clock
+    restarts: tuple[RestartRecord, ...] = ()  # oldest first (the last few)
 
     def rank(self, rank: int) -> RankStatus:
         """The status of global rank ``rank``."""

@@ -66,6 +66,7 @@ def post_mortem(procs: ProcMesh, rank: int | None = None, *, timeout: float | No
     Blocks, serving the prompt, until the user continues or quits.
     """
     from .._common._errors import MeshUsageError
+    from .._controller._cells import run_cell
     from .._controller._interrupt import wait_for
 
     group = procs._group
@@ -83,7 +84,8 @@ def post_mortem(procs: ProcMesh, rank: int | None = None, *, timeout: float | No
         )
     view = procs.slice(**dict(procs.shape.point_of_rank(rank)))
     source = f"__import__({_REMOTE!r}, fromlist=['_']).post_mortem()"
-    wait_for(view.exec(source, name="<mesh-debug>"), timeout=timeout)
+    # A post-mortem is not a step of the mesh's history (restart(replay=True)).
+    wait_for(run_cell(view, source, name="<mesh-debug>", record=False), timeout=timeout)
 
 
 __all__ = ["breakpoint", "install", "post_mortem", "uninstall"]

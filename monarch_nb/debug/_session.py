@@ -20,6 +20,7 @@ from .._controller._events import (
     DebuggerPaused,
     DebuggerResumed,
     RankFailed,
+    RanksRestarted,
 )
 from .._controller._process_group import ProcGroup, describe_exit
 
@@ -43,8 +44,10 @@ class DebugSession:
         self.ended: dict[int, str] = {}  # rank -> how it left pdb, until read
         self.died: dict[int, str] = {}  # rank -> how its process ended, until read
         self.attached: int | None = None
+        self._answering: set[int] = set()  # ranks sent a line, not yet paused again or out
         self._subscription = group.events.subscribe(
-            self._on_event, kinds=(DebuggerPaused, DebuggerOutput, DebuggerResumed, RankFailed)
+            self._on_event,
+            kinds=(DebuggerPaused, DebuggerOutput, DebuggerResumed, RankFailed, RanksRestarted),
         )
 
     # -- the I/O thread ---------------------------------------------------------------
@@ -54,14 +57,25 @@ class DebugSession:
             match event:
                 case DebuggerPaused(rank=rank, prompt=prompt, location=location):
                     self.paused[rank] = Pause(prompt, location)
+                    self._answering.discard(rank)
                 case DebuggerOutput(rank=rank, text=text):
                     self.output.setdefault(rank, []).append(text)
                 case DebuggerResumed(rank=rank, how=how):
                     self.paused.pop(rank, None)
+                    self._answering.discard(rank)
                     self.ended[rank] = how
                 case RankFailed(rank=rank, returncode=returncode) if returncode is not None:
+                    # Only a death in the debugger is news here: one elsewhere is the
+                    # failure panel's, and must not greet the next breakpoint.
+                    if rank in self.paused or rank in self._answering:
+                        self.died[rank] = describe_exit(returncode)
                     self.paused.pop(rank, None)
-                    self.died[rank] = describe_exit(returncode)
+                    self._answering.discard(rank)
+                case RanksRestarted(ranks=ranks):
+                    for rank in ranks:  # new processes: nothing of the old ones holds
+                        for table in (self.paused, self.output, self.ended, self.died):
+                            table.pop(rank, None)
+                        self._answering.discard(rank)
                 case _:
                     return
             self.changed.notify_all()
@@ -82,6 +96,7 @@ class DebugSession:
         with self.changed:
             self.paused.pop(rank, None)
             self.ended.pop(rank, None)
+            self._answering.add(rank)
         self.group.send_debug(rank, DebugInput(line))
 
     def wait_answer(self, ranks: tuple[int, ...]) -> None:

@@ -151,8 +151,19 @@ class MeshMagics(Magics):
 
     def _restart(self, args: Any) -> None:
         mesh = self.registry.get(args.mesh)
-        mesh.restart()
-        display(_render.StatusView([mesh.status()]))
+        record = mesh.restart(args.ranks, replay=args.replay)
+        if args.replay:
+            display(
+                _render.Notice(
+                    f"replayed {len(record.replayed)} step(s) of mesh {mesh.name!r} "
+                    "(%mesh history lists them)"
+                )
+            )
+        display(mesh.dashboard())  # live, following the new processes
+
+    def _history(self, args: Any) -> None:
+        mesh = self.registry.get(args.mesh)
+        display(_render.Notice(f"history of mesh {mesh.name!r}:\n{mesh.procs.history()}"))
 
     def _status(self, args: Any) -> None:
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
@@ -239,6 +250,7 @@ class MeshMagics(Magics):
                 block=not args.no_block,
                 ordered=ordered,
                 fail_fast=args.fail_fast,
+                replay=not args.no_replay,
                 # <mesh-cell-N> is In [N]; an uncounted cell takes the next of our own count.
                 number=self.shell.execution_count if self.counted else None,
                 on_done=self._done_callback(mesh, args.out) if args.no_block else None,

@@ -93,9 +93,28 @@ def stop_options() -> None:
 
 
 @magic_arguments(name="mesh restart")
+@argument(
+    "--ranks",
+    help="replace only these ranks' processes (e.g. 1 or 1,3): the others keep their "
+    "namespaces and actors, and the actors of these ranks are spawned again",
+)
+@argument(
+    "--replay",
+    action="store_true",
+    help="then run again, in order, the pushes, cells and spawns that built the ranks' "
+    "state (%%mesh history lists them; cells run with --no-replay are left out)",
+)
 @_mesh_option
 def restart_options() -> None:
-    """Replace every process with a fresh one (namespaces start empty again)."""
+    """Replace every process with a fresh one (namespaces start empty again), or only
+    those of --ranks; torch.distributed is set up again on every rank."""
+
+
+@magic_arguments(name="mesh history")
+@_mesh_option
+def history_options() -> None:
+    """The pushes, cells and spawns sent to a mesh since it started (or last restarted
+    without --replay), with how each ended: what %mesh restart --replay runs again."""
 
 
 @magic_arguments(name="mesh status")
@@ -161,6 +180,7 @@ SUBCOMMANDS = {
     "start": start_options,
     "stop": stop_options,
     "restart": restart_options,
+    "history": history_options,
     "status": status_options,
     "dashboard": dashboard_options,
     "push": push_options,
@@ -191,6 +211,11 @@ SUBCOMMANDS = {
     action="store_true",
     help="hold output back and show it rank by rank when the cell ends "
     "(deterministic; also MONARCH_NB_DETERMINISTIC=1)",
+)
+@argument(
+    "--no-replay",
+    action="store_true",
+    help="leave this cell out of what %%mesh restart --replay runs again",
 )
 @argument(
     "--no-block",

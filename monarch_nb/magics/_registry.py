@@ -32,6 +32,7 @@ from .._common._future import Future
 from .._common._value_mesh import ValueMesh
 from .._controller._actor_mesh import ActorMesh
 from .._controller._calls import CallFuture
+from .._controller._cells import run_cell
 from .._controller._events import DisplayData, Output, RankFailed
 from .._controller._interrupt import wait_for
 from .._controller._proc_mesh import HostMesh, ProcMesh, this_host
@@ -43,6 +44,26 @@ from ._selection import select
 A = TypeVar("A", bound=Actor)
 DIST_BACKENDS = ("gloo", "nccl")
 DIST_INIT_TIMEOUT_S = 120.0
+COLLECTIVE_TIMEOUT_S = 60.0
+
+
+def collective_timeout() -> float:
+    """How long a collective waits for a peer before it raises on the ranks that wait
+    (torch.distributed's timeout, set for ``--dist``): a rank that died or hangs in
+    a collective fails the others within this, not torch's default 30 minutes.
+    ``MONARCH_NB_COLLECTIVE_TIMEOUT`` (seconds) when the mesh (re)starts, else 60."""
+    value = os.environ.get("MONARCH_NB_COLLECTIVE_TIMEOUT", "")
+    try:
+        seconds = float(value) if value else COLLECTIVE_TIMEOUT_S
+    except ValueError:
+        raise MeshUsageError(
+            f"MONARCH_NB_COLLECTIVE_TIMEOUT={value!r}: give seconds, e.g. 60"
+        ) from None
+    if seconds <= 0:
+        raise MeshUsageError(f"MONARCH_NB_COLLECTIVE_TIMEOUT={value!r}: give seconds > 0")
+    return seconds
+
+
 _OUTPUT_SETTLE_S = 10.0  # the I/O thread writes out a finished cell's output in well under this
 
 
@@ -109,6 +130,9 @@ class NotebookMesh:
         self.failures = FailureLog()
         self._failure_subscription = procs.events.subscribe(self.failures, kinds=(RankFailed,))
         self._dashboards: list[Any] = []
+        # After ranks get new processes (restart(ranks=...), a RestartPolicy), the
+        # process group is set up again on every rank: the old one included the dead.
+        procs.add_restart_hook(lambda ranks: self._setup_dist(again=True))
 
     @property
     def name(self) -> str:
@@ -138,6 +162,7 @@ class NotebookMesh:
         fail_fast: bool = False,
         on_done: Any = None,
         number: int | None = None,
+        replay: bool = True,
     ) -> ValueMesh[Any] | CellHandle:
         """Run ``source`` on the selected ranks (default: all); its last expression's values.
 
@@ -156,7 +181,7 @@ class NotebookMesh:
         label = _render.cell_label(filename)
         cell = self._open(view, label, ordered)
         cell.fail_fast = fail_fast
-        future = view.exec(source, name=filename, fail_fast=fail_fast)
+        future = view.exec(source, name=filename, fail_fast=fail_fast, replay=replay)
         cell.attach(future)
         finished = self._finish_after_output(future, cell, on_done)
         if not block:
@@ -247,10 +272,17 @@ class NotebookMesh:
             self._dashboards.clear()
             self.registry._forget(self)
 
-    def restart(self) -> None:
-        """Fresh processes (empty namespaces); torch.distributed is set up again."""
-        self.procs.restart()
-        self._setup_dist()
+    def restart(self, ranks: str | list[int] | None = None, *, replay: bool = False) -> Any:
+        """Fresh processes; torch.distributed is set up again on every rank.
+
+        Without ``ranks`` every process is replaced (empty namespaces, actors to
+        spawn again); with ``ranks`` (``"1"``, ``[1, 3]``) only those, and the
+        other ranks keep their namespaces and actors. Returns the RestartRecord.
+        """
+        if ranks is None:
+            return self.procs.restart(replay=replay)
+        chosen = select(self.procs, ranks, None).shape.ranks
+        return self.procs.restart(ranks=chosen, replay=replay)
 
     def interrupt(self) -> list[int]:
         """KeyboardInterrupt in every busy rank; returns those ranks."""
@@ -271,6 +303,16 @@ class NotebookMesh:
         self._dashboards = [d for d in self._dashboards if not d.finished] + [dashboard]
         return dashboard
 
+    def _free_master_port(self) -> int:
+        """A port free on rank 0's host (where the process group's store listens)."""
+        first = self.procs.slice(**dict.fromkeys(self.procs.shape.labels, 0))
+        source = (  # one expression: nothing is left in rank 0's namespace
+            "(lambda s: (s.bind(('', 0)), s.getsockname()[1], s.close())[1])"
+            "(__import__('socket').socket())"
+        )
+        probe = run_cell(first, source, record=False)  # not a step of the user's history
+        return int(wait_for(probe, timeout=DIST_INIT_TIMEOUT_S).values()[0])
+
     def status(self) -> _render.NotebookMeshStatus:
         """A snapshot (``ProcMesh.status()``) with what the notebook adds: the
         torch.distributed backend and whether this is the default mesh."""
@@ -280,20 +322,32 @@ class NotebookMesh:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _setup_dist(self) -> None:
+    def _setup_dist(self, again: bool = False) -> None:
         if self.dist is None:
             return
         # Device first for NCCL: each rank sees one GPU (CUDA_VISIBLE_DEVICES), cuda:0.
+        # Again (after some ranks restarted): the survivors leave the old group,
+        # and every rank meets at a fresh port, since the old store may live on.
+        fresh = (
+            "if dist.is_initialized():\n"
+            "    dist.destroy_process_group()\n"
+            f"os.environ['MASTER_PORT'] = {str(self._free_master_port())!r}\n"
+            if again
+            else ""
+        )
         source = (
-            "import torch, torch.distributed as dist\n"
+            "import datetime, os, torch, torch.distributed as dist\n"
             f"if {self.dist!r} == 'nccl':\n"
             "    torch.cuda.set_device(0)\n"
+            f"{fresh}"
             "if not dist.is_initialized():\n"
-            f"    dist.init_process_group({self.dist!r})\n"
+            f"    dist.init_process_group({self.dist!r}, "
+            f"timeout=datetime.timedelta(seconds={collective_timeout()!r}))\n"
         )
         view = self.procs
         cell = self._open(view, f"torch.distributed setup ({self.dist})", None)
-        future = view.exec(source, name=f"<mesh-{self.name}-dist-setup>")
+        # Not a step of the history: a restart runs it again by itself, before a replay.
+        future = run_cell(view, source, name=f"<mesh-{self.name}-dist-setup>", record=False)
         finished = self._finish_after_output(future, cell, None)
         try:
             wait_for(future, timeout=DIST_INIT_TIMEOUT_S)

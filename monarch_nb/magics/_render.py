@@ -7,11 +7,12 @@ terminal, Jupyter and nbval all see the same text.
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._common._fold import fold_lines, value_text
+from .._common._fold import fold_lines, format_ranks, value_text
 from .._common._value_mesh import ValueMesh
 from .._controller._status import MeshStatus, RankStatus
 
@@ -150,6 +151,7 @@ def render_status(statuses: Sequence[NotebookMeshStatus]) -> str:
         for row in rows:
             cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
             lines.append("  ".join(cells).rstrip())
+        lines += restart_lines(status.status)
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
@@ -168,7 +170,26 @@ def render_status_html(statuses: Sequence[NotebookMeshStatus]) -> str:
             for row in _rows(status)
         )
         out.append(f"<table><tr>{head}</tr>{body}</table>")
+        restarts = restart_lines(status.status)
+        if restarts:
+            out.append(f"<pre>{html.escape(chr(10).join(restarts))}</pre>")
     return "".join(out)
+
+
+def restart_lines(status: MeshStatus) -> list[str]:
+    """One line per restart the mesh made (``%mesh status``), oldest first."""
+    lines = []
+    for r in status.restarts:
+        when = time.strftime("%H:%M:%S", time.localtime(r.at))
+        how = "automatic" if r.automatic else "by hand"
+        ranks = format_ranks(r.ranks)
+        line = f"restart {when} ({how}) of ranks {ranks} in {r.seconds:.2f} s: {r.cause}"
+        if r.respawned:
+            line += f"; actors spawned again: {', '.join(r.respawned)}"
+        if r.to_spawn_again:
+            line += f"; spawn again: {', '.join(r.to_spawn_again)}"
+        lines.append(line)
+    return lines
 
 
 class StatusView:

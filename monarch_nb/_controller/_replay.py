@@ -1,0 +1,79 @@
+"""Sending a mesh's history again to new processes: ``restart(replay=True)``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from .._common._errors import ReplayError
+from .._common._fold import format_ranks
+from .._common._shape import Shape
+from . import _cells
+from ._history import Step
+from ._interrupt import wait_for
+
+if TYPE_CHECKING:
+    from ._proc_mesh import ProcMesh
+
+
+def replay(procs: ProcMesh, ranks: tuple[int, ...], *, spawns: bool) -> tuple[str, ...]:
+    """Send the replayable steps of ``procs``' history to ``ranks`` (just restarted),
+    in order, each to the part of its view on ``ranks``; wait for each. Spawns
+    are sent only if ``spawns`` (a partial restart spawned its actors again
+    already). Returns the labels of the steps sent; raises ReplayError naming
+    the first step that failed (the ones after it are not sent)."""
+    group = procs._group
+    history = group.history
+    if history.dropped:
+        raise ReplayError(
+            f"process mesh {procs.name!r} has a history longer than can be kept "
+            f"({history.dropped} step(s) were not recorded), so it cannot be replayed: "
+            "build the state again yourself (run the notebook's cells)",
+            step=None,
+        )
+    steps = history.to_replay(ranks)
+    sent: list[str] = []
+    for index, step in enumerate(steps):
+        if step.kind == "spawn" and not spawns:
+            continue
+        shape = _on_ranks(step.shape, ranks)
+        try:
+            _send(procs, step, shape)
+        except BaseException as exc:
+            rest = len(steps) - index - 1
+            raise ReplayError(
+                f"replaying step {step.number} of process mesh {procs.name!r} ({step.label} "
+                f"on ranks {format_ranks(shape.ranks)}) failed: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}; {len(sent)} step(s) before it "
+                f"were replayed and the {rest} after it were not. Fix what it needs and run "
+                f"it again, then the cells after it (%mesh history lists them)",
+                step=step.number,
+            ) from exc
+        sent.append(step.label)
+    return tuple(sent)
+
+
+def _on_ranks(shape: Shape, ranks: tuple[int, ...]) -> Shape:
+    """``shape`` if all of it restarted, else its ranks among ``ranks`` (one dimension)."""
+    if set(shape.ranks) <= set(ranks):
+        return shape
+    chosen = tuple(r for r in shape.ranks if r in ranks)
+    return Shape(("ranks",), (len(chosen),), chosen)
+
+
+def _send(procs: ProcMesh, step: Step, shape: Shape) -> None:
+    view = procs._new_with_shape(shape)
+    match step.kind:
+        case "cell":
+            filename, source = step.payload
+            wait_for(_cells.run_cell(view, source, name=filename, record=False))
+        case "push":
+            wait_for(_cells.push(view, step.payload, record=False))
+        case "spawn":
+            actor_id, record = step.payload
+            on = tuple(r for r in shape.ranks if r not in record.stopped)
+            if on:
+                group = procs._group
+                wait_for(group.spawn_again(actor_id, record, on))
+                group.spawned[actor_id] = dataclasses.replace(record, stopped=set(record.stopped))
+                group.replayed_actors[actor_id] = group.generation
