@@ -140,6 +140,7 @@ def test_sigkill_during_a_call_fails_it_within_a_second_then_fails_fast(procs2):
         fut.get(timeout=10)
     assert time.monotonic() - killed_at < 1.0
     assert info.value.ranks == (1,)
+    assert (info.value.mesh, info.value.actor) == (procs2.name, None)  # which mesh, which rank
     # Fail fast: later calls that include rank 1 raise at once, with the cause,
     # until restart() ...
     started = time.monotonic()
@@ -167,6 +168,7 @@ def test_broadcast_failure_reaches_supervision(procs2, caplog):
     ) as info:
         workers.pid.call().get(timeout=10)
     assert isinstance(info.value.cause, RemoteError)
+    assert (info.value.mesh, info.value.actor) == (procs2.name, "bw")  # and which actor
     # Only that actor mesh is failed; the processes serve other actors.
     assert len(procs2.spawn("ok", Worker).pid.call().get(timeout=10)) == 2
 

@@ -219,13 +219,24 @@ class MeshFailure(MonarchNbError):
     """A mesh can no longer be used: a process died, a broadcast failed, or it was stopped.
 
     ``.ranks`` are the ranks that failed; ``.cause`` says why (an exit code, a
-    signal, a :class:`RemoteError`). Calls on the mesh raise this at once until
-    ``procs.restart()``.
+    signal, a :class:`RemoteError`); ``.mesh`` names the process mesh and
+    ``.actor`` the actor mesh (None when processes failed), as Monarch's
+    supervision events say which actor, which rank and why. Calls on the mesh
+    raise this at once until ``procs.restart()``.
     """
 
-    def __init__(self, message: str, *, ranks: Sequence[int] = (), cause: object = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        ranks: Sequence[int] = (),
+        cause: object = None,
+        mesh: str | None = None,
+        actor: str | None = None,
+    ):
         super().__init__(message)
         self.ranks, self.cause = tuple(ranks), cause
+        self.mesh, self.actor = mesh, actor
 
     def _render_traceback_(self) -> list[str]:
         lines = [f"MeshFailure: {self}"]

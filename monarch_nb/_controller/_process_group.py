@@ -623,11 +623,14 @@ class ProcGroup:
             case BroadcastFailure(actor_id, label, failure):
                 actor, _, endpoint = label.partition(".")
                 error = RemoteError([failure], actor=actor, endpoint=endpoint)
+                record = self.spawned.get(actor_id)
                 self.actor_failures[actor_id] = MeshFailure(
                     f"broadcast of {label} failed on rank {rank}, so this actor mesh is failed; "
                     f"spawn it again: {error}",
                     ranks=(rank,),
                     cause=error,
+                    mesh=self.name,
+                    actor=record.name if record is not None else actor,
                 )
                 _log.error("monarch_nb: %s", self.actor_failures[actor_id])
                 self.note_failure(rank, f"{failure.type_name}: {failure.message}")
@@ -877,7 +880,7 @@ class ProcGroup:
                 f"or {restart_hint(self.name)} for every rank; healthy() is the view of the "
                 "ranks still running"
             )
-        error = MeshFailure(f"{what}; {consequence}", ranks=ranks, cause=cause)
+        error = MeshFailure(f"{what}; {consequence}", ranks=ranks, cause=cause, mesh=self.name)
 
         def mark() -> None:
             for rank in ranks:
@@ -908,6 +911,8 @@ class ProcGroup:
 
     def fail(self, error: MeshFailure) -> None:
         """Mark the group failed and fail every call in flight to it (I/O thread)."""
+        if error.mesh is None:
+            error.mesh = self.name
         failed_calls = self.controller.end_group(self, Failed(error), error, unless_ended=True)
         if failed_calls is None:
             return  # already failed, or stopped on purpose
