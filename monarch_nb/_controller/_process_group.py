@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._common import _context, _peer, _refs, _rundir
+from .._common._dist import STORE_ENV
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, SpawnError
 from .._common._future import Future
 from .._common._hints import restart_hint, restart_ranks_hint
@@ -355,6 +356,10 @@ class ProcGroup:
         # rank's tensors (RDMABuffer) walk 2 MiB pages, not 4 KiB ones, and run
         # about twice as fast here. The user's own setting wins.
         env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+        if self.agents is None:  # one host: torch.distributed meets in a private file
+            env[STORE_ENV] = os.path.join(
+                _rundir.run_dir(), f"dist-{self.uid}-{self.generation}-{secrets.token_hex(4)}"
+            )
         env.update(
             WORLD_SIZE=str(len(self.shape)),
             LOCAL_WORLD_SIZE=str(len(self.shape)),

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .._common._actors import Actor
 from .._common._cell_source import compile_cell, next_cell_name
+from .._common._dist import STORE_ENV
 from .._common._errors import MeshUsageError, format_ranks
 from .._common._future import Future
 from .._common._value_mesh import ValueMesh
@@ -332,6 +334,9 @@ class NotebookMesh:
             "if dist.is_initialized():\n"
             "    dist.destroy_process_group()\n"
             f"os.environ['MASTER_PORT'] = {str(self._free_master_port())!r}\n"
+            # ... or a fresh file, on one host (see monarch_nb._common._dist).
+            f"if os.environ.get({STORE_ENV!r}):\n"
+            f"    os.environ[{STORE_ENV!r}] += '-{secrets.token_hex(4)}'\n"
             if again
             else ""
         )
@@ -340,8 +345,9 @@ class NotebookMesh:
             f"if {self.dist!r} == 'nccl':\n"
             "    torch.cuda.set_device(0)\n"
             f"{fresh}"
+            "from monarch_nb._common._dist import init_process_group\n"
             "if not dist.is_initialized():\n"
-            f"    dist.init_process_group({self.dist!r}, "
+            f"    init_process_group({self.dist!r}, "
             f"timeout=datetime.timedelta(seconds={collective_timeout()!r}))\n"
         )
         view = self.procs

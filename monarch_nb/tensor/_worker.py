@@ -82,7 +82,9 @@ class TensorWorker(Actor):
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
         if not dist.is_initialized():  # a %%mesh cell may have done it already
-            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+            from .._common._dist import init_process_group  # no port open on one host
+
+            init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
         self.store: Any = dist.PrefixStore(
             "monarch_nb.tensor/", dist.distributed_c10d._get_default_store()
         )
