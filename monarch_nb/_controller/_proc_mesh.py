@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import itertools
 import os
@@ -9,7 +10,7 @@ import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._common import _refs
+from .._common import _logs, _refs
 from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
@@ -22,8 +23,9 @@ from . import _cells, _data_parallel
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
-from ._events import EventStream, Output, RankState, print_output
+from ._events import EventStream, Output, RankState
 from ._interrupt import wait_for
+from ._log_stream import OutputPrinter
 from ._process_group import Failed, ProcGroup, check_gpus, describe_exit
 from ._status import MeshState, MeshStatus
 
@@ -146,6 +148,68 @@ class ProcMesh(MeshShape):
         """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""
         self._shape.index_of_rank(rank)  # raises for a rank outside this view
         return self._group.output_tail(rank)
+
+    def logs(
+        self,
+        ranks: Iterable[int] | None = None,
+        *,
+        grep: str | None = None,
+        since: float | str | dt.datetime | dt.timedelta | None = None,
+        level: int | str | None = None,
+        tail: int | None = None,
+    ) -> list[_logs.LogLine]:
+        """What ranks wrote to their log files, oldest first: every line they printed
+        and every ``logging`` record they made, with its level, kept across
+        :meth:`restart` and after a rank died.
+
+        ``ranks`` (default: this view's), ``grep`` (a regular expression),
+        ``since`` (seconds ago, ``"5m"``, ``"2h"``, a datetime), ``level``
+        (``"WARNING"``: records at that level or above) and ``tail`` (the last
+        N matches) narrow it down. Each :class:`~monarch_nb.LogLine` prints as
+        ``[rank] time text``. Files live in ``MONARCH_NB_LOG_DIR/<mesh name>/``
+        (default ``~/.monarch_nb/logs``); see docs/logs.md.
+
+        Raises NotImplementedError for a mesh started through host agents: its
+        files are on the other hosts, and reading them through the agents is
+        not implemented yet.
+        """
+        selected = tuple(self._shape.ranks if ranks is None else ranks)
+        for rank in selected:
+            self._shape.index_of_rank(rank)  # raises for a rank outside this view
+        if self._group.agents is not None:
+            raise NotImplementedError(
+                f"procs.logs() reads log files on this host, and mesh {self.name!r} runs "
+                "through host agents: reading other hosts' files through their agents is not "
+                "implemented yet; on each host, read "
+                f"{_logs.rank_path(self.name, 0, '$MONARCH_NB_LOG_DIR')!r} (one file per rank)"
+            )
+        return _logs.read(self.name, selected, grep=grep, since=since, level=level, tail=tail)
+
+    def logging_option(
+        self, stream_to_client: bool = True, aggregate_window_sec: float | None = None
+    ) -> Future[None]:
+        """How ranks' output prints here (Monarch's call): ``stream_to_client=False``
+        prints nothing (it stays in the log files, :meth:`logs`);
+        ``aggregate_window_sec=W`` holds lines up to W seconds and prints identical
+        ones once with their rank set, ``[0-7] epoch 3 done``.
+
+        Applies to every view of the mesh. In a notebook, output goes to the cell
+        that ran the code and only the defaults are accepted. Returns a done
+        future (``await`` works as in Monarch).
+        """
+        printer = self._group.printer
+        if printer is None:
+            if stream_to_client is not True or aggregate_window_sec is not None:
+                raise MeshUsageError(
+                    f"mesh {self.name!r} does not print its output here (it was started with "
+                    "echo_output=False, as a notebook's meshes are, whose output goes to the "
+                    "cell that ran the code): logging_option(stream_to_client="
+                    f"{stream_to_client!r}, aggregate_window_sec={aggregate_window_sec!r}) "
+                    "has nothing to change; procs.logs() reads every rank's lines"
+                )
+            return completed(None)
+        printer.configure(stream_to_client, aggregate_window_sec)
+        return completed(None)
 
     def busy_ranks(self) -> list[int]:
         """Ranks of this view running something: calls or cells in flight, or (by
@@ -271,6 +335,8 @@ class ProcMesh(MeshShape):
         as a plain ``procs.stop()``. (``reason`` is accepted as Monarch's is.)
         """
         self._group.stop()
+        if self._group.printer is not None:
+            self._group.printer.flush()
         return completed(None)
 
     def restart(self) -> None:
@@ -411,7 +477,8 @@ class HostMesh:
             sizes, controller=controller, env=env, gpus=gpus, name=name, agents=agents
         )
         if echo_output:
-            group.events.subscribe(print_output, kinds=(Output,))
+            group.printer = OutputPrinter()
+            group.events.subscribe(group.printer, kinds=(Output,))
         group.start()
         return ProcMesh(group, group.shape)
 

@@ -59,6 +59,7 @@ from .._common._spawn import start_worker
 from .._common._wire import Encoded, Signer, decode_payload, new_key
 from . import _events as ev
 from ._client import Controller
+from ._log_stream import OutputPrinter
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
@@ -228,6 +229,7 @@ class ProcGroup:
         self.debugger: object | None = None  # see DEBUGGER_FOR
         self.paused: set[int] = set()  # ranks stopped in pdb, waiting for a line
         self.idle_since: dict[int, float] = {}  # rank -> when its last call in flight ended
+        self.printer: OutputPrinter | None = None  # prints a script mesh's output
 
     # -- starting -------------------------------------------------------------
 
