@@ -120,3 +120,21 @@ def test_start_validates_options():
         start_mesh(procs=1, gpus=1)
     with pytest.raises(MeshUsageError, match="no mesh is running"):
         current_mesh()
+
+
+def test_logs_reads_the_selected_ranks_files_as_percent_mesh_logs_does(mesh):
+    from monarch_nb.magics import _options
+    from monarch_nb.magics._render import LogView
+
+    mesh.run("print(f'loss {rank}')\nprint('other')")
+    args = _options.parse(_options.logs_options, "--ranks 1 --grep loss --since 5m --tail 5")
+    lines = mesh.logs(
+        ranks=args.ranks, where=args.where, grep=args.grep, since=args.since, tail=args.tail
+    )
+    assert [(line.rank, line.text) for line in lines] == [(1, "loss 1")]
+    assert repr(LogView(lines)).startswith("[1] ")
+    assert repr(LogView(lines)).endswith(" loss 1")
+    assert repr(LogView([])) == "no log lines matched"
+    assert [line.rank for line in mesh.logs(where="procs=0", grep="loss")] == [0]
+    with pytest.raises(MeshUsageError, match="give --ranks or --where, not both"):
+        mesh.logs(ranks="0", where="procs=0")

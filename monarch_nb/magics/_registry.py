@@ -29,6 +29,7 @@ from .._common._actors import Actor
 from .._common._cell_source import compile_cell, next_cell_name
 from .._common._errors import MeshUsageError, format_ranks
 from .._common._future import Future
+from .._common._logs import LogLine
 from .._common._value_mesh import ValueMesh
 from .._controller._actor_mesh import ActorMesh
 from .._controller._calls import CallFuture
@@ -176,6 +177,10 @@ class NotebookMesh:
     def pull(self, name: str, *, ranks=None, where=None) -> ValueMesh[Any]:
         """``name`` from every selected rank's namespace, as a ValueMesh."""
         return select(self.procs, ranks, where).pull(name)
+
+    def logs(self, *, ranks=None, where=None, **filters: Any) -> list[LogLine]:
+        """The selected ranks' log lines (see ProcMesh.logs: grep, since, level, tail)."""
+        return select(self.procs, ranks, where).logs(**filters)
 
     def scatter(self, name: str, seq: Any, *, ranks=None, where=None) -> None:
         """Each selected rank gets its contiguous chunk of ``seq`` as ``name``
