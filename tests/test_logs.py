@@ -82,6 +82,38 @@ def test_a_sigkilled_ranks_lines_are_searchable_after_restart():
         procs.stop()
 
 
+def test_a_multi_host_mesh_reads_each_hosts_files_through_its_agent():
+    from test_multihost import local_hosts
+
+    hosts = local_hosts(2)
+    try:
+        procs = hosts.spawn_procs({"procs": 1}, name=_unique("hosts"), echo_output=False)
+        try:
+            procs.exec("import logging\nlogging.error('disk full on %d', rank)").get(timeout=60)
+            procs.kill([1])
+            procs.restart()
+            procs.exec("print(f'back on {rank}')").get(timeout=60)
+            lines = procs.logs(grep="disk full|back on", since="1h")
+            assert sorted((line.rank, line.stream, line.text) for line in lines) == [
+                (0, "ERROR", "disk full on 0"),
+                (0, "stdout", "back on 0"),
+                (1, "ERROR", "disk full on 1"),
+                (1, "stdout", "back on 1"),
+            ]
+            assert [line.text for line in procs.logs(ranks=[1], level="ERROR")] == [
+                "disk full on 1"
+            ]
+            last = procs.logs(tail=1, grep="back")
+            assert len(last) == 1
+            assert last == procs.logs(grep="back")[-1:]
+            with pytest.raises(MeshUsageError, match=r"grep='\[' is not a regular expression"):
+                procs.logs(grep="[")
+        finally:
+            procs.stop()
+    finally:
+        hosts.shutdown()
+
+
 def test_log_files_are_private_and_rotate_by_size():
     name = _unique("rotate")
     env = {"MONARCH_NB_LOG_MAX_BYTES": "2000", "MONARCH_NB_LOG_BACKUPS": "2"}

@@ -192,14 +192,7 @@ def read(
     ``logging`` records at that level or above (printed text has none);
     ``tail`` keeps the last N lines that matched.
     """
-    try:
-        pattern = re.compile(grep) if grep is not None else None
-    except re.error as exc:
-        raise MeshUsageError(f"grep={grep!r} is not a regular expression: {exc}") from None
-    after = parse_since(since)
-    minimum = parse_level(level)
-    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
-        raise MeshUsageError(f"tail={tail!r} must be a non-negative int")
+    pattern, after, minimum = check_filters(grep, since, level, tail)
     found: list[LogLine] = []
     for rank in ranks:
         for line in _lines_of(rank, _rank_files(mesh, rank, root)):
@@ -210,8 +203,29 @@ def read(
             if pattern is not None and not pattern.search(line.text):
                 continue
             found.append(line)
-    found.sort(key=lambda line: (line.time, line.rank))
-    return found[-tail:] if tail else ([] if tail == 0 else found)
+    return in_order(found, tail)
+
+
+def in_order(lines: list[LogLine], tail: int | None = None) -> list[LogLine]:
+    """``lines`` oldest first (ties by rank), the last ``tail`` of them if given."""
+    lines.sort(key=lambda line: (line.time, line.rank))
+    return lines[-tail:] if tail else ([] if tail == 0 else lines)
+
+
+def check_filters(
+    grep: str | None,
+    since: float | str | dt.datetime | dt.timedelta | None,
+    level: int | str | None,
+    tail: int | None,
+) -> tuple[re.Pattern[str] | None, dt.datetime | None, int | None]:
+    """The filters of :func:`read`, parsed; MeshUsageError for a bad one."""
+    try:
+        pattern = re.compile(grep) if grep is not None else None
+    except re.error as exc:
+        raise MeshUsageError(f"grep={grep!r} is not a regular expression: {exc}") from None
+    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+        raise MeshUsageError(f"tail={tail!r} must be a non-negative int")
+    return pattern, parse_since(since), parse_level(level)
 
 
 publish(globals())

@@ -15,7 +15,7 @@ from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
 from .._common._future import Future, completed
-from .._common._messages import Spawn
+from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._value_mesh import ValueMesh
@@ -36,6 +36,7 @@ A = TypeVar("A", bound=Actor)
 _actor_ids = itertools.count(1)
 # A sanity limit on processes per host: far beyond it is a typo, not a plan.
 MAX_PROCS_PER_CPU = 64
+LOG_READ_TIMEOUT_S = 60.0  # for the hosts of a multi-host mesh to send their log lines
 
 
 class ProcMesh(MeshShape):
@@ -169,21 +170,35 @@ class ProcMesh(MeshShape):
         ``[rank] time text``. Files live in ``MONARCH_NB_LOG_DIR/<mesh name>/``
         (default ``~/.monarch_nb/logs``); see docs/logs.md.
 
-        Raises NotImplementedError for a mesh started through host agents: its
-        files are on the other hosts, and reading them through the agents is
-        not implemented yet.
+        On a mesh of several hosts, each host's agent reads its ranks' files
+        (within ``LOG_READ_TIMEOUT_S``).
         """
         selected = tuple(self._shape.ranks if ranks is None else ranks)
         for rank in selected:
             self._shape.index_of_rank(rank)  # raises for a rank outside this view
-        if self._group.agents is not None:
-            raise NotImplementedError(
-                f"procs.logs() reads log files on this host, and mesh {self.name!r} runs "
-                "through host agents: reading other hosts' files through their agents is not "
-                "implemented yet; on each host, read "
-                f"{_logs.rank_path(self.name, 0, '$MONARCH_NB_LOG_DIR')!r} (one file per rank)"
+        group = self._group
+        root = group.extra_env.get("MONARCH_NB_LOG_DIR")
+        if group.agents is None:
+            return _logs.read(
+                self.name, selected, grep=grep, since=since, level=level, tail=tail, root=root
             )
-        return _logs.read(self.name, selected, grep=grep, since=since, level=level, tail=tail)
+        _, after, minimum = _logs.check_filters(grep, since, level, tail)
+        request = ReadLogs(
+            0,
+            self.name,
+            (),
+            root or os.environ.get("MONARCH_NB_LOG_DIR", ""),
+            grep,
+            None if after is None else after.timestamp(),
+            minimum,
+            tail,
+        )
+        rows = group.agents.read_logs(group, selected, request, LOG_READ_TIMEOUT_S)
+        lines = [
+            _logs.LogLine(rank, dt.datetime.fromisoformat(time), stream, text)
+            for rank, time, stream, text in rows
+        ]
+        return _logs.in_order(lines, tail)
 
     def logging_option(
         self, stream_to_client: bool = True, aggregate_window_sec: float | None = None
