@@ -118,7 +118,7 @@ SETTINGS: dict[str, Setting] = {
             "log_max_bytes",
             int,
             10 << 20,
-            "size at which a rank's log file is rotated to <rank>.log.1",
+            "size at which a rank's log file rotates (0.log becomes 0.log.1)",
         ),
         Setting("log_backups", int, 3, "rotated log files kept per rank"),
         Setting(
