@@ -14,7 +14,17 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-_AREAS = ["runtime", "actors", "native", "notebook", "scale", "chaos", "multihost", "tensor"]
+_AREAS = [
+    "runtime",
+    "actors",
+    "native",
+    "notebook",
+    "scale",
+    "chaos",
+    "multihost",
+    "tensor",
+    "logs",
+]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,6 +75,11 @@ def main(argv: list[str] | None = None) -> None:
         tensor = importlib.import_module("bench_tensor")
         print("## Tensor engine (mesh tensors driven from the controller)\n")
         print(tensor.table(tensor.run(quick=args.quick)), "\n", flush=True)
+    if "logs" in wanted:
+        logs = importlib.import_module("bench_logs")
+        lines = 100_000 if args.quick else 1_000_000
+        print("## Rank log files (a print() flood with and without them)\n")
+        print(logs.table(logs.run(lines, 3), lines), "\n", flush=True)
 
 
 if __name__ == "__main__":
