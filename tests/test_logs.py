@@ -71,8 +71,32 @@ def test_a_sigkilled_ranks_lines_are_searchable_after_restart():
         assert [line.text for line in procs.logs(ranks=[0], grep="went up")] == [
             "loss went up on 0"
         ]
+        # ... nor its traceback; an unprinted record hides no print() that follows it.
+        procs.exec(
+            "import logging\n"
+            "log = logging.getLogger('quiet')\n"
+            "log.setLevel(logging.INFO)\n"
+            "log.propagate = False\n"
+            "log.info('epoch 1')\n"
+            "print('epoch 1')\n"
+            "try:\n"
+            "    1 / 0\n"
+            "except ZeroDivisionError:\n"
+            "    logging.exception('it broke')\n"
+        ).get(timeout=60)
+        assert [(line.stream, line.text) for line in procs.logs(ranks=[0], grep="epoch 1")] == [
+            ("INFO", "epoch 1"),
+            ("stdout", "epoch 1"),
+        ]
+        recent = [(line.stream, line.text) for line in procs.logs(ranks=[0])]
+        broke = recent[recent.index(("ERROR", "it broke")) :]
+        assert broke[-1] == ("ERROR", "ZeroDivisionError: division by zero")
+        assert {stream for stream, _ in broke} == {"ERROR"}  # printed form not repeated
+        assert ("ERROR", "Traceback (most recent call last):") in broke
         assert [line.text for line in procs.logs(ranks=[0], grep="stderr")] == ["to stderr"]
-        assert [line.text for line in procs.logs(tail=1, ranks=[0])] == ["step 2 loss 0.25"]
+        assert [line.text for line in procs.logs(tail=1, ranks=[0], grep="loss")] == [
+            "step 2 loss 0.25"
+        ]
         assert procs.logs(since=dt.datetime.now() + dt.timedelta(hours=1)) == []
         assert len(procs.logs(since="1h", grep="loss")) == 6
         assert procs.logs(ranks=[0], grep="loss", since=3600) == procs.logs(

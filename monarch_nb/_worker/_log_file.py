@@ -68,7 +68,8 @@ class RankLog:
         self._file = self._open()
         self._size = self._file.tell()
         self._last_flush = time.time()
-        # The text of the last record made: its printed form, if it follows, is skipped.
+        # How the last record made ends ("last line\n"): its printed form, if that is
+        # the next write, is skipped.
         self.pending_record: str | None = None
 
     def _open(self) -> TextIO:
@@ -139,7 +140,9 @@ class Tee:
         log = self._log
         if log.pending_record is not None:
             pending, log.pending_record = log.pending_record, None
-            if pending in text:
+            # A handler prints a record in one write, ending with the record's last
+            # line; print() writes its newline apart, so it never matches.
+            if text.endswith(pending):
                 return written  # a record's printed form: the file has the record
         if text == "\n":  # print() ends each line with a write of its own
             line, self._partial = self._partial, ""
@@ -219,7 +222,7 @@ def _take_records(log: RankLog) -> None:
         if record.exc_info and record.exc_info[0] is not None:
             lines += formatter.formatException(record.exc_info).splitlines()
         log.write_lines(record.levelname, lines, record.created)
-        log.pending_record = lines[0] or None
+        log.pending_record = lines[-1] + "\n"
         return record
 
     logging.setLogRecordFactory(factory)
