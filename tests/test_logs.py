@@ -280,6 +280,9 @@ def test_logging_option_checks_its_arguments(procs2):
     with pytest.raises(MeshUsageError, match=r"stream_to_client must be True or False"):
         procs2.logging_option(stream_to_client="yes")
     assert procs2.logging_option().get() is None
+    assert procs2.logging_option(level=logging.INFO).get() is None
+    with pytest.raises(MeshUsageError, match=r"logging_option\(level=30\): only the default"):
+        procs2.logging_option(level=logging.WARNING)
 
 
 def test_logging_option_aggregates_a_real_meshs_lines(capsys):
@@ -296,11 +299,10 @@ def test_logging_option_aggregates_a_real_meshs_lines(capsys):
         procs.stop()
 
 
-def test_a_notebook_mesh_accepts_only_the_defaults():
-    procs = this_host().spawn_procs(per_host={"procs": 1}, echo_output=False)
+def test_the_option_is_kept_on_the_mesh_for_every_view_and_printer(procs2):
     try:
-        procs.logging_option(stream_to_client=True, aggregate_window_sec=None)
-        with pytest.raises(MeshUsageError, match=r"does not print its output here"):
-            procs.logging_option(aggregate_window_sec=3)
+        assert procs2.output_option == (True, None)
+        procs2.slice(procs=1).logging_option(stream_to_client=False, aggregate_window_sec=3)
+        assert procs2.output_option == (False, 3.0)
     finally:
-        procs.stop()
+        procs2.logging_option()

@@ -1,4 +1,4 @@
-"""How a script's mesh prints its ranks' output: Monarch's ``logging_option``.
+"""How a mesh prints its ranks' output: Monarch's ``logging_option``.
 
 :class:`OutputPrinter` observes a mesh's :class:`~._events.Output` events.
 By default it prints each line as it comes, prefixed by its rank. With
@@ -7,7 +7,8 @@ rank's log file, see ``ProcMesh.logs()``). With ``aggregate_window_sec=W``,
 lines are held for up to W seconds from the first one held, then identical
 lines (same text, same stream) print once, labelled by their rank set, in
 the order they first came: ``[0-7] epoch 3 done``. Progress-bar redraws
-(lines ending in ``\\r``) are never held.
+(lines ending in ``\\r``) are never held. A script's mesh has one printer;
+a notebook gives each cell's output one (``magics._output``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,22 @@ def _write(stream: str, text: str) -> None:
     out.flush()
 
 
+def check_option(
+    stream_to_client: bool, aggregate_window_sec: float | None
+) -> tuple[bool, float | None]:
+    """``logging_option``'s arguments, checked (MeshUsageError) and normalised."""
+    if not isinstance(stream_to_client, bool):
+        raise MeshUsageError(f"stream_to_client must be True or False, got {stream_to_client!r}")
+    window = aggregate_window_sec
+    if window is not None and (
+        isinstance(window, bool) or not isinstance(window, int | float) or window <= 0
+    ):
+        raise MeshUsageError(
+            f"aggregate_window_sec must be a positive number of seconds or None, got {window!r}"
+        )
+    return stream_to_client, None if window is None else float(window)
+
+
 class OutputPrinter:
     """The observer that prints a script's mesh output (see the module docstring)."""
 
@@ -40,21 +57,11 @@ class OutputPrinter:
         self._timer: threading.Timer | None = None
 
     def configure(self, stream_to_client: bool, aggregate_window_sec: float | None) -> None:
-        if not isinstance(stream_to_client, bool):
-            raise MeshUsageError(
-                f"stream_to_client must be True or False, got {stream_to_client!r}"
-            )
-        window = aggregate_window_sec
-        if window is not None and (
-            isinstance(window, bool) or not isinstance(window, int | float) or window <= 0
-        ):
-            raise MeshUsageError(
-                f"aggregate_window_sec must be a positive number of seconds or None, got {window!r}"
-            )
+        stream_to_client, window = check_option(stream_to_client, aggregate_window_sec)
         self.flush()  # what was held under the old setting prints under it
         with self._lock:
             self.stream_to_client = stream_to_client
-            self.aggregate_window_sec = None if window is None else float(window)
+            self.aggregate_window_sec = window
 
     def __call__(self, event: Output) -> None:
         if not self.stream_to_client:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib
 import itertools
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping
@@ -25,7 +26,7 @@ from ._calls import CallFuture, send_call
 from ._client import Controller
 from ._events import EventStream, Output, RankState
 from ._interrupt import wait_for
-from ._log_stream import OutputPrinter
+from ._log_stream import OutputPrinter, check_option
 from ._process_group import Failed, ProcGroup, check_gpus, describe_exit
 from ._status import MeshState, MeshStatus
 
@@ -201,30 +202,38 @@ class ProcMesh(MeshShape):
         return _logs.in_order(lines, tail)
 
     def logging_option(
-        self, stream_to_client: bool = True, aggregate_window_sec: float | None = None
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: float | None = None,
+        level: int = logging.INFO,
     ) -> Future[None]:
         """How ranks' output prints here (Monarch's call): ``stream_to_client=False``
         prints nothing (it stays in the log files, :meth:`logs`);
         ``aggregate_window_sec=W`` holds lines up to W seconds and prints identical
         ones once with their rank set, ``[0-7] epoch 3 done``.
 
-        Applies to every view of the mesh. In a notebook, output goes to the cell
-        that ran the code and only the defaults are accepted. Returns a done
-        future (``await`` works as in Monarch).
+        Applies to every view of the mesh, in a script and in a notebook (there
+        to the cells run after it). Returns a done future (``await`` works as in
+        Monarch). Monarch's ``level`` is accepted at its default only: every
+        record is kept in the log files with its level instead.
         """
-        printer = self._group.printer
-        if printer is None:
-            if stream_to_client is not True or aggregate_window_sec is not None:
-                raise MeshUsageError(
-                    f"mesh {self.name!r} does not print its output here (it was started with "
-                    "echo_output=False, as a notebook's meshes are, whose output goes to the "
-                    "cell that ran the code): logging_option(stream_to_client="
-                    f"{stream_to_client!r}, aggregate_window_sec={aggregate_window_sec!r}) "
-                    "has nothing to change; procs.logs() reads every rank's lines"
-                )
-            return completed(None)
-        printer.configure(stream_to_client, aggregate_window_sec)
+        if level != logging.INFO:
+            raise MeshUsageError(
+                f"logging_option(level={level!r}): only the default (logging.INFO) is "
+                "supported; set the ranks' own level in their code "
+                "(logging.getLogger().setLevel(...)), and filter what was kept with "
+                "procs.logs(level='WARNING')"
+            )
+        option = check_option(stream_to_client, aggregate_window_sec)
+        self._group.output_option = option
+        if self._group.printer is not None:
+            self._group.printer.configure(*option)
         return completed(None)
+
+    @property
+    def output_option(self) -> tuple[bool, float | None]:
+        """``(stream_to_client, aggregate_window_sec)`` as :meth:`logging_option` set them."""
+        return self._group.output_option
 
     def busy_ranks(self) -> list[int]:
         """Ranks of this view running something: calls or cells in flight, or (by

@@ -230,6 +230,8 @@ class ProcGroup:
         self.paused: set[int] = set()  # ranks stopped in pdb, waiting for a line
         self.idle_since: dict[int, float] = {}  # rank -> when its last call in flight ended
         self.printer: OutputPrinter | None = None  # prints a script mesh's output
+        # logging_option(): (stream_to_client, aggregate_window_sec), for every printer.
+        self.output_option: tuple[bool, float | None] = (True, None)
 
     # -- starting -------------------------------------------------------------
 

@@ -218,7 +218,13 @@ class NotebookMesh:
     def _open(self, view: ProcMesh, label: str, ordered: bool | None) -> CellOutput:
         if ordered is None:
             ordered = self.ordered or deterministic_default()
-        return self.registry.router.open(self.name, view.shape.ranks, label=label, ordered=ordered)
+        return self.registry.router.open(
+            self.name,
+            view.shape.ranks,
+            label=label,
+            ordered=ordered,
+            option=self.procs.output_option,
+        )
 
     def _finish_after_output(
         self, future: Future[Any], cell: CellOutput, on_done: Any
