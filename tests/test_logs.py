@@ -231,6 +231,26 @@ def test_since_reads_durations(since, seconds):
     assert abs((before - parsed).total_seconds() - seconds) < 5
 
 
+def test_log_files_are_never_written_through_a_link(tmp_path):
+    from monarch_nb._worker._log_file import RankLog
+
+    target = tmp_path / "victim"
+    target.write_text("")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "real")
+    with pytest.raises(PermissionError, match=r"is not a directory of this user's"):
+        _logs.make_private_dir(str(tmp_path / "linked"))
+    (tmp_path / "real" / "0.log").symlink_to(target)
+    with pytest.raises(OSError, match=r"Too many levels of symbolic links"):
+        RankLog(str(tmp_path / "real" / "0.log"), 1000, 1)
+    assert target.read_text() == ""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    os.chmod(open_dir, 0o777)
+    _logs.make_private_dir(str(open_dir))
+    assert stat.S_IMODE(os.stat(open_dir).st_mode) == 0o700
+
+
 def test_mesh_names_are_safe_directory_names(tmp_path):
     assert _logs.mesh_dir("a/../b c", str(tmp_path)) == str(tmp_path / "a_.._b_c")
     assert _logs.mesh_dir("..", str(tmp_path)) == str(tmp_path / "__")

@@ -23,6 +23,7 @@ import datetime as dt
 import logging
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -56,9 +57,19 @@ def rank_path(mesh: str, rank: int, root: str | None = None) -> str:
 
 
 def make_private_dir(path: str) -> None:
-    """Create ``path`` (and parents) readable by this user only; tighten it if it exists."""
+    """Create ``path`` (and parents) readable by this user only; tighten it if it exists.
+
+    Raises PermissionError if ``path`` is a link, or a directory of another user
+    (who could then put links in it, and make a rank write where it should not).
+    """
     os.makedirs(path, mode=0o700, exist_ok=True)
-    if os.stat(path).st_mode & 0o077:
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(
+            f"{path} is not a directory of this user's (a link, or another user's): rank "
+            "log files are not written there; set MONARCH_NB_LOG_DIR to a directory of yours"
+        )
+    if info.st_mode & 0o077:
         os.chmod(path, 0o700)
 
 

@@ -73,7 +73,9 @@ class RankLog:
         self.pending_record: str | None = None
 
     def _open(self) -> TextIO:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # Never through a link: the directory is private, this is the second lock.
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.path, flags, 0o600)
         return open(fd, "a", encoding="utf-8", errors="backslashreplace", buffering=_BUFFER_BYTES)
 
     def write_lines(self, kind: str, lines: list[str], now: float) -> None:
