@@ -24,6 +24,7 @@ _AREAS = [
     "recovery",
     "multihost",
     "tensor",
+    "logs",
 ]
 
 
@@ -79,6 +80,11 @@ def main(argv: list[str] | None = None) -> None:
         tensor = importlib.import_module("bench_tensor")
         print("## Tensor engine (mesh tensors driven from the controller)\n")
         print(tensor.table(tensor.run(quick=args.quick)), "\n", flush=True)
+    if "logs" in wanted:
+        logs = importlib.import_module("bench_logs")
+        lines = 100_000 if args.quick else 1_000_000
+        print("## Rank log files (a print() flood with and without them)\n")
+        print(logs.table(logs.run(lines, 3), lines), "\n", flush=True)
 
 
 if __name__ == "__main__":

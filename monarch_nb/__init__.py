@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     )
     from ._common._future import Future
     from ._common._local_actors import this_proc
+    from ._common._logs import LogLine
     from ._common._pending import ReplyStream
     from ._common._ports import Channel, Port, PortReceiver
     from ._common._shape import Extent, Point, Shape
@@ -88,6 +89,7 @@ _DEFINED_IN = {
     "Extent": "_common._shape",
     "Future": "_common._future",
     "HostMesh": "_controller._proc_mesh",
+    "LogLine": "_common._logs",
     "MeshFailure": "_common._errors",
     "MeshState": "_controller._status",
     "MeshStatus": "_controller._status",
@@ -193,6 +195,7 @@ __all__ = [
     "Extent",
     "Future",
     "HostMesh",
+    "LogLine",
     "MeshFailure",
     "MeshState",
     "MeshStatus",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -57,3 +60,9 @@ _TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (_TESTS_DIR, os.environ.get("PYTHONPATH", "")) if p
 )
+
+# Rank log files (docs/logs.md) of this test run go to a private directory of
+# its own, not the user's ~/.monarch_nb/logs; every process started inherits it.
+if "MONARCH_NB_LOG_DIR" not in os.environ:
+    os.environ["MONARCH_NB_LOG_DIR"] = tempfile.mkdtemp(prefix="monarch_nb_logs_")
+    atexit.register(shutil.rmtree, os.environ["MONARCH_NB_LOG_DIR"], True)

@@ -114,6 +114,13 @@ def test_syntax_error_is_shown_like_a_local_one(kernel):
     assert "interactiveshell" not in text
 
 
+def test_logs_searches_what_ranks_printed(kernel):
+    kernel.ok("%%mesh\nprint(f'logged by {rank}')")
+    text = kernel.ok("%mesh logs --ranks 2 --grep 'logged by' --since 5m").text()
+    assert re.fullmatch(r"\[2\] \S+ \S+ logged by 2\n", text), text
+    assert kernel.ok("%mesh logs --grep nothing-like-this").text() == "no log lines matched\n"
+
+
 def test_push_and_pull(kernel):
     kernel.ok("import math\nlocal = 2")
     kernel.ok("%mesh push scale=local * 3 name='a b' f=math.sqrt")

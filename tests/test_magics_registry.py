@@ -120,3 +120,37 @@ def test_start_validates_options():
         start_mesh(procs=1, gpus=1)
     with pytest.raises(MeshUsageError, match="no mesh is running"):
         current_mesh()
+
+
+def test_logs_reads_the_selected_ranks_files_as_percent_mesh_logs_does(mesh):
+    from monarch_nb.magics import _options
+    from monarch_nb.magics._render import LogView
+
+    mesh.run("print(f'loss {rank}')\nprint('other')")
+    args = _options.parse(_options.logs_options, "--ranks 1 --grep loss --since 5m --tail 5")
+    lines = mesh.logs(
+        ranks=args.ranks, where=args.where, grep=args.grep, since=args.since, tail=args.tail
+    )
+    assert [(line.rank, line.text) for line in lines] == [(1, "loss 1")]
+    assert repr(LogView(lines)).startswith("[1] ")
+    assert repr(LogView(lines)).endswith(" loss 1")
+    assert repr(LogView([])) == "no log lines matched"
+    assert [line.rank for line in mesh.logs(where="procs=0", grep="loss")] == [0]
+    with pytest.raises(MeshUsageError, match="give --ranks or --where, not both"):
+        mesh.logs(ranks="0", where="procs=0")
+
+
+def test_logging_option_folds_or_drops_a_cells_lines(mesh, capsys):
+    capsys.readouterr()
+    mesh.procs.logging_option(aggregate_window_sec=60)  # folded when the cell ends
+    mesh.run("print('epoch 3 done')\nprint(f'only {rank}')")
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "[0-1] epoch 3 done"
+    assert sorted(out.splitlines()[1:]) == ["[0] only 0", "[1] only 1"]
+    mesh.procs.logging_option(stream_to_client=False)
+    mesh.run("print('quiet')")
+    assert capsys.readouterr().out == ""
+    assert sorted(line.rank for line in mesh.logs(grep="quiet")) == [0, 1]  # in the files
+    mesh.procs.logging_option()
+    mesh.run("print('loud')")
+    assert sorted(capsys.readouterr().out.splitlines()) == ["[0] loud", "[1] loud"]

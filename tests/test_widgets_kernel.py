@@ -186,6 +186,28 @@ def test_failures_fold_by_rank_set_and_clear_and_interrupts_are_not_listed(
     assert out == "True 1 3 False\nTrue () none\n"
 
 
+def test_the_output_box_searches_the_picked_ranks_log(kernel: Kernel) -> None:
+    kernel.ok("%mesh start --procs 2 --name search")
+    kernel.ok("%%mesh\nfor i in range(3):\n    print(f'needle {i} on {rank}' if i == 1 else 'hay')")
+    code = (
+        "from monarch_nb import current_mesh\n"
+        "d = current_mesh().dashboard()\n"
+        "d.show_output(1)\n"
+        "print('hay' in d.failures.output.value)\n"
+        "d.failures.search.value = 'needle'\n"
+        "box = d.failures.output.value\n"
+        "print('needle 1 on 1' in box, 'hay' in box, 'on 0' in box)\n"
+        "d.failures.update(d.failure_records)  # a redraw keeps the result\n"
+        "print(d.failures.output.value == box)\n"
+        "d.failures.search.value = '('\n"
+        "print('not a regular expression' in d.failures.output.value)\n"
+        "d.failures.search.value = ''\n"
+        "print('hay' in d.failures.output.value)\n"
+        "d.close()"
+    )
+    assert plain(kernel.ok(code).stream()) == "True\nTrue False False\nTrue\nTrue\nTrue\n"
+
+
 def test_plain_ipython_shows_the_text_summary() -> None:
     source = "%load_ext monarch_nb\n%mesh start --procs 1 --name term\n%mesh dashboard\n%mesh stop"
     result = subprocess.run(

@@ -34,6 +34,7 @@ Two ways to start:
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ from typing import Any
 
 import zmq
 
-from .._common import _keys, _network, _rundir
+from .._common import _keys, _logs, _network, _rundir
 from .._common._messages import (
     AgentAttach,
     AgentHeartbeat,
@@ -56,7 +57,9 @@ from .._common._messages import (
     AgentShutdown,
     KillWorkers,
     LaunchWorkers,
+    LogLines,
     Message,
+    ReadLogs,
     UnknownMessage,
     WorkerExited,
     WorkerOutput,
@@ -266,6 +269,8 @@ class Agent:
                         child.popen.kill()
             case AgentShutdown():
                 self._disconnect()
+            case ReadLogs():
+                self.send_own(read_logs(message))
             case _:
                 _log.error("agent %d: unexpected %s", self.host_index, type(message).__name__)
 
@@ -363,6 +368,27 @@ class Agent:
             child.popen.wait()
             if child.identity in self.children:
                 self._on_exit(child)
+
+
+def read_logs(request: ReadLogs) -> LogLines:
+    """This host's answer to ``procs.logs()``: the matching lines of its ranks' files."""
+    try:
+        since = None
+        if request.since is not None:
+            since = dt.datetime.fromtimestamp(request.since).astimezone()
+        found = _logs.read(
+            request.mesh,
+            request.ranks,
+            grep=request.grep,
+            since=since,
+            level=request.level,
+            tail=request.tail,
+            root=request.root or None,
+        )
+    except Exception as exc:  # an unreadable file: said to the caller, the agent goes on
+        return LogLines(request.request_id, (), f"{type(exc).__name__}: {exc}")
+    lines = tuple((line.rank, line.time.isoformat(), line.stream, line.text) for line in found)
+    return LogLines(request.request_id, lines, "")
 
 
 def _read_launched_config() -> dict[str, Any]:

@@ -103,6 +103,25 @@ SETTINGS: dict[str, Setting] = {
             "private directory for ipc sockets (default: a fresh one in /tmp)",
         ),
         Setting(
+            "log_files",
+            bool,
+            True,
+            "every rank writes its output and logging records to a file (procs.logs())",
+        ),
+        Setting(
+            "log_dir",
+            str,
+            None,
+            "where rank log files go, one directory per mesh (default: ~/.monarch_nb/logs)",
+        ),
+        Setting(
+            "log_max_bytes",
+            int,
+            10 << 20,
+            "size at which a rank's log file rotates (0.log becomes 0.log.1)",
+        ),
+        Setting("log_backups", int, 3, "rotated log files kept per rank"),
+        Setting(
             "rdma_transport",
             str,
             "auto",

@@ -444,3 +444,33 @@ class AgentAttach(Message):
 
     TAG: ClassVar[int] = 68
     address: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class ReadLogs(Message):
+    """Read this host's log files of ``ranks`` of mesh ``mesh`` (under ``root``, the
+    workers' ``MONARCH_NB_LOG_DIR``; "" for the default), filtered as
+    ``ProcMesh.logs`` does; ``since`` in seconds of the epoch."""
+
+    TAG: ClassVar[int] = 69
+    request_id: int
+    mesh: str
+    ranks: tuple[int, ...]
+    root: str
+    grep: str | None
+    since: float | None
+    level: int | None
+    tail: int | None
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class LogLines(Message):
+    """The answer to :class:`ReadLogs`: ``(rank, ISO time, stream, text)`` each, or
+    why they could not be read (``error``)."""
+
+    TAG: ClassVar[int] = 70
+    request_id: int
+    lines: tuple[tuple[int, str, str, str], ...]
+    error: str

@@ -19,6 +19,8 @@ long kills its workers (see :mod:`monarch_nb._agent._main`).
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import functools
 import itertools
 import logging
@@ -33,14 +35,17 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .._common import _keys, _network
-from .._common._errors import MeshFailure, MeshUsageError
+from .._common._errors import CallTimeout, MeshFailure, MeshUsageError
+from .._common._fold import format_ranks
 from .._common._messages import (
     AgentHeartbeat,
     AgentHello,
     AgentShutdown,
     KillWorkers,
     LaunchWorkers,
+    LogLines,
     Message,
+    ReadLogs,
     UnknownMessage,
     WorkerExited,
     WorkerOutput,
@@ -153,6 +158,9 @@ class HostAgents:
         self.endpoint = ""  # the controller's CURVE endpoint for them (not for attach)
         self.shut_down = False
         self._ports_used = 0
+        # procs.logs() waiting for hosts: request id -> (its answer, the agent asked).
+        self._log_reads: dict[int, tuple[concurrent.futures.Future[LogLines], AgentLink]] = {}
+        self._log_read_ids = itertools.count(1)
         controller.host_meshes.add(self)
         for agent in self.agents:
             controller.add_agent(agent.identity, agent)
@@ -309,6 +317,54 @@ class HostAgents:
 
     # -- any thread -------------------------------------------------------------------
 
+    def read_logs(
+        self, group: ProcGroup, ranks: Sequence[int], request: ReadLogs, timeout: float
+    ) -> list[tuple[int, str, str, str]]:
+        """``(rank, ISO time, stream, text)`` of ``ranks``' log lines, from the host of
+        each (``request`` says what to read; its ranks and id are set per host)."""
+        by_agent: dict[int, list[int]] = {}
+        for rank in ranks:
+            by_agent.setdefault(self._agent_of_rank(group, rank).index, []).append(rank)
+        asked = []
+        try:
+            for index, mine in by_agent.items():
+                agent = self.agents[index]
+                if agent.lost is not None:
+                    raise MeshFailure(
+                        f"cannot read the logs of ranks {format_ranks(mine)}: their host "
+                        f"{agent.label} {agent.lost}",
+                        ranks=mine,
+                    )
+                request_id = next(self._log_read_ids)
+                future: concurrent.futures.Future[LogLines] = concurrent.futures.Future()
+                self._log_reads[request_id] = (future, agent)
+                asked.append((agent, mine, request_id, future))
+                self.send(
+                    agent,
+                    dataclasses.replace(request, request_id=request_id, ranks=tuple(mine)),
+                )
+            lines: list[tuple[int, str, str, str]] = []
+            deadline = time.monotonic() + timeout
+            for agent, mine, _, future in asked:
+                try:
+                    answer = future.result(max(0.0, deadline - time.monotonic()))
+                except concurrent.futures.TimeoutError:
+                    raise CallTimeout(
+                        f"host {agent.label} did not send the logs of ranks "
+                        f"{format_ranks(mine)} within {timeout} s",
+                        ranks=mine,
+                    ) from None
+                if answer.error:
+                    raise OSError(
+                        f"host {agent.label} could not read the logs of ranks "
+                        f"{format_ranks(mine)}: {answer.error}"
+                    )
+                lines.extend(answer.lines)
+            return lines
+        finally:
+            for _, _, request_id, _ in asked:
+                self._log_reads.pop(request_id, None)
+
     def send(self, agent: AgentLink, message: Message) -> None:
         self.controller.send_to_agent(agent.identity, self.signer.encode(message))
 
@@ -389,6 +445,10 @@ class HostAgents:
                     worker.returncode = returncode
                     worker.exited.set()
                     group.worker_exited(worker)
+            case LogLines(request_id):
+                waiting = self._log_reads.get(request_id)
+                if waiting is not None and not waiting[0].done():
+                    waiting[0].set_result(message)
             case AgentHello(index, hostname, address, pid, free_port, gpus):
                 if index != agent.index:
                     _log.error("monarch_nb: agent %s said it is host %d", agent.label, index)
@@ -429,6 +489,9 @@ class HostAgents:
             return
         agent.lost = why
         _log.warning("monarch_nb: host %s %s", agent.label, why)
+        for request_id, (future, asked) in list(self._log_reads.items()):
+            if asked is agent and not future.done():
+                future.set_result(LogLines(request_id, (), f"the host {why}"))
         by_group: dict[int, tuple[ProcGroup, list[WorkerProcess]]] = {}
         for group, worker in agent.workers.values():
             by_group.setdefault(group.id, (group, []))[1].append(worker)

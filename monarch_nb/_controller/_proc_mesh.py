@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import importlib
 import itertools
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._common import _refs
+from .._common import _logs, _refs
 from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
 from .._common._future import Future, completed
-from .._common._messages import Spawn
+from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._value_mesh import ValueMesh
@@ -23,9 +25,10 @@ from . import _cells, _data_parallel
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
-from ._events import EventStream, Output, RankState, print_output
+from ._events import EventStream, Output, RankState
 from ._history import History
 from ._interrupt import wait_for
+from ._log_stream import OutputPrinter, check_option
 from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
 from ._recovery import RestartPolicy
 from ._status import MeshState, MeshStatus, RestartRecord
@@ -37,6 +40,7 @@ A = TypeVar("A", bound=Actor)
 _actor_ids = itertools.count(1)
 # A sanity limit on processes per host: far beyond it is a typo, not a plan.
 MAX_PROCS_PER_CPU = 64
+LOG_READ_TIMEOUT_S = 60.0  # for the hosts of a multi-host mesh to send their log lines
 
 
 class ProcMesh(MeshShape):
@@ -176,6 +180,90 @@ class ProcMesh(MeshShape):
         """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""
         self._shape.index_of_rank(rank)  # raises for a rank outside this view
         return self._group.output_tail(rank)
+
+    def logs(
+        self,
+        ranks: Iterable[int] | None = None,
+        *,
+        grep: str | None = None,
+        since: float | str | dt.datetime | dt.timedelta | None = None,
+        level: int | str | None = None,
+        tail: int | None = None,
+    ) -> list[_logs.LogLine]:
+        """What ranks wrote to their log files, oldest first: every line they printed
+        and every ``logging`` record they made, with its level, kept across
+        :meth:`restart` and after a rank died.
+
+        ``ranks`` (default: this view's), ``grep`` (a regular expression),
+        ``since`` (seconds ago, ``"5m"``, ``"2h"``, a datetime), ``level``
+        (``"WARNING"``: records at that level or above) and ``tail`` (the last
+        N matches) narrow it down. Each :class:`~monarch_nb.LogLine` prints as
+        ``[rank] time text``. Files live in ``MONARCH_NB_LOG_DIR/<mesh name>/``
+        (default ``~/.monarch_nb/logs``); see docs/logs.md.
+
+        On a mesh of several hosts, each host's agent reads its ranks' files
+        (within ``LOG_READ_TIMEOUT_S``).
+        """
+        selected = tuple(self._shape.ranks if ranks is None else ranks)
+        for rank in selected:
+            self._shape.index_of_rank(rank)  # raises for a rank outside this view
+        group = self._group
+        root = group.extra_env.get("MONARCH_NB_LOG_DIR")
+        if group.agents is None:
+            return _logs.read(
+                self.name, selected, grep=grep, since=since, level=level, tail=tail, root=root
+            )
+        _, after, minimum = _logs.check_filters(grep, since, level, tail)
+        request = ReadLogs(
+            0,
+            self.name,
+            (),
+            root or os.environ.get("MONARCH_NB_LOG_DIR", ""),
+            grep,
+            None if after is None else after.timestamp(),
+            minimum,
+            tail,
+        )
+        rows = group.agents.read_logs(group, selected, request, LOG_READ_TIMEOUT_S)
+        lines = [
+            _logs.LogLine(rank, dt.datetime.fromisoformat(time), stream, text)
+            for rank, time, stream, text in rows
+        ]
+        return _logs.in_order(lines, tail)
+
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: float | None = None,
+        level: int = logging.INFO,
+    ) -> Future[None]:
+        """How ranks' output prints here (Monarch's call): ``stream_to_client=False``
+        prints nothing (it stays in the log files, :meth:`logs`);
+        ``aggregate_window_sec=W`` holds lines up to W seconds and prints identical
+        ones once with their rank set, ``[0-7] epoch 3 done``.
+
+        Applies to every view of the mesh, in a script and in a notebook (there
+        to the cells run after it). Returns a done future (``await`` works as in
+        Monarch). Monarch's ``level`` is accepted at its default only: every
+        record is kept in the log files with its level instead.
+        """
+        if level != logging.INFO:
+            raise MeshUsageError(
+                f"logging_option(level={level!r}): only the default (logging.INFO) is "
+                "supported; set the ranks' own level in their code "
+                "(logging.getLogger().setLevel(...)), and filter what was kept with "
+                "procs.logs(level='WARNING')"
+            )
+        option = check_option(stream_to_client, aggregate_window_sec)
+        self._group.output_option = option
+        if self._group.printer is not None:
+            self._group.printer.configure(*option)
+        return completed(None)
+
+    @property
+    def output_option(self) -> tuple[bool, float | None]:
+        """``(stream_to_client, aggregate_window_sec)`` as :meth:`logging_option` set them."""
+        return self._group.output_option
 
     def busy_ranks(self) -> list[int]:
         """Ranks of this view running something: calls or cells in flight, or (by
@@ -318,6 +406,8 @@ class ProcMesh(MeshShape):
         as a plain ``procs.stop()``. (``reason`` is accepted as Monarch's is.)
         """
         self._group.stop()
+        if self._group.printer is not None:
+            self._group.printer.flush()
         return completed(None)
 
     def restart(self, ranks: Iterable[int] | None = None, *, replay: bool = False) -> RestartRecord:
@@ -507,7 +597,8 @@ class HostMesh:
             restart=restart,
         )
         if echo_output:
-            group.events.subscribe(print_output, kinds=(Output,))
+            group.printer = OutputPrinter()
+            group.events.subscribe(group.printer, kinds=(Output,))
         group.start()
         return ProcMesh(group, group.shape)
 

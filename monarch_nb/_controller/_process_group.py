@@ -70,6 +70,7 @@ from . import _events as ev
 from ._calls import CallFuture, send_call
 from ._client import Controller
 from ._history import History
+from ._log_stream import OutputPrinter
 from ._oom import OomWitness, describe_oom
 from ._recovery import RestartBudget, RestartPolicy
 
@@ -290,6 +291,9 @@ class ProcGroup:
         self._restart_lock = threading.Lock()
         self._pending_restart: dict[int, str] = {}  # rank -> cause, for the policy's thread
         self._restarter: threading.Thread | None = None
+        self.printer: OutputPrinter | None = None  # prints a script mesh's output
+        # logging_option(): (stream_to_client, aggregate_window_sec), for every printer.
+        self.output_option: tuple[bool, float | None] = (True, None)
 
     # -- starting -------------------------------------------------------------
 

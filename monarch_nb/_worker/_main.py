@@ -52,6 +52,8 @@ from .._common._messages import (
 from .._common._peer import PeerNode, PeerRoute
 from .._common._shape import Shape
 from .._common._wire import Signer, WireStats, decode_payload
+from ._log_file import RankLog
+from ._log_file import install as install_log_file
 from ._wire_thread import WireThread
 
 DEFAULT_HEARTBEAT_S = 1.0
@@ -208,6 +210,7 @@ class Worker:
         self._active: list[int] = []
         self._deferred: deque[Any] = deque()
         self.namespace: Any = None  # a _namespace.RankNamespace once a cell runs
+        self.log: RankLog | None = None  # the rank's log file, flushed after user code
         self._in_user_code = False
         # What the main thread runs now and since when, for heartbeats and status:
         # one tuple, so the wire thread never reads a label with another's start.
@@ -317,6 +320,8 @@ class Worker:
         finally:
             self._in_user_code = False
             self._work = ("", 0.0)
+            if self.log is not None:  # before the reply: a kill after it loses no line
+                self.log.flush()
 
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
@@ -838,7 +843,9 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)
+    log = install_log_file(boot["mesh"], boot["rank"])
     worker = _this_worker = Worker(boot)
+    worker.log = log
     if not os.environ.get("PYTHONBREAKPOINT"):
         # stdin is /dev/null: pdb would quit at once (a bare BdbQuit). The
         # debugger's install_on_worker below replaces this with its prompt.

@@ -169,6 +169,18 @@ class MeshMagics(Magics):
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]
         display(_render.StatusView([m.status() for m in meshes]))
 
+    def _logs(self, args: Any) -> None:
+        mesh = self.registry.get(args.mesh)
+        lines = mesh.logs(
+            ranks=args.ranks,
+            where=args.where,
+            grep=_options.unquote(args.grep),
+            since=_options.unquote(args.since),
+            level=args.level,
+            tail=args.tail,
+        )
+        display(_render.LogView(lines))
+
     def _assign(self, command: str, rest: str) -> None:
         """``%mesh push NAME=EXPR ...`` (every rank gets the value) and ``%mesh scatter
         NAME=EXPR ...`` (each rank gets its chunk)."""

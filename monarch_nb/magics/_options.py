@@ -176,12 +176,25 @@ def off_options() -> None:
     """Run plain cells in this kernel again."""
 
 
+@magic_arguments(name="mesh logs")
+@argument("--tail", type=int, metavar="N", help="the last N matching lines only")
+@argument("--level", metavar="LEVEL", help="logging records at LEVEL or above: WARNING")
+@argument("--since", metavar="WHEN", help="lines since: 30s, 5m, 2h, 1d or an ISO time")
+@argument("--grep", metavar="REGEX", help="lines whose text matches REGEX")
+@_selection_options
+@_mesh_option
+def logs_options() -> None:
+    """Search what ranks printed and logged, kept in a file per rank (across restarts,
+    and after a rank died): %mesh logs --ranks 1 --grep loss --since 5m"""
+
+
 SUBCOMMANDS = {
     "start": start_options,
     "stop": stop_options,
     "restart": restart_options,
     "history": history_options,
     "status": status_options,
+    "logs": logs_options,
     "dashboard": dashboard_options,
     "push": push_options,
     "pull": pull_options,
@@ -255,6 +268,7 @@ def line_help() -> str:
         "  %mesh start --procs 4 --dist gloo   start 4 CPU ranks\n"
         "  %mesh status                        what each rank is doing\n"
         "  %mesh dashboard                     the same, live, with failures\n"
+        "  %mesh logs --grep loss --since 5m   search what ranks printed and logged\n"
         "  %mesh push lr=0.1 / %mesh pull x    move values to / from the ranks\n"
         "  %mesh scatter x=data / gather x     split data across the ranks / join it\n"
         "  %mesh on / %mesh off                run plain cells on the mesh\n"
@@ -267,6 +281,13 @@ def line_help() -> str:
 
 def cell_help() -> str:
     return cell_options.__doc__ or ""
+
+
+def unquote(value: str | None) -> str | None:
+    """``"'logged by'"`` -> ``"logged by"``: IPython's parser keeps an option's quotes."""
+    if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def parse(func: Any, argstring: str) -> Any:

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from .._common._errors import format_ranks
 from .._controller._events import DisplayData, Event, Output, RankFailed
+from .._controller._log_stream import OutputPrinter
 from . import _render
 
 
@@ -115,6 +116,7 @@ class CellOutput:
         *,
         label: str,
         ordered: bool,
+        option: tuple[bool, float | None] = (True, None),
     ) -> None:
         self.router = router
         self.frontend = router.frontend
@@ -132,10 +134,21 @@ class CellOutput:
         self.fail_fast = False
         self._lock = threading.Lock()
         self._early: list[RankFailed] = []  # failures that came before the future
+        # procs.logging_option() (stream_to_client, aggregate_window_sec): lines
+        # dropped, or identical ones folded by rank set.
+        self.stream_to_client, aggregate_window_sec = option
+        self._folder: OutputPrinter | None = None
+        if aggregate_window_sec is not None and not ordered:
+            self._folder = OutputPrinter(
+                lambda stream, text: self.frontend.write(self.parent, stream, text)
+            )
+            self._folder.configure(True, aggregate_window_sec)
 
     # -- I/O thread ------------------------------------------------------------------
 
     def line(self, rank: int, stream: str, text: str, end: str = "\n") -> None:
+        if not self.stream_to_client:
+            return  # in the ranks' log files only (procs.logs())
         if self.ordered:
             if end == "\n":
                 self._items[rank].append((stream, text))
@@ -144,6 +157,9 @@ class CellOutput:
             self._update_progress(rank, text, final=end != "\r")
             return
         self.wrote = True
+        if self._folder is not None:
+            self._folder(Output(self.mesh, rank, stream, text, end))
+            return
         self.frontend.write(self.parent, stream, _render.rank_prefix(rank, text))
 
     def _update_progress(self, rank: int, text: str, *, final: bool) -> None:
@@ -203,6 +219,8 @@ class CellOutput:
         """Write what ordered mode held back, rank by rank, and stop receiving."""
         try:
             self.router.detach(self)
+            if self._folder is not None:
+                self._folder.flush()
             if self._bars:
                 self.frontend.end_progress(self.parent, f"monarch-nb-{id(self)}")
             for rank in self.ranks:
@@ -254,8 +272,16 @@ class OutputRouter:
         self._lock = threading.Lock()
         self._cells: dict[tuple[str, int], deque[CellOutput]] = {}
 
-    def open(self, mesh: str, ranks: tuple[int, ...], *, label: str, ordered: bool) -> CellOutput:
-        cell = CellOutput(self, mesh, ranks, label=label, ordered=ordered)
+    def open(
+        self,
+        mesh: str,
+        ranks: tuple[int, ...],
+        *,
+        label: str,
+        ordered: bool,
+        option: tuple[bool, float | None] = (True, None),
+    ) -> CellOutput:
+        cell = CellOutput(self, mesh, ranks, label=label, ordered=ordered, option=option)
         with self._lock:
             for rank in ranks:
                 self._cells.setdefault((mesh, rank), deque()).append(cell)

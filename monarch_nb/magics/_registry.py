@@ -31,6 +31,7 @@ from .._common._cell_source import compile_cell, next_cell_name
 from .._common._dist import STORE_ENV
 from .._common._errors import MeshUsageError, format_ranks
 from .._common._future import Future
+from .._common._logs import LogLine
 from .._common._value_mesh import ValueMesh
 from .._controller._actor_mesh import ActorMesh
 from .._controller._calls import CallFuture
@@ -204,6 +205,10 @@ class NotebookMesh:
         """``name`` from every selected rank's namespace, as a ValueMesh."""
         return select(self.procs, ranks, where).pull(name)
 
+    def logs(self, *, ranks=None, where=None, **filters: Any) -> list[LogLine]:
+        """The selected ranks' log lines (see ProcMesh.logs: grep, since, level, tail)."""
+        return select(self.procs, ranks, where).logs(**filters)
+
     def scatter(self, name: str, seq: Any, *, ranks=None, where=None) -> None:
         """Each selected rank gets its contiguous chunk of ``seq`` as ``name``
         (see ProcMesh.scatter)."""
@@ -240,7 +245,13 @@ class NotebookMesh:
     def _open(self, view: ProcMesh, label: str, ordered: bool | None) -> CellOutput:
         if ordered is None:
             ordered = self.ordered or deterministic_default()
-        return self.registry.router.open(self.name, view.shape.ranks, label=label, ordered=ordered)
+        return self.registry.router.open(
+            self.name,
+            view.shape.ranks,
+            label=label,
+            ordered=ordered,
+            option=self.procs.output_option,
+        )
 
     def _finish_after_output(
         self, future: Future[Any], cell: CellOutput, on_done: Any

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._common._fold import fold_lines, format_ranks, value_text
+from .._common._logs import LogLine
 from .._common._value_mesh import ValueMesh
 from .._controller._status import MeshStatus, RankStatus
 
@@ -117,6 +118,18 @@ class Notice:
 
     def __repr__(self) -> str:
         return self.text
+
+
+class LogView:
+    """What ``%mesh logs`` shows: one ``[rank] time text`` line per log line."""
+
+    def __init__(self, lines: list[LogLine]) -> None:
+        self.lines = lines
+
+    def __repr__(self) -> str:
+        if not self.lines:
+            return "no log lines matched"
+        return "\n".join(str(line) for line in self.lines)
 
 
 _COLUMNS = ("rank", "host", "pid", "state", "current work", "cpu", "rss")

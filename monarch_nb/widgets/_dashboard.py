@@ -75,7 +75,7 @@ class Dashboard:
     def __init__(self, mesh: Any) -> None:
         import ipywidgets as w
 
-        from ._failures import FailurePanel
+        from ._failures import TAIL_LINES, FailurePanel
         from ._tiles import TileGrid
 
         self.mesh = mesh
@@ -88,6 +88,9 @@ class Dashboard:
             procs.shape.ranks,
             lambda rank: [o.line for o in procs.output_tail(rank)],
             clear=self._clear_failures,
+            search=lambda rank, grep: [
+                str(line) for line in procs.logs(ranks=[rank], grep=grep, tail=TAIL_LINES)
+            ],
         )
         self.widget = w.VBox([self.header, self.grid.widget, self.failures.widget])
         self.widget.add_class("mnb-dashboard")

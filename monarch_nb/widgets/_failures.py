@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import ipywidgets as w
 
 from ._model import FailureRecord
-from ._text import failures_html, output_html
+from ._text import failures_html, output_html, search_html
 
 TAIL_LINES = 30  # of the core's per-rank ring buffer (OUTPUT_TAIL_LINES)
 MAX_RANK_BUTTONS = 8
@@ -26,9 +26,11 @@ class FailurePanel:
         ranks: Sequence[int],
         tail: Callable[[int], list[str]],
         clear: Callable[[], None] | None = None,
+        search: Callable[[int, str], list[str]] | None = None,
     ) -> None:
         self._tail = tail
         self._clear = clear
+        self._search = search
         self.list = w.HTML(failures_html(()))
         self.buttons = w.HBox([])
         self.clear_button = w.Button(
@@ -44,10 +46,22 @@ class FailurePanel:
             description="output of",
             layout=w.Layout(width="180px"),
         )
+        # Searches the picked rank's log file (all it ever wrote, not just the
+        # last lines); run on Enter, not on every key.
+        self.search = w.Text(
+            placeholder="search its log (regex)",
+            continuous_update=False,
+            layout=w.Layout(width="220px", display="" if search else "none"),
+        )
         self.output = w.HTML()
         self.picker.observe(self._on_pick, names="value")
+        self.search.observe(self._on_pick, names="value")
         self.widget = w.VBox(
-            [self.list, w.HBox([self.picker, self.buttons, self.clear_button]), self.output]
+            [
+                self.list,
+                w.HBox([self.picker, self.search, self.buttons, self.clear_button]),
+                self.output,
+            ]
         )
         self.widget.add_class("mnb-failure-panel")
         self._shown: tuple[FailureRecord, ...] = ()
@@ -60,9 +74,22 @@ class FailurePanel:
     def _on_pick(self, change: dict) -> None:
         self.refresh_output()
 
-    def refresh_output(self) -> None:
+    def refresh_output(self, *, searched: bool = True) -> None:
+        """Show the picked rank's last lines, or its log lines matching the search
+        (``searched=False``: leave a search's result as it is, as redraws do)."""
         rank = self.picker.value
-        value = "" if rank is None else output_html(rank, self._tail(rank)[-TAIL_LINES:])
+        pattern = self.search.value.strip()
+        if rank is None:
+            value = ""
+        elif pattern and self._search is not None:
+            if not searched:
+                return
+            try:
+                value = search_html(rank, pattern, self._search(rank, pattern)[-TAIL_LINES:])
+            except Exception as exc:  # a bad regex, a mesh whose files are elsewhere
+                value = search_html(rank, pattern, [], error=str(exc))
+        else:
+            value = output_html(rank, self._tail(rank)[-TAIL_LINES:])
         if self.output.value != value:
             self.output.value = value
 
@@ -86,7 +113,7 @@ class FailurePanel:
                     button.close()
             self.clear_button.layout.display = "" if failures else "none"
         if self.picker.value is not None:
-            self.refresh_output()
+            self.refresh_output(searched=False)  # a search reads files: only when asked
 
     def _button(self, rank: int) -> w.Button:
         button = w.Button(
@@ -98,6 +125,6 @@ class FailurePanel:
     def close(self) -> None:
         for child in self.buttons.children:
             child.close()
-        widgets = (self.list, self.buttons, self.clear_button, self.picker, self.output)
-        for widget in (*widgets, self.widget):
+        widgets = [self.list, self.buttons, self.clear_button, self.picker, self.search]
+        for widget in (*widgets, self.output, self.widget):
             widget.close()

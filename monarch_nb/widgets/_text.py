@@ -228,3 +228,16 @@ def output_html(rank: int, lines: Sequence[str]) -> str:
         f"{rank}</small><pre style='max-height:16em;overflow:auto;font-size:11px;margin:0'>"
         f"{body}</pre></div>"
     )
+
+
+def search_html(rank: int, pattern: str, lines: Sequence[str], error: str = "") -> str:
+    """The dashboard's search result: ``rank``'s log lines matching ``pattern``."""
+    if error:
+        body = html.escape(error)
+    else:
+        body = html.escape("\n".join(lines)) if lines else "(no line matched)"
+    return (
+        f'<div class="mnb-output mnb-search" data-rank="{rank}"><small>last {len(lines)} '
+        f"lines of rank {rank}'s log matching {html.escape(repr(pattern))}</small>"
+        f"<pre style='max-height:16em;overflow:auto;font-size:11px;margin:0'>{body}</pre></div>"
+    )
