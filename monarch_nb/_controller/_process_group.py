@@ -71,6 +71,8 @@ HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
 STOP_GRACE_S = 5.0
 KILL_WAIT_S = 10.0  # after SIGKILL: at once locally; a remote exit is reported by its agent
 _STDERR_TAIL_LINES = 20
+_FAULT_HEADER = "Fatal Python error:"  # how faulthandler's report starts
+_FAULT_REPORT_LINES = 200
 OUTPUT_TAIL_LINES = 200  # per rank, for status views of what a rank printed last
 # Modules every worker started from now on imports first and calls
 # ``install_on_worker(worker)`` of: how layers above the core (the debugger)
@@ -143,6 +145,9 @@ class WorkerProcess:
         self.lost: str | None = None  # why its host stopped answering, if it did
         self.partial = {"stdout": b"", "stderr": b""}
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
+        # What faulthandler printed when the process crashed (a segfault, an abort):
+        # from its "Fatal Python error" line on, every thread's Python stack.
+        self.fault_report: list[str] = []
         self.output_tail: deque[ev.Output] = deque(maxlen=OUTPUT_TAIL_LINES)
         # The last two heartbeats (monotonic time, sample): CPU % is their slope.
         self.heartbeat: tuple[float, ResourceSample] | None = None
@@ -627,6 +632,10 @@ class ProcGroup:
             worker.output_tail.append(output)
             if stream == "stderr":
                 worker.stderr_tail.append(line)
+                if line.startswith(_FAULT_HEADER):
+                    worker.fault_report = [line]
+                elif worker.fault_report and len(worker.fault_report) < _FAULT_REPORT_LINES:
+                    worker.fault_report.append(line)
         self.events.emit(output)
 
     def _drain(self, worker: LocalWorker) -> None:
@@ -659,6 +668,9 @@ class ProcGroup:
         what = f" while running {', '.join(running)}" if running else ""
         if worker.rank in self.ready_ranks:
             consequence = f"the mesh is failed: {restart_hint(self.name)} for fresh processes"
+            if worker.fault_report:
+                consequence += "; its Python stacks when it crashed (faulthandler):\n  "
+                consequence += "\n  ".join(worker.fault_report)
         else:
             consequence = "so the mesh failed to start"
             if worker.stderr_tail:
@@ -704,7 +716,13 @@ class ProcGroup:
         cause = worker.lost or describe_exit(worker.returncode)
         if not stopping:
             self.events.emit(
-                ev.RankFailed(self.name, worker.rank, cause, returncode=worker.returncode)
+                ev.RankFailed(
+                    self.name,
+                    worker.rank,
+                    cause,
+                    traceback="\n".join(worker.fault_report),
+                    returncode=worker.returncode,
+                )
             )
         self.events.emit(ev.RankStateChanged(self.name, worker.rank, state, cause))
 
