@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         MeshFailure,
         MeshUsageError,
         MonarchNbError,
+        ProfilerUnavailable,
         RemoteError,
         RemoteFailure,
         SerializationError,
@@ -50,9 +51,11 @@ if TYPE_CHECKING:
     from ._common._shape import Extent, Point, Shape
     from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
+    from ._controller._diagnose import Diagnosis
     from ._controller._events import RankState
     from ._controller._launchers import attach, slurm_hosts, ssh_hosts
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
+    from ._controller._stacks import Profile, Stacks
     from ._controller._status import MeshState, MeshStatus, RankStatus
     from .debug._remote import breakpoint
     from .tensor._active import get_active_mesh, no_mesh
@@ -81,6 +84,7 @@ _DEFINED_IN = {
     "CallTimeout": "_common._errors",
     "CellError": "_common._errors",
     "Context": "_common._context",
+    "Diagnosis": "_controller._diagnose",
     "Endpoint": "_controller._actor_mesh",
     "EndpointError": "_common._errors",
     "Extent": "_common._shape",
@@ -96,6 +100,8 @@ _DEFINED_IN = {
     "Port": "_common._ports",
     "PortReceiver": "_common._ports",
     "ProcMesh": "_controller._proc_mesh",
+    "Profile": "_controller._stacks",
+    "ProfilerUnavailable": "_common._errors",
     "RankState": "_controller._events",
     "RankStatus": "_controller._status",
     "RemoteError": "_common._errors",
@@ -104,6 +110,7 @@ _DEFINED_IN = {
     "SerializationError": "_common._errors",
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",
+    "Stacks": "_controller._stacks",
     "Stream": "tensor._streams",
     "ValueMesh": "_common._value_mesh",
     "attach": "_controller._launchers",
@@ -183,6 +190,7 @@ __all__ = [
     "CellError",
     "Channel",
     "Context",
+    "Diagnosis",
     "Endpoint",
     "EndpointError",
     "Extent",
@@ -198,6 +206,8 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "Profile",
+    "ProfilerUnavailable",
     "RankState",
     "RankStatus",
     "RemoteError",
@@ -206,6 +216,7 @@ __all__ = [
     "SerializationError",
     "Shape",
     "SpawnError",
+    "Stacks",
     "Stream",
     "ValueMesh",
     "attach",
