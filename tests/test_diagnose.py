@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from monarch_nb import this_host
+from monarch_nb import MeshFailure, this_host
 from monarch_nb._controller._diagnose import Diagnosis, classify, parse_python_stack
 
 pytestmark = pytest.mark.timeout(240)
@@ -85,5 +85,29 @@ def test_gloo_all_reduce_that_one_rank_never_joins():
         assert ":2 in never_joins" in text
         assert "rank 1 never entered all_reduce" in text
         assert "Python stack" in text  # says what it was read from
+    finally:
+        procs.stop()
+
+
+def test_a_timed_out_cell_stuck_in_a_collective_says_where_the_ranks_were():
+    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
+    try:
+        procs.run(
+            "import torch, torch.distributed as dist\ndist.init_process_group('gloo')",
+            timeout=120,
+        )
+        source = (
+            "import time\n"
+            "x = torch.ones(2)\n"
+            "if rank == 1:\n"
+            "    time.sleep(600)\n"
+            "dist.all_reduce(x)\n"
+        )
+        with pytest.raises(MeshFailure, match=r"rank\(s\) 0,2 did not stop") as info:
+            procs.run(source, timeout=10)
+        text = str(info.value)
+        assert "where the ranks were before the kill:" in text
+        assert "ranks 0,2 waiting in all_reduce" in text
+        assert "rank 1 never entered all_reduce" in text
     finally:
         procs.stop()

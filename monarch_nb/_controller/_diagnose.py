@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._common._fold import fold, format_ranks
 from .._common._messages import StatusReply
 from .._common._public import publish
 from . import _py_spy
-from ._process_group import ProcGroup
 from ._stacks import query
+
+if TYPE_CHECKING:
+    from ._process_group import ProcGroup
 
 # The collectives of torch.distributed (distributed_c10d.py): the outermost such
 # frame is what user code called (all_gather_object calls all_gather inside).
@@ -214,7 +217,11 @@ def _label(ranks: tuple[int, ...] | list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
-def diagnose(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> Diagnosis:
+def diagnose(
+    group: ProcGroup, ranks: tuple[int, ...], timeout: float, *, py_spy: bool = True
+) -> Diagnosis:
+    """Place every rank of ``ranks``; ``py_spy``: read a rank that cannot answer from
+    outside (up to ``_py_spy.DUMP_TIMEOUT_S``), where py-spy is installed."""
     answers = query(group, ranks, timeout)
     places = []
     used_py_spy = False
@@ -225,7 +232,7 @@ def diagnose(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> Diagno
             continue
         worker = group.workers[rank]
         note = answer.removeprefix("<no stack: ").removesuffix(">")
-        if worker.returncode is None and worker.route is None:
+        if py_spy and worker.returncode is None and worker.route is None:
             try:
                 dump = _py_spy.dump(worker.pid, rank, native=False)
             except Exception as exc:  # py-spy missing or refused: say why, go on

@@ -62,7 +62,7 @@ from ._client import Controller
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
-from ._status import MeshState, MeshStatus, RankStatus
+from ._status import MeshState, MeshStatus, RankStatus, describe_exit
 
 _log = logging.getLogger("monarch_nb")
 _group_ids = itertools.count(1)
@@ -109,17 +109,6 @@ class Stopped:
 
 
 State = Starting | Running | Failed | Stopped
-
-
-def describe_exit(returncode: int) -> str:
-    """``-9`` -> ``"was killed by signal SIGKILL"``; ``3`` -> ``"exited with code 3"``."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = str(-returncode)
-        return f"was killed by signal {name}"
-    return f"exited with code {returncode}"
 
 
 def free_port(host: str) -> int:

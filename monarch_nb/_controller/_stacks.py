@@ -12,14 +12,17 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._common._errors import MeshUsageError
 from .._common._fold import MAX_GROUPS_SHOWN, fold, format_ranks, more
 from .._common._messages import StatusReply
 from .._common._public import publish
 from . import _py_spy
-from ._process_group import ProcGroup, describe_exit
+from ._status import describe_exit
+
+if TYPE_CHECKING:
+    from ._process_group import ProcGroup
 
 
 def _label(ranks: Iterable[int]) -> str:
