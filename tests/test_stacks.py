@@ -127,6 +127,15 @@ def test_refused_ptrace_says_what_to_do(tmp_path: Path, monkeypatch):
     assert info.value.ranks == (3,)
 
 
+def test_ranks_on_another_host_are_named_with_what_to_do_there():
+    pids = {0: os.getpid(), 1: None, 2: None}
+    hosts = {0: "here", 1: "node2", 2: "node2"}
+    with pytest.raises(ProfilerUnavailable, match=r"ranks 1-2 run on node2 through a host") as info:
+        _py_spy.check_local(pids, hosts)
+    assert "py-spy dump --native --pid PID" in str(info.value)
+    assert info.value.ranks == (1, 2)
+
+
 # -- real ranks ---------------------------------------------------------------------------
 
 

@@ -110,11 +110,13 @@ def check_local(pids: dict[int, int | None], hosts: dict[int, str]) -> None:
     remote = sorted(r for r, pid in pids.items() if pid is None)
     if remote:
         where = sorted({hosts[r] for r in remote})
+        which = (
+            f"rank {remote[0]} runs" if len(remote) == 1 else f"ranks {format_ranks(remote)} run"
+        )
         raise ProfilerUnavailable(
-            f"native stacks and profiles run py-spy on the controller's host; ranks "
-            f"{format_ranks(remote)} run on {', '.join(where)} through a host agent, which "
-            "does not run py-spy yet: run `py-spy dump --native --pid PID` there "
-            "(procs.status() lists each rank's pid)",
+            f"native stacks and profiles run py-spy on the controller's host; {which} on "
+            f"{', '.join(where)} through a host agent, which does not run py-spy yet: run "
+            "`py-spy dump --native --pid PID` there (procs.status() lists each rank's pid)",
             ranks=remote,
         )
     executable()  # fail once, up front, if py-spy is missing
