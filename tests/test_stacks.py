@@ -1,4 +1,4 @@
-"""controller/_stacks and _py_spy: Python and native stacks grouped by rank set,
+"""controller/_stacks and common/_py_spy: Python and native stacks grouped by rank set,
 profiles, and what is said when py-spy cannot run."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from monarch_nb import ProfilerUnavailable, Stacks, this_host
-from monarch_nb._controller import _py_spy
+from monarch_nb._common import _py_spy
 from monarch_nb._controller._stacks import normalize_py_spy
 
 pytestmark = pytest.mark.timeout(180)
@@ -127,13 +127,11 @@ def test_refused_ptrace_says_what_to_do(tmp_path: Path, monkeypatch):
     assert info.value.ranks == (3,)
 
 
-def test_ranks_on_another_host_are_named_with_what_to_do_there():
-    pids = {0: os.getpid(), 1: None, 2: None}
-    hosts = {0: "here", 1: "node2", 2: "node2"}
-    with pytest.raises(ProfilerUnavailable, match=r"ranks 1-2 run on node2 through a host") as info:
-        _py_spy.check_local(pids, hosts)
-    assert "py-spy dump --native --pid PID" in str(info.value)
-    assert info.value.ranks == (1, 2)
+def test_py_spy_missing_on_another_host_names_that_host():
+    outcome = _py_spy.Outcome(_py_spy.NOT_INSTALLED, "", "py-spy is not installed")
+    with pytest.raises(ProfilerUnavailable, match=r"not installed on host node2 \(") as info:
+        _py_spy.check(outcome, rank=5, pid=1234, host="node2")
+    assert info.value.ranks == (5,)
 
 
 # -- real ranks ---------------------------------------------------------------------------

@@ -246,9 +246,9 @@ class CallCancelled(MonarchNbError):
 
 
 class ProfilerUnavailable(MonarchNbError, RuntimeError):
-    """py-spy (native stacks, profiles) cannot run: it is not installed, the OS
-    refused to let it attach (ptrace), or the ranks run on another host.
-    ``.ranks`` are the ranks it could not reach; the message says what to do."""
+    """py-spy (native stacks, profiles) cannot run: it is not installed (here, or on
+    a rank's host), or the OS refused to let it attach (ptrace). ``.ranks`` are
+    the ranks it could not reach; the message says what to do."""
 
     def __init__(self, message: str, *, ranks: Sequence[int] = ()):
         super().__init__(message)

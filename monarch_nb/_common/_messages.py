@@ -438,6 +438,36 @@ class WorkerExited(Message):
 
 @_message
 @dataclass(frozen=True, slots=True)
+class PySpyRequest(Message):
+    """Run py-spy on one of the agent's workers (``mode``: "dump" or "record"); the
+    agent answers with a PySpyReply of the same ``request_id``."""
+
+    TAG: ClassVar[int] = 69
+    request_id: int
+    identity: str
+    mode: str
+    native: bool
+    seconds: int
+    fmt: str
+    rate: int
+    timeout: float
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class PySpyReply(Message):
+    """What py-spy gave on the agent's host (see ``_py_spy.Outcome``)."""
+
+    TAG: ClassVar[int] = 70
+    request_id: int
+    returncode: int
+    stdout: str
+    stderr: str
+    data: bytes
+
+
+@_message
+@dataclass(frozen=True, slots=True)
 class AgentAttach(Message):
     """The controller's first word to an agent it connected to (``attach``), with
     the address it reached the agent at (what other hosts should use)."""

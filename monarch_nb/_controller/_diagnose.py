@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING
 from .._common._fold import fold, format_ranks
 from .._common._messages import StatusReply
 from .._common._public import publish
-from . import _py_spy
-from ._stacks import query
+from ._stacks import query, run_py_spy
 
 if TYPE_CHECKING:
     from ._process_group import ProcGroup
@@ -221,7 +220,7 @@ def diagnose(
     group: ProcGroup, ranks: tuple[int, ...], timeout: float, *, py_spy: bool = True
 ) -> Diagnosis:
     """Place every rank of ``ranks``; ``py_spy``: read a rank that cannot answer from
-    outside (up to ``_py_spy.DUMP_TIMEOUT_S``), where py-spy is installed."""
+    outside with py-spy (up to 30 s), where py-spy is installed."""
     answers = query(group, ranks, timeout)
     places = []
     used_py_spy = False
@@ -232,9 +231,9 @@ def diagnose(
             continue
         worker = group.workers[rank]
         note = answer.removeprefix("<no stack: ").removesuffix(">")
-        if py_spy and worker.returncode is None and worker.route is None:
+        if py_spy and worker.returncode is None:
             try:
-                dump = _py_spy.dump(worker.pid, rank, native=False)
+                dump = run_py_spy(group, rank, mode="dump", native=False).stdout
             except Exception as exc:  # py-spy missing or refused: say why, go on
                 note += f"; py-spy could not read it either: {exc}"
             else:

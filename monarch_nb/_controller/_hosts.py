@@ -32,8 +32,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .._common import _keys, _network
+from .._common import _keys, _network, _py_spy
 from .._common._errors import MeshFailure, MeshUsageError
+from .._common._future import Future
 from .._common._messages import (
     AgentHeartbeat,
     AgentHello,
@@ -41,6 +42,8 @@ from .._common._messages import (
     KillWorkers,
     LaunchWorkers,
     Message,
+    PySpyReply,
+    PySpyRequest,
     UnknownMessage,
     WorkerExited,
     WorkerOutput,
@@ -55,6 +58,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("monarch_nb")
 _host_mesh_ids = itertools.count(1)
+_py_spy_request_ids = itertools.count(1)
+_PY_SPY_RELAY_S = 10.0  # beyond py-spy's own time limit: the trip to the agent and back
 HOST_TIMEOUT_S = float(os.environ.get("MONARCH_NB_HOST_TIMEOUT", "5.0"))
 _LAUNCHER_TAIL_LINES = 20
 # Variables the controller's environment passes on to remote workers: our own
@@ -80,6 +85,21 @@ class RemoteWorker(WorkerProcess):
 
     def wait(self, timeout: float | None) -> bool:
         return self.exited.wait(timeout)
+
+    def py_spy(self, **options: Any) -> _py_spy.Outcome:
+        # Run by this host's agent; its answer comes back as a PySpyReply.
+        timeout = options["timeout"]
+        future = self.agent.hosts.py_spy(self, **options)
+        try:
+            return future.get(timeout=timeout + _PY_SPY_RELAY_S)
+        except TimeoutError:
+            requests = self.agent.hosts.py_spy_requests
+            for request_id, pending in list(requests.items()):
+                if pending is future:
+                    requests.pop(request_id, None)
+            return _py_spy.Outcome(
+                _py_spy.TIMED_OUT, "", f"no answer from the agent on {self.agent.label}"
+            )
 
 
 class LauncherProcess:
@@ -153,6 +173,7 @@ class HostAgents:
         self.endpoint = ""  # the controller's CURVE endpoint for them (not for attach)
         self.shut_down = False
         self._ports_used = 0
+        self.py_spy_requests: dict[int, Future[_py_spy.Outcome]] = {}
         controller.host_meshes.add(self)
         for agent in self.agents:
             controller.add_agent(agent.identity, agent)
@@ -312,6 +333,24 @@ class HostAgents:
     def send(self, agent: AgentLink, message: Message) -> None:
         self.controller.send_to_agent(agent.identity, self.signer.encode(message))
 
+    def py_spy(self, worker: RemoteWorker, **options: Any) -> Future[_py_spy.Outcome]:
+        """Ask ``worker``'s agent to run py-spy on it (see ``_py_spy.execute``)."""
+        future: Future[_py_spy.Outcome] = Future()
+        request_id = next(_py_spy_request_ids)
+        self.py_spy_requests[request_id] = future
+        request = PySpyRequest(
+            request_id,
+            worker.identity.decode(),
+            options["mode"],
+            options["native"],
+            options.get("seconds", 0),
+            options.get("fmt", "flamegraph"),
+            options.get("rate", 100),
+            options["timeout"],
+        )
+        self.send(worker.agent, request)
+        return future
+
     def shutdown(self, grace: float = 5.0) -> None:
         """Stop the process meshes on these hosts, then every agent and the
         launchers (blocking)."""
@@ -389,6 +428,10 @@ class HostAgents:
                     worker.returncode = returncode
                     worker.exited.set()
                     group.worker_exited(worker)
+            case PySpyReply(request_id, returncode, stdout, stderr, data):
+                future = self.py_spy_requests.pop(request_id, None)
+                if future is not None:
+                    future.set_result(_py_spy.Outcome(returncode, stdout, stderr, data))
             case AgentHello(index, hostname, address, pid, free_port, gpus):
                 if index != agent.index:
                     _log.error("monarch_nb: agent %s said it is host %d", agent.label, index)

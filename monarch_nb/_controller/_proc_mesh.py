@@ -127,9 +127,9 @@ class ProcMesh(MeshShape):
 
         ``native=True`` reads every thread's Python and native (C/C++) frames
         from outside with py-spy (``pip install py-spy``), so a rank spinning in C
-        shows where. Raises :class:`~monarch_nb.ProfilerUnavailable` saying what
-        to do if py-spy is missing, the OS refuses it (ptrace), or ranks run on
-        another host.
+        shows where; on a multi-host mesh each host's agent runs it. Raises
+        :class:`~monarch_nb.ProfilerUnavailable` saying what to do if py-spy is
+        missing (here or on a rank's host) or the OS refuses it (ptrace).
         """
         ranks = self._shape.ranks
         if native:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._common import _context, _peer, _refs, _rundir
+from .._common import _context, _peer, _py_spy, _refs, _rundir
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError
 from .._common._future import Future
 from .._common._hints import restart_hint
@@ -157,6 +157,10 @@ class WorkerProcess:
         """Wait until it exited; False if still running after ``timeout`` s."""
         raise NotImplementedError
 
+    def py_spy(self, **options: Any) -> _py_spy.Outcome:
+        """Run py-spy on it, on its host (see ``_py_spy.execute``; any thread, blocking)."""
+        raise NotImplementedError
+
 
 class LocalWorker(WorkerProcess):
     """A worker this process started: a child with a pidfd and two pipes."""
@@ -176,6 +180,9 @@ class LocalWorker(WorkerProcess):
         except subprocess.TimeoutExpired:
             return False
         return True
+
+    def py_spy(self, **options: Any) -> _py_spy.Outcome:
+        return _py_spy.execute(self.pid, **options)
 
 
 class ProcGroup:

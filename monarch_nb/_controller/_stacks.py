@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._common import _py_spy
 from .._common._errors import MeshUsageError
 from .._common._fold import MAX_GROUPS_SHOWN, fold, format_ranks, more
 from .._common._messages import StatusReply
 from .._common._public import publish
-from . import _py_spy
 from ._status import describe_exit
 
 if TYPE_CHECKING:
@@ -127,24 +127,35 @@ def python_stacks(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> S
     return Stacks({r: a.stack if isinstance(a, StatusReply) else a for r, a in answers.items()})
 
 
-def local_pids(group: ProcGroup, ranks: tuple[int, ...]) -> dict[int, int | None]:
-    """Each rank's pid on this host; None for a rank a host agent runs elsewhere."""
-    return {r: group.workers[r].pid if group.workers[r].route is None else None for r in ranks}
+def run_py_spy(group: ProcGroup, rank: int, **options: Any) -> _py_spy.Outcome:
+    """py-spy on ``rank``, run on its host (here, or by its host's agent); raises
+    ProfilerUnavailable or PySpyFailed (see ``_py_spy.check``)."""
+    worker = group.workers[rank]
+    options.setdefault("timeout", _py_spy.DUMP_TIMEOUT_S)
+    outcome = worker.py_spy(**options)
+    host = None if worker.route is None else worker.host
+    return _py_spy.check(outcome, rank=rank, pid=worker.pid, host=host)
+
+
+def _check_here(group: ProcGroup, ranks: tuple[int, ...]) -> None:
+    """Fail once, up front, if py-spy is missing here and some rank runs here."""
+    if any(group.workers[r].route is None for r in ranks):
+        _py_spy.executable()
 
 
 def native_stacks(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> Stacks:
     """py-spy dumps (Python and native frames of every thread), in parallel."""
-    pids = local_pids(group, ranks)
-    _py_spy.check_local(pids, {r: group.workers[r].host for r in ranks})
+    _check_here(group, ranks)
 
     def one(rank: int) -> str:
         worker = group.workers[rank]
         if worker.returncode is not None:
             return f"<no stack: the process {describe_exit(worker.returncode)}>"
         try:
-            return normalize_py_spy(_py_spy.dump(worker.pid, rank, timeout=timeout))
+            outcome = run_py_spy(group, rank, mode="dump", native=True, timeout=timeout)
         except _py_spy.PySpyFailed as exc:
             return f"<no stack: {exc}>"
+        return normalize_py_spy(outcome.stdout)
 
     return Stacks(_py_spy.each(ranks, one), native=True)
 
@@ -220,8 +231,7 @@ def profile(
     if not seconds > 0:
         raise MeshUsageError(f"seconds must be positive, got {seconds!r}")
     whole = max(1, math.ceil(seconds))  # py-spy records whole seconds
-    pids = local_pids(group, ranks)
-    _py_spy.check_local(pids, {r: group.workers[r].host for r in ranks})
+    _check_here(group, ranks)
     notes: dict[int, str] = {}
 
     def one(rank: int) -> bytes | None:
@@ -230,9 +240,16 @@ def profile(
             notes[rank] = f"the process {describe_exit(worker.returncode)}"
             return None
         try:
-            data = _py_spy.record(
-                worker.pid, rank, seconds=whole, fmt=format, native=native, rate=rate
-            )
+            data = run_py_spy(
+                group,
+                rank,
+                mode="record",
+                native=native,
+                seconds=whole,
+                fmt=format,
+                rate=rate,
+                timeout=whole + _py_spy.DUMP_TIMEOUT_S,
+            ).data
         except _py_spy.PySpyFailed as exc:
             notes[rank] = str(exc)
             return None
