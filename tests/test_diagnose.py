@@ -111,3 +111,34 @@ def test_a_timed_out_cell_stuck_in_a_collective_says_where_the_ranks_were():
         assert "rank 1 never entered all_reduce" in text
     finally:
         procs.stop()
+
+
+def test_a_rank_stuck_in_c_holding_the_gil_is_read_with_py_spy():
+    from monarch_nb._common import _py_spy
+
+    if _py_spy.find() is None:
+        pytest.skip("py-spy is not installed here")
+    procs = this_host().spawn_procs(per_host={"procs": 2}, echo_output=False)
+    try:
+        procs.slice(procs=1).exec(
+            "import re\n"
+            "def spin_in_c():\n"
+            "    re.match(r'(a*)*b', 'a' * 64)  # backtracking in _sre, GIL held\n"
+            "spin_in_c()\n"
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            report = procs.diagnose(timeout=1)
+            place = report.places[1]
+            if "could not read it" in place.note:
+                pytest.skip(f"py-spy cannot attach here: {place.note}")
+            if place.stuck and place.frame is not None and place.frame.function == "spin_in_c":
+                break
+            assert time.monotonic() < deadline, f"rank 1 never seen in spin_in_c:\n{report}"
+        text = str(report)
+        assert "rank 1 in <mesh-cell-" in text
+        assert "in spin_in_c, stuck in C holding the GIL (read with py-spy)" in text
+        assert "py-spy for ranks that could not answer" in text
+        assert "rank 0 idle" in text
+    finally:
+        procs.stop()

@@ -318,6 +318,7 @@ class Agent:
                 fmt=request.fmt,
                 rate=request.rate,
                 timeout=request.timeout,
+                full_filenames=request.full_filenames,
             )
             self._py_spy_finished(request.request_id, outcome)
 

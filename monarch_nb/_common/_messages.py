@@ -451,6 +451,7 @@ class PySpyRequest(Message):
     fmt: str
     rate: int
     timeout: float
+    full_filenames: bool
 
 
 @_message

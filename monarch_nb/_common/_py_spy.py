@@ -79,13 +79,16 @@ def execute(
     fmt: str = "flamegraph",
     rate: int = 100,
     timeout: float = DUMP_TIMEOUT_S,
+    full_filenames: bool = False,
 ) -> Outcome:
     """Run ``py-spy dump`` (``mode="dump"``) or ``py-spy record`` for ``seconds`` on
-    ``pid``, a process of this host; never raises."""
+    ``pid``, a process of this host; never raises. ``full_filenames``: whole paths,
+    not py-spy's short ``package/module.py``."""
     binary = find()
     if binary is None:
         return Outcome(NOT_INSTALLED, "", "py-spy is not installed")
     args = [binary, mode, "--pid", str(pid)] + (["--native"] if native else [])
+    args += ["--full-filenames"] if full_filenames else []
     with tempfile.TemporaryDirectory(prefix="monarch-nb-py-spy-") as tmp:
         out = Path(tmp) / "profile"
         if mode == "record":

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .._common import _py_spy
 from .._common._fold import fold, format_ranks
 from .._common._messages import StatusReply
 from .._common._public import publish
@@ -124,10 +125,11 @@ class RankPlace:
     work: str
     seconds: float
     note: str = ""
+    stuck: bool = False  # it could not answer: read from outside with py-spy
 
     @property
     def idle(self) -> bool:
-        return not self.work and self.collective is None and not self.note
+        return not (self.work or self.collective or self.note or self.stuck)
 
     def where(self) -> str:
         if self.note:
@@ -135,20 +137,24 @@ class RankPlace:
         if self.idle:
             return "idle (running no call or cell)"
         place = f"in {self.frame}" if self.frame is not None else "in monarch_nb's own code"
+        if self.stuck:
+            return f"{place}, stuck in C holding the GIL (read with py-spy)"
         return f"{place}, running {self.work} for {self.seconds:.1f} s"
 
 
-def classify(rank: int, frames: list[Frame], work: str, seconds: float) -> RankPlace:
+def classify(
+    rank: int, frames: list[Frame], work: str, seconds: float, *, stuck: bool = False
+) -> RankPlace:
     """Place a rank by its main-thread frames (outermost first)."""
     collective = None
     for i, frame in enumerate(frames):
         if frame.file.endswith(_C10D) and frame.function in COLLECTIVES:
             caller = next((f for f in reversed(frames[:i]) if not _is_library(f.file)), None)
-            return RankPlace(rank, frame.function, caller, work, seconds)
+            return RankPlace(rank, frame.function, caller, work, seconds, stuck=stuck)
     user = next((f for f in reversed(frames) if not _is_library(f.file)), None)
-    if user is None and frames and work:
+    if user is None and frames and (work or stuck):
         user = frames[-1]  # only library frames: say the innermost one
-    return RankPlace(rank, collective, user, work, seconds)
+    return RankPlace(rank, collective, user, work, seconds, stuck=stuck)
 
 
 @dataclass(frozen=True)
@@ -216,32 +222,39 @@ def _label(ranks: tuple[int, ...] | list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
+def _dump_or_why(group: ProcGroup, rank: int) -> list[Frame] | str:
+    """The main thread's frames of ``rank`` read by py-spy, or why it could not."""
+    try:
+        return parse_py_spy_main_thread(
+            run_py_spy(group, rank, mode="dump", native=False, full_filenames=True).stdout
+        )
+    except Exception as exc:  # py-spy missing or refused: say why, go on
+        return str(exc)
+
+
 def diagnose(
     group: ProcGroup, ranks: tuple[int, ...], timeout: float, *, py_spy: bool = True
 ) -> Diagnosis:
     """Place every rank of ``ranks``; ``py_spy``: read a rank that cannot answer from
     outside with py-spy (up to 30 s), where py-spy is installed."""
     answers = query(group, ranks, timeout)
+    silent = [r for r, a in answers.items() if not isinstance(a, StatusReply)]
+    live = [r for r in silent if group.workers[r].returncode is None] if py_spy else []
+    dumps = _py_spy.each(live, lambda rank: _dump_or_why(group, rank))
     places = []
-    used_py_spy = False
     for rank, answer in answers.items():
         if isinstance(answer, StatusReply):
             frames = parse_python_stack(answer.stack)
             places.append(classify(rank, frames, answer.work, answer.work_seconds))
             continue
-        worker = group.workers[rank]
         note = answer.removeprefix("<no stack: ").removesuffix(">")
-        if py_spy and worker.returncode is None:
-            try:
-                dump = run_py_spy(group, rank, mode="dump", native=False).stdout
-            except Exception as exc:  # py-spy missing or refused: say why, go on
-                note += f"; py-spy could not read it either: {exc}"
-            else:
-                used_py_spy = True
-                frames = parse_py_spy_main_thread(dump)
-                places.append(classify(rank, frames, "(stuck in C holding the GIL)", 0.0))
-                continue
-        places.append(RankPlace(rank, None, None, "", 0.0, note=note))
+        dump = dumps.get(rank)
+        if isinstance(dump, list):
+            places.append(classify(rank, dump, "", 0.0, stuck=True))
+        else:
+            note += f"; py-spy could not read it either: {dump}" if dump else ""
+            places.append(RankPlace(rank, None, None, "", 0.0, note=note))
+    used_py_spy = any(isinstance(d, list) for d in dumps.values())
     source = "each rank's Python stack"
     if used_py_spy:
         source += " (py-spy for ranks that could not answer)"

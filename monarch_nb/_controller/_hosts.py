@@ -347,6 +347,7 @@ class HostAgents:
             options.get("fmt", "flamegraph"),
             options.get("rate", 100),
             options["timeout"],
+            options.get("full_filenames", False),
         )
         self.send(worker.agent, request)
         return future
