@@ -287,6 +287,9 @@ class StatusReply(Message):
     work: str
     work_seconds: float
     stack: str  # the main thread's Python stack, innermost last
+    # torch.distributed collectives the default process group has issued (its
+    # sequence number), or -1 when torch.distributed is not in use.
+    collectives: int = -1
 
 
 @_message

@@ -126,6 +126,7 @@ class RankPlace:
     seconds: float
     note: str = ""
     stuck: bool = False  # it could not answer: read from outside with py-spy
+    collectives: int = -1  # collectives its default process group issued, if known
 
     @property
     def idle(self) -> bool:
@@ -137,24 +138,39 @@ class RankPlace:
         if self.idle:
             return "idle (running no call or cell)"
         place = f"in {self.frame}" if self.frame is not None else "in monarch_nb's own code"
+        issued = f"; {self.collectives} collective(s) issued" if self.collectives >= 0 else ""
         if self.stuck:
-            return f"{place}, stuck in C holding the GIL (read with py-spy)"
-        return f"{place}, running {self.work} for {self.seconds:.1f} s"
+            return f"{place}, stuck in C holding the GIL (read with py-spy){issued}"
+        return f"{place}, running {self.work} for {self.seconds:.1f} s{issued}"
+
+    def collective_label(self) -> str:
+        """``all_reduce #41``: its name and, where known, which of the group's
+        collectives it is (the process group's sequence number)."""
+        number = f" #{self.collectives}" if self.collectives > 0 else ""
+        return f"{self.collective}{number}"
 
 
 def classify(
-    rank: int, frames: list[Frame], work: str, seconds: float, *, stuck: bool = False
+    rank: int,
+    frames: list[Frame],
+    work: str,
+    seconds: float,
+    *,
+    stuck: bool = False,
+    collectives: int = -1,
 ) -> RankPlace:
     """Place a rank by its main-thread frames (outermost first)."""
     collective = None
     for i, frame in enumerate(frames):
         if frame.file.endswith(_C10D) and frame.function in COLLECTIVES:
             caller = next((f for f in reversed(frames[:i]) if not _is_library(f.file)), None)
-            return RankPlace(rank, frame.function, caller, work, seconds, stuck=stuck)
+            return RankPlace(
+                rank, frame.function, caller, work, seconds, stuck=stuck, collectives=collectives
+            )
     user = next((f for f in reversed(frames) if not _is_library(f.file)), None)
     if user is None and frames and (work or stuck):
         user = frames[-1]  # only library frames: say the innermost one
-    return RankPlace(rank, collective, user, work, seconds, stuck=stuck)
+    return RankPlace(rank, collective, user, work, seconds, stuck=stuck, collectives=collectives)
 
 
 @dataclass(frozen=True)
@@ -167,11 +183,12 @@ class Diagnosis:
     source: str
 
     def collectives(self) -> dict[str, tuple[int, ...]]:
-        """``{"all_reduce": (0, 2, 3)}``: the ranks waiting in each collective."""
+        """``{"all_reduce #5": (0, 2, 3)}``: the ranks waiting in each collective
+        (numbered by the process group's sequence number where known)."""
         out: dict[str, list[int]] = {}
         for place in self.places:
             if place.collective is not None:
-                out.setdefault(place.collective, []).append(place.rank)
+                out.setdefault(place.collective_label(), []).append(place.rank)
         return {name: tuple(ranks) for name, ranks in out.items()}
 
     def missing(self) -> tuple[int, ...]:
@@ -184,10 +201,10 @@ class Diagnosis:
         lines = [f"mesh {self.mesh!r}, {len(self.places)} rank(s), from {self.source}:"]
         waiting = [p for p in self.places if p.collective is not None]
         for ranks, place in fold(
-            ((p.rank, p) for p in waiting), key=lambda p: (p.collective, p.frame)
+            ((p.rank, p) for p in waiting), key=lambda p: (p.collective_label(), p.frame)
         ):
             called = f", called from {place.frame}" if place.frame is not None else ""
-            lines.append(f"  {_label(ranks)} waiting in {place.collective}{called}")
+            lines.append(f"  {_label(ranks)} waiting in {place.collective_label()}{called}")
         others = [p for p in self.places if p.collective is None]
         verb = "not in it" if len(self.collectives()) == 1 else "in no collective"
         for ranks, place in fold(((p.rank, p) for p in others), key=lambda p: p.where()):
@@ -245,7 +262,15 @@ def diagnose(
     for rank, answer in answers.items():
         if isinstance(answer, StatusReply):
             frames = parse_python_stack(answer.stack)
-            places.append(classify(rank, frames, answer.work, answer.work_seconds))
+            places.append(
+                classify(
+                    rank,
+                    frames,
+                    answer.work,
+                    answer.work_seconds,
+                    collectives=answer.collectives,
+                )
+            )
             continue
         note = answer.removeprefix("<no stack: ").removesuffix(">")
         dump = dumps.get(rank)

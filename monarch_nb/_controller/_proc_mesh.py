@@ -159,9 +159,11 @@ class ProcMesh(MeshShape):
         """Why is it hanging? Which ranks wait in which torch.distributed collective,
         and where the ranks that have not entered it are instead (``%mesh why``).
 
-        ``str()`` of the result reads as ``ranks 0,2-3 waiting in all_reduce,
-        called at train.py:40 ...; rank 1 not in it: in loss.backward at
-        train.py:88``; ``.missing()`` and ``.collectives()`` are the data.
+        ``str()`` of the result reads as ``ranks 0,2-3 waiting in all_reduce #41,
+        called from `dist.all_reduce(g)` at train.py:40 ...; rank 1 not in it:
+        in `loss.backward()` at train.py:88 ...``; ``.missing()`` and
+        ``.collectives()`` are the data. Ranks stuck in C holding the GIL are
+        read with py-spy where it is installed.
         """
         return _diagnose.diagnose(self._group, self._shape.ranks, timeout)
 
