@@ -112,7 +112,7 @@ def _where_stuck(group: ProcGroup, ranks: list[int]) -> str:
     """The hang diagnosis of ``ranks`` as a paragraph of an error message, or ""."""
     try:
         report = diagnose(group, tuple(sorted(ranks)), timeout=1.0, py_spy=False)
-    except Exception:  # a diagnosis must never hide the failure it explains
+    except BaseException:  # never in the way of the kill: not even a second Ctrl-C
         return ""
     if not report.collectives():
         return ""
