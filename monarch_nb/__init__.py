@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         MeshFailure,
         MeshUsageError,
         MonarchNbError,
+        ProfilerUnavailable,
         RemoteError,
         RemoteFailure,
         ReplayError,
@@ -52,10 +53,12 @@ if TYPE_CHECKING:
     from ._common._shape import Extent, Point, Shape
     from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
+    from ._controller._diagnose import Diagnosis
     from ._controller._events import RankState
     from ._controller._launchers import attach, slurm_hosts, ssh_hosts
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._controller._recovery import RestartPolicy
+    from ._controller._stacks import Profile, Stacks
     from ._controller._status import MeshState, MeshStatus, RankStatus, RestartRecord
     from .debug._remote import breakpoint
     from .tensor._active import get_active_mesh, no_mesh
@@ -84,6 +87,7 @@ _DEFINED_IN = {
     "CallTimeout": "_common._errors",
     "CellError": "_common._errors",
     "Context": "_common._context",
+    "Diagnosis": "_controller._diagnose",
     "Endpoint": "_controller._actor_mesh",
     "EndpointError": "_common._errors",
     "Extent": "_common._shape",
@@ -100,6 +104,8 @@ _DEFINED_IN = {
     "Port": "_common._ports",
     "PortReceiver": "_common._ports",
     "ProcMesh": "_controller._proc_mesh",
+    "Profile": "_controller._stacks",
+    "ProfilerUnavailable": "_common._errors",
     "RankState": "_controller._events",
     "RankStatus": "_controller._status",
     "ReplayError": "_common._errors",
@@ -111,6 +117,7 @@ _DEFINED_IN = {
     "SerializationError": "_common._errors",
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",
+    "Stacks": "_controller._stacks",
     "Stream": "tensor._streams",
     "ValueMesh": "_common._value_mesh",
     "attach": "_controller._launchers",
@@ -190,6 +197,7 @@ __all__ = [
     "CellError",
     "Channel",
     "Context",
+    "Diagnosis",
     "Endpoint",
     "EndpointError",
     "Extent",
@@ -206,6 +214,8 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "Profile",
+    "ProfilerUnavailable",
     "RankState",
     "RankStatus",
     "RemoteError",
@@ -217,6 +227,7 @@ __all__ = [
     "SerializationError",
     "Shape",
     "SpawnError",
+    "Stacks",
     "Stream",
     "ValueMesh",
     "attach",

@@ -19,7 +19,15 @@ import pytest
 import zmq
 from process_checks import wait_for_exit
 
-from monarch_nb import MeshFailure, MeshUsageError, RankState, RemoteError, attach, ssh_hosts
+from monarch_nb import (
+    MeshFailure,
+    MeshUsageError,
+    ProfilerUnavailable,
+    RankState,
+    RemoteError,
+    attach,
+    ssh_hosts,
+)
 from monarch_nb._common._wire import OWN, Signer, WireStats
 
 # "ssh HOST COMMAND" without ssh: run COMMAND here, with a shell, as sshd would.
@@ -97,6 +105,30 @@ def test_gloo_all_reduce_across_hosts(hosts2) -> None:
             )
         )
         assert list(result.values()) == [[6.0, 6.0]] * 4
+
+
+def test_native_stacks_and_profiles_of_remote_ranks_are_run_by_their_agent(hosts2) -> None:
+    from monarch_nb._common import _py_spy
+
+    if _py_spy.find() is None:
+        pytest.skip("py-spy is not installed here")
+    with hosts2.spawn_procs({"procs": 1}, echo_output=False) as procs:
+        procs.exec("import time\ndef nap():\n    time.sleep(600)\nnap()")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                stacks = procs.stacks(native=True)
+            except ProfilerUnavailable as exc:  # the agents' host refuses ptrace
+                pytest.skip(str(exc))
+            if all("nap (<mesh-cell-" in s for s in stacks.values()):
+                break
+            assert time.monotonic() < deadline, f"the ranks never reached nap():\n{stacks}"
+        assert all(w.route is not None for w in procs._group.workers)  # via the agents
+        assert [ranks for ranks, _ in stacks.groups()] == [(0, 1)]
+        assert 'Thread "MainThread"' in stacks[1]
+        profile = procs.profile(1, format="speedscope")
+        assert sorted(profile.files) + sorted(profile.notes) == [0, 1]
+        procs.interrupt()
 
 
 def test_gpus_are_the_hosts_own_and_counted_there(monkeypatch) -> None:

@@ -7,7 +7,8 @@ import time
 import pytest
 from worker_actors import Raiser, Sleeper, Unpicklable
 
-from monarch_nb import MeshFailure, RemoteError
+from monarch_nb import MeshFailure, RemoteError, this_host
+from monarch_nb.events import EventLog, RankFailed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,3 +76,36 @@ def test_stacks_and_interrupts_reach_the_survivors_of_a_failed_mesh(procs2):
     procs2.interrupt([0])
     with pytest.raises(RemoteError, match="KeyboardInterrupt"):
         survivor.get(timeout=10)
+
+
+SEGFAULT = """
+import ctypes
+
+def crash():
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+crash()
+"""
+
+
+def test_a_segfault_reports_the_python_stack_of_every_thread():
+    procs = this_host().spawn_procs(per_host={"procs": 2}, echo_output=False)
+    try:
+        log = EventLog()
+        with procs.events.subscribe(log, kinds=(RankFailed,)):
+            cell = procs.slice(procs=1).exec(SEGFAULT)
+            with pytest.raises(
+                MeshFailure, match=r"rank 1 .* was killed by signal SIGSEGV"
+            ) as info:
+                cell.get(timeout=60)
+            failed = log.wait_for(RankFailed, timeout=30)
+        message = str(info.value)
+        assert "its Python stacks when it crashed (faulthandler)" in message
+        assert "Fatal Python error: Segmentation fault" in message
+        assert 'File "<mesh-cell-' in message
+        assert "line 5 in crash" in message
+        assert message.count("hread 0x") >= 2  # every thread: main, wire, ...
+        assert failed.rank == 1
+        assert "line 5 in crash" in failed.traceback  # what the dashboard's panel shows
+    finally:
+        procs.stop()

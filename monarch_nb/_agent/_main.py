@@ -34,6 +34,7 @@ Two ways to start:
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
 import json
 import logging
@@ -43,13 +44,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
-from .._common import _keys, _logs, _network, _rundir
+from .._common import _keys, _logs, _network, _py_spy, _rundir
 from .._common._messages import (
     AgentAttach,
     AgentHeartbeat,
@@ -59,6 +61,8 @@ from .._common._messages import (
     LaunchWorkers,
     LogLines,
     Message,
+    PySpyReply,
+    PySpyRequest,
     ReadLogs,
     UnknownMessage,
     WorkerExited,
@@ -122,6 +126,12 @@ class Agent:
         self.up = self._open_up()
         self.poller.register(self.up, zmq.POLLIN)
         self.poller.register(self.down, zmq.POLLIN)
+        # py-spy runs (seconds long) in threads; their replies are sent from this
+        # loop, the one owner of the sockets, woken through a pipe.
+        self._py_spy_done: collections.deque[PySpyReply] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self.poller.register(self._wake_r, zmq.POLLIN)
 
     # -- sockets ------------------------------------------------------------------
 
@@ -194,6 +204,8 @@ class Agent:
                     self._from_controller()
                 elif item is self.down:
                     self._from_workers()
+                elif item == self._wake_r:
+                    self._send_py_spy_replies()
                 elif item == sys.stdin.fileno() and self.config.get("watch_stdin"):
                     if not os.read(item, 4096):
                         _log.info("agent %d: launcher channel closed; stopping", self.host_index)
@@ -271,6 +283,8 @@ class Agent:
                 self._disconnect()
             case ReadLogs():
                 self.send_own(read_logs(message))
+            case PySpyRequest():
+                self._run_py_spy(message)
             case _:
                 _log.error("agent %d: unexpected %s", self.host_index, type(message).__name__)
 
@@ -291,6 +305,44 @@ class Agent:
                 forward(self.up, frames)
             except zmq.Again:
                 pass  # the controller is gone: the silence check ends this session
+
+    def _run_py_spy(self, request: PySpyRequest) -> None:
+        """Run py-spy on one of our workers, in a thread: a record takes seconds."""
+        child = self.children.get(request.identity.encode())
+        if child is None:
+            no = _py_spy.Outcome(_py_spy.NO_SUCH_WORKER, "", "the process had exited")
+            self._py_spy_finished(request.request_id, no)
+            return
+
+        def run() -> None:
+            outcome = _py_spy.execute(
+                child.popen.pid,
+                mode=request.mode,
+                native=request.native,
+                seconds=request.seconds,
+                fmt=request.fmt,
+                rate=request.rate,
+                timeout=request.timeout,
+                full_filenames=request.full_filenames,
+            )
+            self._py_spy_finished(request.request_id, outcome)
+
+        threading.Thread(target=run, name="monarch_nb-py-spy", daemon=True).start()
+
+    def _py_spy_finished(self, request_id: int, outcome: _py_spy.Outcome) -> None:
+        """Any thread: queue the reply and wake the loop to send it."""
+        self._py_spy_done.append(
+            PySpyReply(request_id, outcome.returncode, outcome.stdout, outcome.stderr, outcome.data)
+        )
+        os.write(self._wake_w, b"x")
+
+    def _send_py_spy_replies(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while self._py_spy_done:
+            self.send_own(self._py_spy_done.popleft())
 
     # -- workers ----------------------------------------------------------------------
 

@@ -13,6 +13,8 @@
      ├── CallTimeout          ranks did not reply in time (names them); also a TimeoutError
      ├── CallCancelled        the caller cancelled the call's future
      ├── ReplayError          restart(replay=True): a step of the history failed again
+     ├── ProfilerUnavailable  native stacks or a profile need py-spy, and it is missing or
+     │                        the OS refused it (says which, and what to do)
      └── MeshUsageError       wrong use of the API (bad slice, call_one on many points, ...)
 
 Remote errors keep the remote traceback as text with real source lines and
@@ -259,6 +261,16 @@ class CallTimeout(MonarchNbError, TimeoutError):
 
 class CallCancelled(MonarchNbError):
     """The call's future was cancelled; ``.ranks`` had not replied by then."""
+
+    def __init__(self, message: str, *, ranks: Sequence[int] = ()):
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+class ProfilerUnavailable(MonarchNbError, RuntimeError):
+    """py-spy (native stacks, profiles) cannot run: it is not installed (here, or on
+    a rank's host), or the OS refused to let it attach (ptrace). ``.ranks`` are
+    the ranks it could not reach; the message says what to do."""
 
     def __init__(self, message: str, *, ranks: Sequence[int] = ()):
         super().__init__(message)

@@ -287,6 +287,9 @@ class StatusReply(Message):
     work: str
     work_seconds: float
     stack: str  # the main thread's Python stack, innermost last
+    # torch.distributed collectives the default process group has issued (its
+    # sequence number), or -1 when torch.distributed is not in use.
+    collectives: int = -1
 
 
 @_message
@@ -434,6 +437,37 @@ class WorkerExited(Message):
     TAG: ClassVar[int] = 67
     identity: str
     returncode: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class PySpyRequest(Message):
+    """Run py-spy on one of the agent's workers (``mode``: "dump" or "record"); the
+    agent answers with a PySpyReply of the same ``request_id``."""
+
+    TAG: ClassVar[int] = 69
+    request_id: int
+    identity: str
+    mode: str
+    native: bool
+    seconds: int
+    fmt: str
+    rate: int
+    timeout: float
+    full_filenames: bool
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class PySpyReply(Message):
+    """What py-spy gave on the agent's host (see ``_py_spy.Outcome``)."""
+
+    TAG: ClassVar[int] = 70
+    request_id: int
+    returncode: int
+    stdout: str
+    stderr: str
+    data: bytes
 
 
 @_message

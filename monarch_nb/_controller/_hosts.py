@@ -34,9 +34,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .._common import _keys, _network
+from .._common import _keys, _network, _py_spy
 from .._common._errors import CallTimeout, MeshFailure, MeshUsageError
 from .._common._fold import format_ranks
+from .._common._future import Future
 from .._common._messages import (
     AgentHeartbeat,
     AgentHello,
@@ -45,6 +46,8 @@ from .._common._messages import (
     LaunchWorkers,
     LogLines,
     Message,
+    PySpyReply,
+    PySpyRequest,
     ReadLogs,
     UnknownMessage,
     WorkerExited,
@@ -60,6 +63,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("monarch_nb")
 _host_mesh_ids = itertools.count(1)
+_py_spy_request_ids = itertools.count(1)
+_PY_SPY_RELAY_S = 10.0  # beyond py-spy's own time limit: the trip to the agent and back
 HOST_TIMEOUT_S = float(os.environ.get("MONARCH_NB_HOST_TIMEOUT", "5.0"))
 _LAUNCHER_TAIL_LINES = 20
 # Variables the controller's environment passes on to remote workers: our own
@@ -85,6 +90,21 @@ class RemoteWorker(WorkerProcess):
 
     def wait(self, timeout: float | None) -> bool:
         return self.exited.wait(timeout)
+
+    def py_spy(self, **options: Any) -> _py_spy.Outcome:
+        # Run by this host's agent; its answer comes back as a PySpyReply.
+        timeout = options["timeout"]
+        future = self.agent.hosts.py_spy(self, **options)
+        try:
+            return future.get(timeout=timeout + _PY_SPY_RELAY_S)
+        except TimeoutError:
+            requests = self.agent.hosts.py_spy_requests
+            for request_id, pending in list(requests.items()):
+                if pending is future:
+                    requests.pop(request_id, None)
+            return _py_spy.Outcome(
+                _py_spy.TIMED_OUT, "", f"no answer from the agent on {self.agent.label}"
+            )
 
 
 class LauncherProcess:
@@ -161,6 +181,7 @@ class HostAgents:
         # procs.logs() waiting for hosts: request id -> (its answer, the agent asked).
         self._log_reads: dict[int, tuple[concurrent.futures.Future[LogLines], AgentLink]] = {}
         self._log_read_ids = itertools.count(1)
+        self.py_spy_requests: dict[int, Future[_py_spy.Outcome]] = {}
         controller.host_meshes.add(self)
         for agent in self.agents:
             controller.add_agent(agent.identity, agent)
@@ -368,6 +389,25 @@ class HostAgents:
     def send(self, agent: AgentLink, message: Message) -> None:
         self.controller.send_to_agent(agent.identity, self.signer.encode(message))
 
+    def py_spy(self, worker: RemoteWorker, **options: Any) -> Future[_py_spy.Outcome]:
+        """Ask ``worker``'s agent to run py-spy on it (see ``_py_spy.execute``)."""
+        future: Future[_py_spy.Outcome] = Future()
+        request_id = next(_py_spy_request_ids)
+        self.py_spy_requests[request_id] = future
+        request = PySpyRequest(
+            request_id,
+            worker.identity.decode(),
+            options["mode"],
+            options["native"],
+            options.get("seconds", 0),
+            options.get("fmt", "flamegraph"),
+            options.get("rate", 100),
+            options["timeout"],
+            options.get("full_filenames", False),
+        )
+        self.send(worker.agent, request)
+        return future
+
     def shutdown(self, grace: float = 5.0) -> None:
         """Stop the process meshes on these hosts, then every agent and the
         launchers (blocking)."""
@@ -449,6 +489,10 @@ class HostAgents:
                 waiting = self._log_reads.get(request_id)
                 if waiting is not None and not waiting[0].done():
                     waiting[0].set_result(message)
+            case PySpyReply(request_id, returncode, stdout, stderr, data):
+                future = self.py_spy_requests.pop(request_id, None)
+                if future is not None:
+                    future.set_result(_py_spy.Outcome(returncode, stdout, stderr, data))
             case AgentHello(index, hostname, address, pid, free_port, gpus):
                 if index != agent.index:
                     _log.error("monarch_nb: agent %s said it is host %d", agent.label, index)

@@ -28,9 +28,11 @@ from .._common._errors import (
     format_ranks,
 )
 from .._common._hints import restart_hint, restart_ranks_hint
+from ._diagnose import diagnose
 
 if TYPE_CHECKING:
     from .._common._pending import CallFuture, PendingCall
+    from ._process_group import ProcGroup
 
 GRACE_S = float(os.environ.get("MONARCH_NB_INTERRUPT_GRACE", "3"))
 _AFTER_KILL_S = 10.0  # the pidfd reports a SIGKILLed rank at once; this is a safety net
@@ -74,6 +76,8 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
     except TimeoutError:
         killed = future.waiting_ranks()
     if killed and group is not None:
+        # Where they are stuck (a collective a rank never joined?), read before the kill.
+        where_stuck = _where_stuck(group, busy)
         group.kill_ranks(killed)
         try:
             future.exception(timeout=_AFTER_KILL_S)
@@ -82,7 +86,7 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
         raise MeshFailure(
             f"{label} {why}; rank(s) {format_ranks(killed)} did not stop within {grace} s "
             f"of the interrupt (stuck outside Python?) and were killed; "
-            f"{_after_kill(group.name, killed)}",
+            f"{_after_kill(group.name, killed)}{where_stuck}",
             ranks=killed,
             cause=future.exception(timeout=0) if future.done() else None,
         )
@@ -102,6 +106,17 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
         f"{label} {why}; rank(s) {where} were interrupted and the mesh is usable",
         ranks=busy,
     ) from error
+
+
+def _where_stuck(group: ProcGroup, ranks: list[int]) -> str:
+    """The hang diagnosis of ``ranks`` as a paragraph of an error message, or ""."""
+    try:
+        report = diagnose(group, tuple(sorted(ranks)), timeout=1.0, py_spy=False)
+    except BaseException:  # never in the way of the kill: not even a second Ctrl-C
+        return ""
+    if not report.collectives():
+        return ""
+    return "; where the ranks were before the kill:\n" + str(report)
 
 
 def fail_fast(future: CallFuture, *, grace: float = GRACE_S) -> None:

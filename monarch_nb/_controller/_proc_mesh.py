@@ -21,16 +21,18 @@ from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._value_mesh import ValueMesh
-from . import _cells, _data_parallel
+from . import _cells, _data_parallel, _diagnose, _stacks
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
+from ._diagnose import Diagnosis
 from ._events import EventStream, Output, RankState
 from ._history import History
 from ._interrupt import wait_for
 from ._log_stream import OutputPrinter, check_option
 from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
 from ._recovery import RestartPolicy
+from ._stacks import Profile, Stacks
 from ._status import MeshState, MeshStatus, RestartRecord
 
 if TYPE_CHECKING:
@@ -148,33 +150,56 @@ class ProcMesh(MeshShape):
         """A snapshot of this view's ranks: state, current work, resources, heartbeats."""
         return self._group.status(self._shape.ranks)
 
-    def stacks(self, timeout: float = 5.0) -> dict[int, str]:
-        """Each rank's main-thread Python stack, answered by its wire thread even while
-        it is busy (and on a failed mesh's survivors): where is rank 3 stuck?
+    def stacks(self, timeout: float = 5.0, *, native: bool = False) -> Stacks:
+        """Each rank's stack, as a dict ``{rank: text}`` whose ``str()`` (and notebook
+        display) shows identical stacks once, labelled with their ranks.
 
-        A rank that does not answer within ``timeout`` s (dead, stopped, or its
-        Python held by C code) is listed with why there is no stack.
+        By default the main thread's Python stack, answered by each rank's wire
+        thread even while it is busy (and on a failed mesh's survivors). A rank
+        that does not answer within ``timeout`` s (dead, stopped, or its Python
+        held by C code) is listed with why there is no stack.
+
+        ``native=True`` reads every thread's Python and native (C/C++) frames
+        from outside with py-spy (``pip install py-spy``), so a rank spinning in C
+        shows where; on a multi-host mesh each host's agent runs it. Raises
+        :class:`~monarch_nb.ProfilerUnavailable` saying what to do if py-spy is
+        missing (here or on a rank's host) or the OS refuses it (ptrace).
         """
-        group = self._group
-        future = group.query(self._shape.ranks)
-        try:
-            replies = future.get(timeout=timeout)
-        except TimeoutError:
-            replies = group.end_query(future)
-        stacks = {}
-        for rank in self._shape.ranks:
-            reply = replies.get(rank)
-            if reply is not None:
-                stacks[rank] = reply.stack
-            else:
-                worker = group.workers[rank]
-                why = (
-                    f"the process {worker.exit_cause()}"
-                    if worker.returncode is not None
-                    else f"no answer within {timeout} s (stopped, or stuck in C holding the GIL)"
-                )
-                stacks[rank] = f"<no stack: {why}>"
-        return stacks
+        ranks = self._shape.ranks
+        if native:
+            return _stacks.native_stacks(self._group, ranks, max(timeout, 1.0))
+        return _stacks.python_stacks(self._group, ranks, timeout)
+
+    def profile(
+        self,
+        seconds: float = 5.0,
+        *,
+        format: str = "flamegraph",
+        native: bool = False,
+        rate: int = 100,
+    ) -> Profile:
+        """Sample every rank with py-spy for ``seconds`` (at once) and return a flame
+        graph per rank: shown in the cell in a notebook, ``.save(dir)`` anywhere.
+
+        ``format="speedscope"`` records speedscope JSON instead of SVG;
+        ``native=True`` adds C/C++ frames; ``rate`` is samples per second. Raises
+        :class:`~monarch_nb.ProfilerUnavailable` as :meth:`stacks` does.
+        """
+        return _stacks.profile(
+            self._group, self._shape.ranks, seconds, format=format, native=native, rate=rate
+        )
+
+    def diagnose(self, timeout: float = 5.0) -> Diagnosis:
+        """Why is it hanging? Which ranks wait in which torch.distributed collective,
+        and where the ranks that have not entered it are instead (``%mesh why``).
+
+        ``str()`` of the result reads as ``ranks 0,2-3 waiting in all_reduce #41,
+        called from `dist.all_reduce(g)` at train.py:40 ...; rank 1 not in it:
+        in `loss.backward()` at train.py:88 ...``; ``.missing()`` and
+        ``.collectives()`` are the data. Ranks stuck in C holding the GIL are
+        read with py-spy where it is installed.
+        """
+        return _diagnose.diagnose(self._group, self._shape.ranks, timeout)
 
     def output_tail(self, rank: int) -> list[Output]:
         """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._common import _context, _peer, _refs, _rundir
+from .._common import _context, _peer, _py_spy, _refs, _rundir
 from .._common._dist import STORE_ENV
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, SpawnError
 from .._common._future import Future
@@ -76,7 +76,7 @@ from ._recovery import RestartBudget, RestartPolicy
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
-from ._status import MeshState, MeshStatus, RankStatus, RestartRecord
+from ._status import MeshState, MeshStatus, RankStatus, RestartRecord, describe_exit
 
 _log = logging.getLogger("monarch_nb")
 _group_ids = itertools.count(1)
@@ -85,6 +85,8 @@ HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
 STOP_GRACE_S = 5.0
 KILL_WAIT_S = 10.0  # after SIGKILL: at once locally; a remote exit is reported by its agent
 _STDERR_TAIL_LINES = 20
+_FAULT_HEADER = "Fatal Python error:"  # how faulthandler's report starts
+_FAULT_REPORT_LINES = 200
 OUTPUT_TAIL_LINES = 200  # per rank, for status views of what a rank printed last
 # Modules every worker started from now on imports first and calls
 # ``install_on_worker(worker)`` of: how layers above the core (the debugger)
@@ -137,17 +139,6 @@ class SpawnRecord:
     stopped: set[int] = field(default_factory=set)  # ranks whose actor was stopped
 
 
-def describe_exit(returncode: int) -> str:
-    """``-9`` -> ``"was killed by signal SIGKILL"``; ``3`` -> ``"exited with code 3"``."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = str(-returncode)
-        return f"was killed by signal {name}"
-    return f"exited with code {returncode}"
-
-
 def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -171,6 +162,9 @@ class WorkerProcess:
         self.lost: str | None = None  # why its host stopped answering, if it did
         self.partial = {"stdout": b"", "stderr": b""}
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
+        # What faulthandler printed when the process crashed (a segfault, an abort):
+        # from its "Fatal Python error" line on, every thread's Python stack.
+        self.fault_report: list[str] = []
         self.output_tail: deque[ev.Output] = deque(maxlen=OUTPUT_TAIL_LINES)
         # The last two heartbeats (monotonic time, sample): CPU % is their slope.
         self.heartbeat: tuple[float, ResourceSample] | None = None
@@ -202,6 +196,10 @@ class WorkerProcess:
         """Wait until it exited; False if still running after ``timeout`` s."""
         raise NotImplementedError
 
+    def py_spy(self, **options: Any) -> _py_spy.Outcome:
+        """Run py-spy on it, on its host (see ``_py_spy.execute``; any thread, blocking)."""
+        raise NotImplementedError
+
 
 class LocalWorker(WorkerProcess):
     """A worker this process started: a child with a pidfd and two pipes."""
@@ -222,6 +220,9 @@ class LocalWorker(WorkerProcess):
         except subprocess.TimeoutExpired:
             return False
         return True
+
+    def py_spy(self, **options: Any) -> _py_spy.Outcome:
+        return _py_spy.execute(self.pid, **options)
 
 
 class ProcGroup:
@@ -751,6 +752,10 @@ class ProcGroup:
             worker.output_tail.append(output)
             if stream == "stderr":
                 worker.stderr_tail.append(line)
+                if line.startswith(_FAULT_HEADER):
+                    worker.fault_report = [line]
+                elif worker.fault_report and len(worker.fault_report) < _FAULT_REPORT_LINES:
+                    worker.fault_report.append(line)
         self.events.emit(output)
 
     def _drain(self, worker: LocalWorker) -> None:
@@ -801,6 +806,9 @@ class ProcGroup:
             f"rank {rank} (pid {worker.pid}) of process mesh {self.name!r} "
             f"{worker.exit_cause()}{what}"
         )
+        if worker.fault_report:
+            died += "; its Python stacks when it crashed (faulthandler):\n  "
+            died += "\n  ".join(worker.fault_report)
         if rank not in self.ready_ranks:
             consequence = "so the mesh failed to start"
             if worker.stderr_tail:
@@ -911,7 +919,13 @@ class ProcGroup:
         cause = worker.exit_cause()
         if not stopping:
             self.events.emit(
-                ev.RankFailed(self.name, worker.rank, cause, returncode=worker.returncode)
+                ev.RankFailed(
+                    self.name,
+                    worker.rank,
+                    cause,
+                    traceback="\n".join(worker.fault_report),
+                    returncode=worker.returncode,
+                )
             )
         self.events.emit(ev.RankStateChanged(self.name, worker.rank, state, cause))
 

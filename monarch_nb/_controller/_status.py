@@ -9,6 +9,7 @@ failures), which the event stream reports as it changes.
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass
 
 from .._common._public import publish
@@ -86,6 +87,17 @@ class MeshStatus:
 
     def ranks_in(self, state: RankState) -> list[int]:
         return [r.rank for r in self.ranks if r.state is state]
+
+
+def describe_exit(returncode: int) -> str:
+    """``-9`` -> ``"was killed by signal SIGKILL"``; ``3`` -> ``"exited with code 3"``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = str(-returncode)
+        return f"was killed by signal {name}"
+    return f"exited with code {returncode}"
 
 
 publish(globals())

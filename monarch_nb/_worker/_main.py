@@ -10,6 +10,7 @@ from this thread directly.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import importlib
 import inspect
 import json
@@ -839,6 +840,9 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
+    # A segfault or abort prints every thread's Python stack to fd 2, which the
+    # controller reads to the end before it reports the death.
+    faulthandler.enable(file=2, all_threads=True)
     _quiet_torch_without_numpy()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe

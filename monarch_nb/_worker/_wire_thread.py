@@ -160,7 +160,8 @@ class WireThread:
                     self._interrupt(call_id)
                 case StatusQuery(query_id):
                     work, seconds = self._busy()
-                    self.send(StatusReply(query_id, work, seconds, self._main_stack()))
+                    stack = self._main_stack()
+                    self.send(StatusReply(query_id, work, seconds, stack, _collectives()))
                 case _:
                     handler = self.control_handlers.get(type(message))
                     if handler is not None:
@@ -184,3 +185,15 @@ class WireThread:
             self.send(Heartbeat(_resources.sample(), work, seconds))
         except zmq.ZMQError:
             pass  # the socket is closing: we are shutting down
+
+
+def _collectives() -> int:
+    """How many collectives the default torch.distributed group has issued (a rank
+    waiting in one has counted it), or -1; never imports torch itself."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_initialized():
+            return -1
+        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except Exception:  # a backend without sequence numbers, a torch without the API
+        return -1

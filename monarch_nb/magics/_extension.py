@@ -18,6 +18,7 @@ from .._common._errors import (
     CallTimeout,
     MeshFailure,
     MeshUsageError,
+    ProfilerUnavailable,
     RemoteError,
     ipython_lines,
     set_ipython_style,
@@ -180,6 +181,23 @@ class MeshMagics(Magics):
             tail=args.tail,
         )
         display(_render.LogView(lines))
+
+    def _why(self, args: Any) -> None:
+        display(self.registry.get(args.mesh).procs.diagnose(timeout=args.timeout))
+
+    def _stacks(self, args: Any) -> None:
+        procs = self.registry.get(args.mesh).procs
+        try:
+            display(procs.stacks(native=args.native))
+        except ProfilerUnavailable as exc:
+            raise UsageError(str(exc)) from None
+
+    def _profile(self, args: Any) -> None:
+        procs = self.registry.get(args.mesh).procs
+        try:
+            display(procs.profile(args.seconds, native=args.native))
+        except ProfilerUnavailable as exc:
+            raise UsageError(str(exc)) from None
 
     def _assign(self, command: str, rest: str) -> None:
         """``%mesh push NAME=EXPR ...`` (every rank gets the value) and ``%mesh scatter

@@ -131,6 +131,29 @@ def dashboard_options() -> None:
     failures as they happen, and any rank's last lines of output."""
 
 
+@magic_arguments(name="mesh why")
+@argument("--timeout", type=float, default=5.0, metavar="S", help="wait S s for each rank")
+@_mesh_option
+def why_options() -> None:
+    """Why is it hanging? Which ranks wait in which torch.distributed collective,
+    and where the ranks that have not entered it are instead."""
+
+
+@magic_arguments(name="mesh stacks")
+@argument("--native", action="store_true", help="Python and C/C++ frames of every thread (py-spy)")
+@_mesh_option
+def stacks_options() -> None:
+    """Every rank's stack, identical stacks shown once with their ranks."""
+
+
+@magic_arguments(name="mesh profile")
+@argument("--seconds", type=float, default=5.0, metavar="S", help="how long to sample")
+@argument("--native", action="store_true", help="include C/C++ frames")
+@_mesh_option
+def profile_options() -> None:
+    """A flame graph per rank (py-spy), sampled for S seconds, shown in the cell."""
+
+
 @magic_arguments(name="mesh push")
 @argument("assignments", metavar="NAME=EXPR", nargs="*", help="EXPR is evaluated here")
 @_selection_options
@@ -196,6 +219,9 @@ SUBCOMMANDS = {
     "status": status_options,
     "logs": logs_options,
     "dashboard": dashboard_options,
+    "why": why_options,
+    "stacks": stacks_options,
+    "profile": profile_options,
     "push": push_options,
     "pull": pull_options,
     "scatter": scatter_options,
