@@ -445,7 +445,7 @@ class PySpyRequest(Message):
     """Run py-spy on one of the agent's workers (``mode``: "dump" or "record"); the
     agent answers with a PySpyReply of the same ``request_id``."""
 
-    TAG: ClassVar[int] = 69
+    TAG: ClassVar[int] = 71
     request_id: int
     identity: str
     mode: str
@@ -462,7 +462,7 @@ class PySpyRequest(Message):
 class PySpyReply(Message):
     """What py-spy gave on the agent's host (see ``_py_spy.Outcome``)."""
 
-    TAG: ClassVar[int] = 70
+    TAG: ClassVar[int] = 72
     request_id: int
     returncode: int
     stdout: str
