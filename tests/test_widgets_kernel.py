@@ -240,7 +240,11 @@ def test_the_dashboard_follows_the_mesh_across_restarts(kernel: Kernel) -> None:
     )
     reply, outputs, _ = run_collecting_comms(kernel, code, timeout=90)
     assert reply["content"]["status"] == "ok", outputs
-    out = "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream")
+    out = "".join(
+        m["content"]["text"]
+        for m in outputs
+        if m["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+    )
     assert out.split() == ["True", "True", "False"]  # still live, with the new pids
     # %mesh restart shows a live dashboard, not a table.
     reply, outputs, _ = run_collecting_comms(kernel, "%mesh restart", timeout=90)

@@ -806,7 +806,7 @@ class ProcGroup:
             f"rank {rank} (pid {worker.pid}) of process mesh {self.name!r} "
             f"{worker.exit_cause()}{what}"
         )
-        if worker.fault_report:
+        if worker.fault_report and rank in self.ready_ranks:  # a crash, not a failed start
             died += "; its Python stacks when it crashed (faulthandler):\n  "
             died += "\n  ".join(worker.fault_report)
         if rank not in self.ready_ranks:
