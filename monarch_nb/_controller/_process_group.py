@@ -288,6 +288,12 @@ class ProcGroup:
         self._restart_lock = threading.Lock()
         self._pending_restart: dict[int, str] = {}  # rank -> cause, for the policy's thread
         self._restarter: threading.Thread | None = None
+        # Resizing (see ._resize): the inboxes processes adopted from an earlier
+        # group bound under their old ranks (new rank -> address), and, in the
+        # group they left, what it was resized into.
+        self.inboxes: dict[int, str] = {}
+        self.resized_into: str | None = None
+        self.successor: ProcGroup | None = None  # stopping this group stops that one
 
     # -- starting -------------------------------------------------------------
 
@@ -303,6 +309,7 @@ class ProcGroup:
         self.spawned.clear()
         self.missing_actors.clear()
         self._restarting.clear()
+        self.inboxes = {}
         self.hosts = {}
         self.peer_addresses = {}
         self.workers = []  # the new generation's, once launched
@@ -387,13 +394,18 @@ class ProcGroup:
         return boot
 
     def _local_ref(self) -> _refs.ProcsRef:
+        prefix = _rundir.socket_path(f"{self.uid}-{self.generation}-")
+        inboxes: tuple[str, ...] = ()
+        if self.inboxes:
+            inboxes = tuple(self.inboxes.get(r, f"{prefix}{r}") for r in self.shape.ranks)
         return _refs.ProcsRef(
             self.uid,
             self.generation,
             self.name,
             socket.gethostname(),
-            _rundir.socket_path(f"{self.uid}-{self.generation}-"),
+            prefix,
             _refs.ViewRef.of(self.shape),
+            inboxes=inboxes,
         )
 
     def ref(self) -> _refs.ProcsRef | None:
@@ -490,6 +502,12 @@ class ProcGroup:
         match self.state:
             case Failed(error):
                 return error
+            case Stopped() if self.resized_into is not None:
+                return MeshFailure(
+                    f"process mesh {self.name!r} was resized into {self.resized_into}: use the "
+                    "mesh that resize() or grow() returned (actor meshes: spawn them again on it)",
+                    ranks=ranks,
+                )
             case Stopped():
                 return MeshFailure(
                     f"process mesh {self.name!r} was stopped; start a new one or call restart()",
@@ -921,7 +939,11 @@ class ProcGroup:
 
         Ranks still running user code are interrupted first: whoever waited for
         that work is told the mesh stopped, so finishing it would only delay
-        the exit (a rank stuck in C is killed after ``grace``)."""
+        the exit (a rank stuck in C is killed after ``grace``). A group that was
+        resized stops the group it was resized into (``with`` blocks end it)."""
+        if self.successor is not None:
+            self.successor.stop(grace)
+            return
         if isinstance(self.state, Stopped):
             return
         message = self.signer.encode(Shutdown())
@@ -951,7 +973,8 @@ class ProcGroup:
 
     def kill(self) -> None:
         """Kill every worker at once (no grace), e.g. before a restart."""
-
+        if self.resized_into is not None:
+            return  # its processes live on in the group it was resized into
         if not isinstance(self.state, Stopped):
             self.controller.end_group(
                 self,

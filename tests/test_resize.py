@@ -1,0 +1,166 @@
+"""Elastic meshes: ``resize(procs=n)`` renumbers the survivors of a failure into a
+new mesh, ``grow(n)`` adds ranks; each process learns its new rank, world size
+and environment, and a torch.distributed loop goes on at the new size.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from fault_actors import Keeper
+from process_checks import wait_for_exit
+
+from monarch_nb import MeshFailure, MeshUsageError, this_host
+from monarch_nb.events import EventLog, Output, RankStateChanged
+
+LIMIT_S = 30.0  # generous: this machine is shared and loaded
+PLACE = (
+    "import os\n"
+    "from monarch_nb import current_rank\n"
+    "(rank, world_size, point.rank, current_rank().rank,\n"
+    " os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['WORLD_SIZE'])"
+)
+
+
+def _kill(procs, rank: int) -> None:
+    """SIGKILL ``rank`` and wait until the controller saw it die."""
+    log = EventLog()
+    with procs.events.subscribe(log, kinds=(RankStateChanged,)):
+        os.kill(procs.pids[rank], signal.SIGKILL)
+        log.wait_for(
+            RankStateChanged, lambda e: e.rank == rank and e.state == "dead", timeout=LIMIT_S
+        )
+
+
+def test_resize_renumbers_the_survivors_and_keeps_their_namespaces():
+    procs = this_host().spawn_procs(per_host={"procs": 4}, echo_output=False)
+    pids = set(procs.pids)
+    try:
+        procs.run("x = rank * 10")
+        keepers = procs.spawn("k", Keeper, 7)
+        _kill(procs, 1)
+        small = procs.resize(procs=2)  # ranks 0 and 2 become 0 and 1; rank 3 stops
+        assert small.shape.labels == ("procs",)
+        assert small.shape.sizes == (2,)
+        assert small.run("x").values() == [0, 20]
+        assert small.run(PLACE).values() == [
+            (0, 2, 0, 0, "0", "0", "2"),
+            (1, 2, 1, 1, "1", "1", "2"),
+        ]
+        left = wait_for_exit(pids - set(small.pids), LIMIT_S)
+        assert not left, f"ranks not kept still run: {left}"
+        # The old mesh and its actors say where the processes went.
+        with pytest.raises(MeshUsageError, match=r"exec\(\) on process mesh 'procs', which was "):
+            procs.run("x")
+        moved = r"resized into a mesh of 2 rank\(s\) \(ranks moved: 0->0, 2->1\)"
+        with pytest.raises(MeshFailure, match=moved):
+            keepers.get.call().get(timeout=LIMIT_S)
+        # Actors spawned on the new mesh see the new ranks.
+        again = small.spawn("k2", Keeper, 1)
+        assert again.get.call().get(timeout=LIMIT_S).values() == [(0, 1), (1, 1)]
+        pids.update(small.pids)
+    finally:
+        procs.stop()  # a resized mesh stops the mesh it became
+    assert not wait_for_exit(pids, LIMIT_S)
+
+
+def test_grow_adds_ranks_after_the_live_ones():
+    procs = this_host().spawn_procs(per_host={"procs": 2}, echo_output=False)
+    pids = set(procs.pids)
+    try:
+        procs.run("x = rank + 1")
+        big = procs.grow(2)
+        pids.update(big.pids)
+        assert big.pids[:2] == procs.pids
+        assert big.run("globals().get('x')").values() == [1, 2, None, None]
+        assert big.run(PLACE).values() == [(r, 4, r, r, str(r), str(r), "4") for r in range(4)]
+        ports = big.run("os.environ['MASTER_PORT']").values()
+        assert len(set(ports)) == 1
+        # Shrinking without a failure keeps the first ranks.
+        small = big.resize(procs=1)
+        assert small.run("(rank, world_size, x)").values() == [(0, 1, 1)]
+        assert not wait_for_exit(set(big.pids[1:]), LIMIT_S)
+    finally:
+        procs.stop()
+    assert not wait_for_exit(pids, LIMIT_S)
+
+
+def test_resize_refuses_what_it_cannot_do():
+    procs = this_host().spawn_procs(per_host={"procs": 2}, echo_output=False)
+    try:
+        with pytest.raises(MeshUsageError, match=r"has 2 live rank\(s\) \(0, 1\).*use grow\(3\)"):
+            procs.resize(procs=5)
+        with pytest.raises(MeshUsageError, match=r"resize\(procs=0\): needs an int of at least 1"):
+            procs.resize(procs=0)
+        with pytest.raises(MeshUsageError, match=r"grow\('1'\): needs an int of at least 1"):
+            procs.grow("1")  # type: ignore[arg-type]
+        assert procs.run("rank").values() == [0, 1]  # refused: nothing changed
+    finally:
+        procs.stop()
+    with pytest.raises(MeshUsageError, match=r"resize\(procs=1\): process mesh 'procs' was stop"):
+        procs.resize(procs=1)
+
+
+TRAIN = """
+import datetime, time, torch, torch.distributed as dist
+shard = float((rank + 1) ** 2)  # this rank's gradient: its data, kept across a resize
+w = torch.zeros(1)
+steps = []
+
+def train(n):
+    global w
+    for _ in range(n):
+        g = torch.tensor([shard])
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+        w -= 0.1 * g
+        steps.append((dist.get_world_size(), g.item()))
+        if rank == 0 and len(steps) == 3:
+            print("three steps", flush=True)
+        time.sleep(0.01)
+"""
+JOIN = (
+    "if dist.is_initialized():\n"
+    "    dist.destroy_process_group()  # the old world, with the dead rank\n"
+    "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=30))\n"
+)
+STEPS = (
+    "w0 = w.item()\ntrain(3)\n(dist.get_rank(), dist.get_world_size(), w0 - w.item(), steps[-3:])"
+)
+
+
+@pytest.mark.slow
+def test_a_resize_during_a_ddp_loop():
+    pytest.importorskip("torch")
+    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
+    pids = set(procs.pids)
+    log = EventLog()
+    subscription = procs.events.subscribe(log, kinds=(Output,))
+    try:
+        procs.run(TRAIN + JOIN, timeout=LIMIT_S)
+        loop = procs.exec("train(100_000)")
+        log.wait_for(Output, lambda e: e.line == "three steps", timeout=LIMIT_S)
+        os.kill(procs.pids[1], signal.SIGKILL)  # rank 1 dies inside the loop
+        with pytest.raises(MeshFailure, match=r"rank 1 \(pid \d+\) .* SIGKILL"):
+            loop.get(timeout=LIMIT_S)
+        # The survivors (ranks 0 and 2, gradients 1 and 9) go on as a world of 2.
+        small = procs.resize(procs=2)
+        small.run(JOIN, timeout=LIMIT_S)
+        assert small.run(STEPS, timeout=LIMIT_S).values() == [
+            (r, 2, pytest.approx(1.5), [(2, 5.0)] * 3) for r in range(2)
+        ]
+        # One rank more: it gets the training code, then every rank rejoins.
+        big = small.grow(1)
+        pids.update(big.pids)
+        big.slice(procs=[2]).run(TRAIN, timeout=LIMIT_S)
+        big.run(JOIN, timeout=LIMIT_S)
+        mean = pytest.approx(19 / 3)  # gradients 1, 9 and 9: the new rank 2's is 9
+        assert big.run(STEPS, timeout=LIMIT_S).values() == [
+            (r, 3, pytest.approx(0.3 * 19 / 3), [(3, mean)] * 3) for r in range(3)
+        ]
+    finally:
+        subscription.close()
+        procs.stop()
+    assert not wait_for_exit(pids, LIMIT_S)
