@@ -164,3 +164,29 @@ def test_a_resize_during_a_ddp_loop():
         subscription.close()
         procs.stop()
     assert not wait_for_exit(pids, LIMIT_S)
+
+
+@pytest.mark.slow
+def test_mesh_resize_and_grow_in_a_notebook_with_torch_distributed():
+    pytest.importorskip("torch")
+    from kernel_utils import Kernel
+
+    with Kernel() as k:
+        k.ok("%load_ext monarch_nb")
+        k.ok("%mesh start --procs 3 --dist gloo --no-dashboard", timeout=120)
+        k.ok("%%mesh\nkept = rank * 10")
+        k.ok("from monarch_nb import current_mesh\nd = current_mesh().dashboard()")
+        reply = k.ok("%mesh resize --procs 2", timeout=120)
+        assert "mesh 'mesh' now has 2 rank(s)" in reply.text()
+        total = "%%mesh\nx = torch.ones(1)\ndist.all_reduce(x)\n(rank, world_size, kept, int(x))"
+        assert k.ok(total).text() == "[0] (0, 2, 0, 2)\n[1] (1, 2, 10, 2)\n"
+        k.ok("%mesh grow 1", timeout=120)
+        total = total.replace("kept", "globals().get('kept')")
+        assert k.ok(total).text() == "[0] (0, 3, 0, 3)\n[1] (1, 3, 10, 3)\n[2] (2, 3, None, 3)\n"
+        assert "running · 3 ranks" in k.ok("%mesh status").text()
+        # The dashboard shown before follows: a tile per rank of the new mesh.
+        shown = (
+            "d.wait_until(lambda d: d.grid.rows == [(0, 1, 2)] and 'idle' in d.grid.tile(2), 30)"
+        )
+        assert k.ok(f"print({shown})").stream() == "True\n"
+        k.ok("%mesh stop")

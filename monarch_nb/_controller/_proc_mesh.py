@@ -142,8 +142,14 @@ class ProcMesh(MeshShape):
         return self._group.events
 
     def status(self) -> MeshStatus:
-        """A snapshot of this view's ranks: state, current work, resources, heartbeats."""
-        return self._group.status(self._shape.ranks)
+        """A snapshot of this view's ranks: state, current work, resources, heartbeats.
+        A mesh that was resized answers for the whole mesh it was resized into."""
+        group = self._group
+        while group.successor is not None:
+            group = group.successor
+        if group is not self._group:
+            return group.status(group.shape.ranks)
+        return group.status(self._shape.ranks)
 
     def stacks(self, timeout: float = 5.0) -> dict[int, str]:
         """Each rank's main-thread Python stack, answered by its wire thread even while

@@ -284,6 +284,26 @@ class NotebookMesh:
         chosen = select(self.procs, ranks, None).shape.ranks
         return self.procs.restart(ranks=chosen, replay=replay)
 
+    def resize(self, procs: int) -> ProcMesh:
+        """Go on with the first ``procs`` live ranks, renumbered 0..procs-1 (see
+        ProcMesh.resize); cells, ``%mesh`` commands and the dashboard follow the
+        new mesh, and torch.distributed is set up again at the new size.
+        Returns the new ProcMesh (also ``.procs``)."""
+        return self._follow(self.procs.resize(procs))
+
+    def grow(self, count: int) -> ProcMesh:
+        """Add ``count`` ranks after the live ones (see ProcMesh.grow), as :meth:`resize`
+        follows the new mesh. Returns the new ProcMesh (also ``.procs``)."""
+        return self._follow(self.procs.grow(count))
+
+    def _follow(self, procs: ProcMesh) -> ProcMesh:
+        # The event stream is the old mesh's (shared), so the subscriptions go on;
+        # failures were numbered by the old ranks, so they are forgotten.
+        self.procs = procs
+        self.failures.clear()
+        self._setup_dist(again=True)
+        return procs
+
     def interrupt(self) -> list[int]:
         """KeyboardInterrupt in every busy rank; returns those ranks."""
         busy = self.procs.busy_ranks()
