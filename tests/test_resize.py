@@ -87,6 +87,50 @@ def test_grow_adds_ranks_after_the_live_ones():
     assert not wait_for_exit(pids, LIMIT_S)
 
 
+def test_actors_on_a_resized_mesh_reach_each_other():
+    # Kept processes listen where they did under their old ranks; added ones under
+    # the new mesh's name: a reference to the new mesh knows both.
+    from actor_hosts import Caller, Leaf
+
+    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
+    pids = set(procs.pids)
+    try:
+        _kill(procs, 0)
+        big = procs.resize(procs=2).grow(1)
+        pids.update(big.pids)
+        leaves = big.spawn("leaves", Leaf)
+        callers = big.spawn("callers", Caller, leaves)
+        assert (
+            callers.call_all.call(5).get(timeout=LIMIT_S).values() == [[(0, 5), (1, 5), (2, 5)]] * 3
+        )
+    finally:
+        procs.stop()
+    assert not wait_for_exit(pids, LIMIT_S)
+
+
+def test_a_resized_mesh_restarts_as_any_mesh():
+    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
+    pids = set(procs.pids)
+    try:
+        procs.run("x = rank")
+        small = procs.resize(procs=2)
+        record = small.restart(ranks=[1])
+        pids.update(small.pids)
+        assert record.ranks == (1,)
+        assert small.run(
+            "import os\n(rank, os.environ['WORLD_SIZE'], globals().get('x'))"
+        ).values() == [
+            (0, "2", 0),
+            (1, "2", None),
+        ]
+        small.restart()
+        pids.update(small.pids)
+        assert small.run(PLACE).values() == [(r, 2, r, r, str(r), str(r), "2") for r in range(2)]
+    finally:
+        procs.stop()
+    assert not wait_for_exit(pids, LIMIT_S)
+
+
 def test_resize_refuses_what_it_cannot_do():
     procs = this_host().spawn_procs(per_host={"procs": 2}, echo_output=False)
     try:
