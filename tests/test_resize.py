@@ -166,8 +166,7 @@ def train(n):
         time.sleep(0.01)
 """
 JOIN = (
-    "if dist.is_initialized():\n"
-    "    dist.destroy_process_group()  # the old world, with the dead rank\n"
+    "assert not dist.is_initialized()  # a resize left the old world's group\n"
     "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=30))\n"
 )
 STEPS = (
@@ -234,3 +233,25 @@ def test_mesh_resize_and_grow_in_a_notebook_with_torch_distributed():
         )
         assert k.ok(f"print({shown})").stream() == "True\n"
         k.ok("%mesh stop")
+
+
+@pytest.mark.slow
+def test_the_tensor_engine_runs_on_a_resized_and_grown_mesh():
+    torch = pytest.importorskip("torch")
+    from monarch_nb import inspect
+
+    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
+    pids = set(procs.pids)
+    try:
+        sums = []
+        mesh = procs
+        for change in (lambda m: m, lambda m: m.resize(procs=2), lambda m: m.grow(1)):
+            mesh = change(mesh)
+            pids.update(mesh.pids)
+            with mesh.activate():
+                total = torch.ones(2).reduce("procs", "sum")
+            sums.append(inspect(total).tolist())
+        assert sums == [[3.0, 3.0], [2.0, 2.0], [3.0, 3.0]]
+    finally:
+        procs.stop()
+    assert not wait_for_exit(pids, LIMIT_S)

@@ -374,8 +374,8 @@ class ProcMesh(MeshShape):
         Each kept process keeps its namespace; its ``rank``, ``world_size``,
         ``point``, ``current_rank()`` and its ``RANK``, ``WORLD_SIZE`` and
         ``LOCAL_RANK`` variables are the new ones, and ``MASTER_PORT`` is a
-        fresh port: a torch.distributed process group is set up again with
-        ``dist.destroy_process_group()`` then ``dist.init_process_group()``.
+        fresh port. A kept rank leaves its torch.distributed process group
+        (made for the old world): call ``dist.init_process_group()`` again.
         This mesh is left stopped (``resized into`` the new one); its actor
         meshes are stopped too: spawn them again on the new mesh. The new mesh
         starts an empty :meth:`history` and keeps the restart hooks and

@@ -9,9 +9,10 @@ after them. Each adopted rank is told its new rank, shape and environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, a fresh ``MASTER_PORT``) by a
 :class:`~.._common._messages.Renumber` call, so its namespace (``rank``,
 ``world_size``, ``point``) and ``current_rank()`` follow; its namespace is
-kept. The group it left is stopped, "resized into" the new one: calls to
-it, and to the actor meshes on it, say to use the new mesh. Actors do not
-follow a renumbering: the old mesh's actors are stopped.
+kept, and it leaves its torch.distributed process group, if it had one.
+The group it left is stopped, "resized into" the new one: calls to it, and
+to the actor meshes on it, say to use the new mesh. Actors do not follow a
+renumbering: the old mesh's actors are stopped.
 
 Meshes are values: the old :class:`~._proc_mesh.ProcMesh` is not changed
 into the new one. Only meshes on this host can be resized (a multi-host

@@ -649,6 +649,12 @@ class Worker:
             self.peer.home = (self.procs_ref, self.rank)
         for actor_id in list(self.actors):
             self._cleanup(self.actors.pop(actor_id))
+        # torch.distributed's default group was made for the old world (its size,
+        # ranks and store): leave it, so the next init_process_group() (a cell, the
+        # tensor engine) makes the new one. Only if torch is loaded: never import it.
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
         if self.namespace is not None:
             self.namespace.renumber()
         self.reply_value(call_id, None)
