@@ -24,6 +24,22 @@ PLACE = (
 )
 
 
+@pytest.fixture
+def spawn():
+    """Start meshes of N ranks; each is stopped at the end, and with it every mesh
+    it was resized or grown into (the autouse fixture checks that none is left)."""
+    started = []
+
+    def start(n: int):
+        procs = this_host().spawn_procs(per_host={"procs": n}, echo_output=False)
+        started.append(procs)
+        return procs
+
+    yield start
+    for procs in started:
+        procs.stop()
+
+
 def _kill(procs, rank: int) -> None:
     """SIGKILL ``rank`` and wait until the controller saw it die."""
     log = EventLog()
@@ -66,83 +82,57 @@ def test_resize_renumbers_the_survivors_and_keeps_their_namespaces():
     assert not wait_for_exit(pids, LIMIT_S)
 
 
-def test_grow_adds_ranks_after_the_live_ones():
-    procs = this_host().spawn_procs(per_host={"procs": 2}, echo_output=False)
-    pids = set(procs.pids)
-    try:
-        procs.run("x = rank + 1")
-        big = procs.grow(2)
-        pids.update(big.pids)
-        assert big.pids[:2] == procs.pids
-        assert big.run("globals().get('x')").values() == [1, 2, None, None]
-        assert big.run(PLACE).values() == [(r, 4, r, r, str(r), str(r), "4") for r in range(4)]
-        ports = big.run("os.environ['MASTER_PORT']").values()
-        assert len(set(ports)) == 1
-        # Shrinking without a failure keeps the first ranks.
-        small = big.resize(procs=1)
-        assert small.run("(rank, world_size, x)").values() == [(0, 1, 1)]
-        assert not wait_for_exit(set(big.pids[1:]), LIMIT_S)
-    finally:
-        procs.stop()
-    assert not wait_for_exit(pids, LIMIT_S)
+def test_grow_adds_ranks_after_the_live_ones(spawn):
+    procs = spawn(2)
+    procs.run("x = rank + 1")
+    big = procs.grow(2)
+    assert big.pids[:2] == procs.pids
+    assert big.run("globals().get('x')").values() == [1, 2, None, None]
+    assert big.run(PLACE).values() == [(r, 4, r, r, str(r), str(r), "4") for r in range(4)]
+    ports = big.run("os.environ['MASTER_PORT']").values()
+    assert len(set(ports)) == 1
+    # Shrinking without a failure keeps the first ranks.
+    small = big.resize(procs=1)
+    assert small.run("(rank, world_size, x)").values() == [(0, 1, 1)]
+    assert not wait_for_exit(set(big.pids[1:]), LIMIT_S)
 
 
-def test_actors_on_a_resized_mesh_reach_each_other():
+def test_actors_on_a_resized_mesh_reach_each_other(spawn):
     # Kept processes listen where they did under their old ranks; added ones under
     # the new mesh's name: a reference to the new mesh knows both.
     from actor_hosts import Caller, Leaf
 
-    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
-    pids = set(procs.pids)
-    try:
-        _kill(procs, 0)
-        big = procs.resize(procs=2).grow(1)
-        pids.update(big.pids)
-        leaves = big.spawn("leaves", Leaf)
-        callers = big.spawn("callers", Caller, leaves)
-        assert (
-            callers.call_all.call(5).get(timeout=LIMIT_S).values() == [[(0, 5), (1, 5), (2, 5)]] * 3
-        )
-    finally:
-        procs.stop()
-    assert not wait_for_exit(pids, LIMIT_S)
+    procs = spawn(3)
+    _kill(procs, 0)
+    big = procs.resize(procs=2).grow(1)
+    leaves = big.spawn("leaves", Leaf)
+    callers = big.spawn("callers", Caller, leaves)
+    everyone = [(0, 5), (1, 5), (2, 5)]
+    assert callers.call_all.call(5).get(timeout=LIMIT_S).values() == [everyone] * 3
 
 
-def test_a_resized_mesh_restarts_as_any_mesh():
-    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
-    pids = set(procs.pids)
-    try:
-        procs.run("x = rank")
-        small = procs.resize(procs=2)
-        record = small.restart(ranks=[1])
-        pids.update(small.pids)
-        assert record.ranks == (1,)
-        assert small.run(
-            "import os\n(rank, os.environ['WORLD_SIZE'], globals().get('x'))"
-        ).values() == [
-            (0, "2", 0),
-            (1, "2", None),
-        ]
-        small.restart()
-        pids.update(small.pids)
-        assert small.run(PLACE).values() == [(r, 2, r, r, str(r), str(r), "2") for r in range(2)]
-    finally:
-        procs.stop()
-    assert not wait_for_exit(pids, LIMIT_S)
+def test_a_resized_mesh_restarts_as_any_mesh(spawn):
+    procs = spawn(3)
+    procs.run("x = rank")
+    small = procs.resize(procs=2)
+    record = small.restart(ranks=[1])
+    assert record.ranks == (1,)
+    kept = "import os\n(rank, os.environ['WORLD_SIZE'], globals().get('x'))"
+    assert small.run(kept).values() == [(0, "2", 0), (1, "2", None)]
+    small.restart()
+    assert small.run(PLACE).values() == [(r, 2, r, r, str(r), str(r), "2") for r in range(2)]
 
 
-def test_resize_refuses_what_it_cannot_do():
-    procs = this_host().spawn_procs(per_host={"procs": 2}, echo_output=False)
-    try:
-        with pytest.raises(MeshUsageError, match=r"has 2 live rank\(s\) \(0, 1\).*use grow\(3\)"):
-            procs.resize(procs=5)
-        with pytest.raises(MeshUsageError, match=r"resize\(procs=0\): needs an int of at least 1"):
-            procs.resize(procs=0)
-        with pytest.raises(MeshUsageError, match=r"grow\('1'\): needs an int of at least 1"):
-            procs.grow("1")  # type: ignore[arg-type]
-        assert procs.run("rank").values() == [0, 1]  # refused: nothing changed
-    finally:
-        procs.stop()
+def test_resize_refuses_what_it_cannot_do(spawn):
+    procs = spawn(2)
+    with pytest.raises(MeshUsageError, match=r"has 2 live rank\(s\) \(0, 1\).*use grow\(3\)"):
+        procs.resize(procs=5)
+    with pytest.raises(MeshUsageError, match=r"resize\(procs=0\): needs an int of at least 1"):
+        procs.resize(procs=0)
+    with pytest.raises(MeshUsageError, match=r"grow\('1'\): needs an int of at least 1"):
+        procs.grow("1")  # type: ignore[arg-type]
+    assert procs.run("rank").values() == [0, 1]  # refused: nothing changed
+    procs.stop()
     with pytest.raises(MeshUsageError, match=r"resize\(procs=1\): process mesh 'procs' was stop"):
         procs.resize(procs=1)
 
@@ -175,38 +165,31 @@ STEPS = (
 
 
 @pytest.mark.slow
-def test_a_resize_during_a_ddp_loop():
+def test_a_resize_during_a_ddp_loop(spawn):
     pytest.importorskip("torch")
-    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
-    pids = set(procs.pids)
+    procs = spawn(3)
     log = EventLog()
-    subscription = procs.events.subscribe(log, kinds=(Output,))
-    try:
+    with procs.events.subscribe(log, kinds=(Output,)):
         procs.run(TRAIN + JOIN, timeout=LIMIT_S)
         loop = procs.exec("train(100_000)")
         log.wait_for(Output, lambda e: e.line == "three steps", timeout=LIMIT_S)
-        os.kill(procs.pids[1], signal.SIGKILL)  # rank 1 dies inside the loop
-        with pytest.raises(MeshFailure, match=r"rank 1 \(pid \d+\) .* SIGKILL"):
-            loop.get(timeout=LIMIT_S)
-        # The survivors (ranks 0 and 2, gradients 1 and 9) go on as a world of 2.
-        small = procs.resize(procs=2)
-        small.run(JOIN, timeout=LIMIT_S)
-        assert small.run(STEPS, timeout=LIMIT_S).values() == [
-            (r, 2, pytest.approx(1.5), [(2, 5.0)] * 3) for r in range(2)
-        ]
-        # One rank more: it gets the training code, then every rank rejoins.
-        big = small.grow(1)
-        pids.update(big.pids)
-        big.slice(procs=[2]).run(TRAIN, timeout=LIMIT_S)
-        big.run(JOIN, timeout=LIMIT_S)
-        mean = pytest.approx(19 / 3)  # gradients 1, 9 and 9: the new rank 2's is 9
-        assert big.run(STEPS, timeout=LIMIT_S).values() == [
-            (r, 3, pytest.approx(0.3 * 19 / 3), [(3, mean)] * 3) for r in range(3)
-        ]
-    finally:
-        subscription.close()
-        procs.stop()
-    assert not wait_for_exit(pids, LIMIT_S)
+    os.kill(procs.pids[1], signal.SIGKILL)  # rank 1 dies inside the loop
+    with pytest.raises(MeshFailure, match=r"rank 1 \(pid \d+\) .* SIGKILL"):
+        loop.get(timeout=LIMIT_S)
+    # The survivors (ranks 0 and 2, gradients 1 and 9) go on as a world of 2.
+    small = procs.resize(procs=2)
+    small.run(JOIN, timeout=LIMIT_S)
+    assert small.run(STEPS, timeout=LIMIT_S).values() == [
+        (r, 2, pytest.approx(1.5), [(2, 5.0)] * 3) for r in range(2)
+    ]
+    # One rank more: it gets the training code, then every rank rejoins.
+    big = small.grow(1)
+    big.slice(procs=[2]).run(TRAIN, timeout=LIMIT_S)
+    big.run(JOIN, timeout=LIMIT_S)
+    mean = pytest.approx(19 / 3)  # gradients 1, 9 and 9: the new rank 2's is 9
+    assert big.run(STEPS, timeout=LIMIT_S).values() == [
+        (r, 3, pytest.approx(0.3 * 19 / 3), [(3, mean)] * 3) for r in range(3)
+    ]
 
 
 @pytest.mark.slow
@@ -236,22 +219,15 @@ def test_mesh_resize_and_grow_in_a_notebook_with_torch_distributed():
 
 
 @pytest.mark.slow
-def test_the_tensor_engine_runs_on_a_resized_and_grown_mesh():
+def test_the_tensor_engine_runs_on_a_resized_and_grown_mesh(spawn):
     torch = pytest.importorskip("torch")
     from monarch_nb import inspect
 
-    procs = this_host().spawn_procs(per_host={"procs": 3}, echo_output=False)
-    pids = set(procs.pids)
-    try:
-        sums = []
-        mesh = procs
-        for change in (lambda m: m, lambda m: m.resize(procs=2), lambda m: m.grow(1)):
-            mesh = change(mesh)
-            pids.update(mesh.pids)
-            with mesh.activate():
-                total = torch.ones(2).reduce("procs", "sum")
-            sums.append(inspect(total).tolist())
-        assert sums == [[3.0, 3.0], [2.0, 2.0], [3.0, 3.0]]
-    finally:
-        procs.stop()
-    assert not wait_for_exit(pids, LIMIT_S)
+    mesh = spawn(3)
+    sums = []
+    for change in (lambda m: m, lambda m: m.resize(procs=2), lambda m: m.grow(1)):
+        mesh = change(mesh)
+        with mesh.activate():
+            total = torch.ones(2).reduce("procs", "sum")
+        sums.append(inspect(total).tolist())
+    assert sums == [[3.0, 3.0], [2.0, 2.0], [3.0, 3.0]]

@@ -946,7 +946,6 @@ class ProcGroup:
             return
         if isinstance(self.state, Stopped):
             return
-        message = self.signer.encode(Shutdown())
         busy = tuple(
             w.rank
             for w in self.workers
@@ -959,11 +958,18 @@ class ProcGroup:
             MeshFailure(f"process mesh {self.name!r} was stopped", ranks=self.shape.ranks),
         )
         self._notify_restart()
-        workers = list(self.workers)  # a rank restarted meanwhile: stop its new process too
-        live = tuple(w.rank for w in workers if w.returncode is None)
         if busy:
             self.controller.send(self, busy, self.signer.encode(Interrupt(0)), even_if_failed=True)
-        self.controller.send(self, live, message, even_if_failed=True)
+        # A rank restarted meanwhile: stop its new process too.
+        self.shut_down(list(self.workers), grace)
+
+    def shut_down(self, workers: list[WorkerProcess], grace: float = STOP_GRACE_S) -> None:
+        """Ask ``workers`` to exit, kill those left after ``grace`` s, and forget them
+        (blocking; the group is stopped already, so no exit reads as a crash)."""
+        live = tuple(w.rank for w in workers if w.returncode is None)
+        if live:
+            message = self.signer.encode(Shutdown())
+            self.controller.send(self, live, message, even_if_failed=True)
         deadline = time.monotonic() + grace
         for w in workers:
             if not w.wait(max(0.0, deadline - time.monotonic())):

@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import functools
 import secrets
-import time
 from typing import TYPE_CHECKING
 
 from .._common._errors import MeshFailure, MeshUsageError
-from .._common._messages import Renumber, Shutdown
+from .._common._messages import Renumber
 from .._common._shape import Shape
 from ._calls import send_call
 from ._process_group import (
-    KILL_WAIT_S,
     START_TIMEOUT_S,
-    STOP_GRACE_S,
     Failed,
     LocalWorker,
     ProcGroup,
@@ -164,7 +161,7 @@ def _reshape(old: ProcGroup, keep: tuple[int, ...], add: int) -> ProcMesh:
     controller.groups.discard(old)
     if busy:
         old.interrupt(busy)
-    _stop_others(old, keep)
+    old.shut_down([w for w in old.workers if w.rank not in keep])
     lost: list[WorkerProcess] = []
     controller.run(lambda: lost.extend(_adopt(old, new, keep)))
     try:
@@ -177,20 +174,6 @@ def _reshape(old: ProcGroup, keep: tuple[int, ...], add: int) -> ProcMesh:
     for worker in lost:  # died while moving: dead in the new mesh, as any rank that dies
         controller.run(functools.partial(new.worker_exited, worker))
     return ProcMesh(new, new.shape)
-
-
-def _stop_others(old: ProcGroup, keep: tuple[int, ...]) -> None:
-    """Stop the processes of ``old`` not kept (live ones gracefully) and forget them."""
-    others = [w for w in old.workers if w.rank not in keep]
-    live = tuple(w.rank for w in others if w.returncode is None)
-    if live:
-        old.controller.send(old, live, old.signer.encode(Shutdown()), even_if_failed=True)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for w in others:
-        if not w.wait(max(0.0, deadline - time.monotonic())):
-            w.kill()
-            w.wait(KILL_WAIT_S)
-    old._forget(others)
 
 
 def _adopt(old: ProcGroup, new: ProcGroup, keep: tuple[int, ...]) -> list[WorkerProcess]:
