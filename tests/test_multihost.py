@@ -156,6 +156,16 @@ def test_a_killed_remote_rank_fails_the_mesh_naming_it_and_restart_works(hosts2)
         assert list(procs.run("rank").values()) == [0, 1, 2, 3]
 
 
+def test_a_mesh_on_several_hosts_is_not_resized(hosts2) -> None:
+    with hosts2.spawn_procs({"procs": 1}) as procs:
+        several = "runs on several hosts, and only meshes on this host can be resized"
+        with pytest.raises(MeshUsageError, match=rf"resize\(procs=1\): .* {several}"):
+            procs.resize(procs=1)
+        with pytest.raises(MeshUsageError, match=rf"grow\(1\): .* {several}"):
+            procs.grow(1)
+        assert list(procs.run("rank").values()) == [0, 1]
+
+
 def test_a_silent_host_is_lost_within_the_timeout_and_only_its_ranks_fail() -> None:
     hosts = local_hosts(2, heartbeat_timeout=2.0)
     try:

@@ -11,10 +11,19 @@ directory (mode 0700, our uid only). Meshes on several hosts still use
 from __future__ import annotations
 
 import os
+import secrets
 from typing import Any
+
+from . import _rundir
 
 # Set by the controller for ranks on its own host: a fresh file in the run directory.
 STORE_ENV = "MONARCH_NB_DIST_FILE"
+
+
+def fresh_store_path() -> str:
+    """A new rendezvous file in the tree's private run directory: one per process
+    group, since a FileStore holds what its group wrote."""
+    return os.path.join(_rundir.run_dir(), f"dist-{secrets.token_hex(8)}")
 
 
 def init_kwargs() -> dict[str, Any]:

@@ -17,6 +17,7 @@ Controller -> worker::
     Spawn, Call, RunCell, Push, Pull   work, run in order on the main thread
                                        (Spawn and Call also from other actors,
                                        through the peer layer, :mod:`._peer`)
+    Renumber                           work too: the rank's new place after a resize
     PortSend                           a value for a port (peers too)
     StopActor, Shutdown                work too (ordered after the calls before them)
     Interrupt, StatusQuery             control, answered by the wire thread at once
@@ -159,6 +160,16 @@ class StopActor(Message):
 @dataclass(frozen=True, slots=True)
 class Shutdown(Message):
     TAG: ClassVar[int] = 7
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class Renumber(Message):
+    """The rank moved into a resized mesh (payload: its new ``rank``, the mesh's
+    ``labels`` and ``sizes``, the ``env`` to set, and the new ``ref``)."""
+
+    TAG: ClassVar[int] = 9
+    call_id: int
 
 
 @_message

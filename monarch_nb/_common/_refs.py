@@ -104,7 +104,9 @@ class ProcsRef:
     """One generation of a process group: where its ranks' inboxes are.
 
     On one host, a rank's inbox is ``prefix + str(rank)`` (a socket in the
-    run directory); across hosts, ``table`` lists each host's TCP ports.
+    run directory); across hosts, ``table`` lists each host's TCP ports. A
+    resized mesh keeps the inboxes its processes bound under their old ranks:
+    ``inboxes`` lists every rank's address.
     """
 
     group: str  # the group's random id
@@ -114,6 +116,7 @@ class ProcsRef:
     prefix: str  # a rank's inbox address is prefix + str(rank)
     world: ViewRef  # the whole group's shape
     table: Table = ()  # a mesh on several hosts: where each rank listens
+    inboxes: tuple[str, ...] = ()  # a resized mesh: each rank's address, by rank
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcsRef:
@@ -133,9 +136,12 @@ class ProcsRef:
             tuple(
                 (host, tuple(tuple(run) for run in runs)) for host, runs in data.get("table", ())
             ),
+            tuple(data.get("inboxes", ())),
         )
 
     def address(self, rank: int) -> str:
+        if self.inboxes:
+            return self.inboxes[rank]
         if self.table:
             return _table_lookup(self.table)[rank]
         return f"{self.prefix}{rank}"

@@ -330,6 +330,12 @@ class Controller:
     ) -> None:
         self._peers[identity] = _Peer(group, rank, via)
 
+    def move_peer(self, identity: bytes, group: ProcGroup, rank: int) -> None:
+        """A worker now answers as ``rank`` of ``group`` (a resize); its replay
+        window goes with it, since it keeps numbering its messages."""
+        peer = self._peers[identity]
+        peer.group, peer.rank = group, rank
+
     def remove_peer(self, identity: bytes) -> None:
         self._peers.pop(identity, None)
 

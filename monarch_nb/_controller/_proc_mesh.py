@@ -83,6 +83,7 @@ class ProcMesh(MeshShape):
         and ops on mesh tensors run on every rank, and return
         :class:`~monarch_nb.MeshTensor` handles (see :mod:`monarch_nb.tensor`).
         """
+        self._check_current("activate")
         return self._tensor_engine().activate(self)
 
     @staticmethod
@@ -147,8 +148,14 @@ class ProcMesh(MeshShape):
         return self._group.events
 
     def status(self) -> MeshStatus:
-        """A snapshot of this view's ranks: state, current work, resources, heartbeats."""
-        return self._group.status(self._shape.ranks)
+        """A snapshot of this view's ranks: state, current work, resources, heartbeats.
+        A mesh that was resized answers for the whole mesh it was resized into."""
+        group = self._group
+        while group.successor is not None:
+            group = group.successor
+        if group is not self._group:
+            return group.status(group.shape.ranks)
+        return group.status(self._shape.ranks)
 
     def stacks(self, timeout: float = 5.0, *, native: bool = False) -> Stacks:
         """Each rank's stack, as a dict ``{rank: text}`` whose ``str()`` (and notebook
@@ -303,6 +310,7 @@ class ProcMesh(MeshShape):
         in C holding the GIL does not, see :meth:`kill`. To stop one call only
         (queued or running), use its future's ``interrupt()``.
         """
+        self._check_current("interrupt")
         targets = self.busy_ranks() if ranks is None else list(ranks)
         self._group.interrupt(targets)
         return targets
@@ -313,6 +321,7 @@ class ProcMesh(MeshShape):
         Those ranks are then dead: calls that include them fail, naming them,
         until :meth:`restart` (the other ranks, :meth:`healthy`, go on).
         """
+        self._check_current("kill")
         self._group.kill_ranks(ranks)
 
     # -- code cells: the plain-Python API behind %%mesh ---------------------------------
@@ -334,6 +343,7 @@ class ProcMesh(MeshShape):
         outside Python after the grace period). With ``replay=False`` the cell
         is left out of what ``restart(replay=True)`` runs again.
         """
+        self._check_current("exec")
         return _cells.run_cell(self, source, name=name, fail_fast=fail_fast, replay=replay)
 
     def run(
@@ -350,10 +360,12 @@ class ProcMesh(MeshShape):
 
     def push(self, values: Mapping[str, Any] | None = None, /, **names: Any) -> None:
         """Set names in every rank's namespace: ``procs.push(lr=0.1)``."""
+        self._check_current("push")
         wait_for(_cells.push(self, {**(values or {}), **names}))
 
     def pull(self, name: str) -> ValueMesh[Any]:
         """``name`` from every rank's namespace, as a ValueMesh."""
+        self._check_current("pull")
         return wait_for(_cells.pull(self, name))
 
     # -- data parallel: see _data_parallel ----------------------------------------------
@@ -362,11 +374,13 @@ class ProcMesh(MeshShape):
         """Split ``seq`` (a list, tuple, string, tensor or array) into one contiguous
         chunk per rank, in rank order, and set ``name`` to it on each rank:
         ``procs.scatter("shard", list(range(10)))``."""
+        self._check_current("scatter")
         _data_parallel.scatter(self, name, seq)
 
     def gather(self, name: str) -> Any:
         """``name`` from every rank, concatenated in rank order (lists, tuples and
         strings joined, tensors and arrays concatenated); other values as a list."""
+        self._check_current("gather")
         return _data_parallel.gather(self, name)
 
     def map(
@@ -378,6 +392,7 @@ class ProcMesh(MeshShape):
         ``procs.map(score, batches).get()``. ``fn`` travels with each item, so
         keep large data on the ranks (``scatter`` it) rather than in ``fn``.
         """
+        self._check_current("map")
         return _data_parallel.map_items(self, fn, items, in_flight=in_flight)
 
     # -- actors ---------------------------------------------------------------------
@@ -389,6 +404,7 @@ class ProcMesh(MeshShape):
         remote traceback if ``__init__`` raised on any rank (the process mesh
         stays usable), or MeshFailure if the mesh is failed.
         """
+        self._check_current("spawn")
         if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
             raise MeshUsageError(
                 f"spawn({name!r}, ...) needs a subclass of monarch_nb.Actor, got {actor_class!r}"
@@ -456,6 +472,7 @@ class ProcMesh(MeshShape):
         """
         from ._replay import replay as replay_history
 
+        self._check_current("restart")
         record = self._group.restart(ranks)
         if replay:
             sent = replay_history(self, record.ranks, spawns=ranks is None)
@@ -463,6 +480,45 @@ class ProcMesh(MeshShape):
         if ranks is None:
             self._group.history.clear()
         return record
+
+    def resize(self, procs: int) -> ProcMesh:
+        """A new, smaller mesh over this one's running processes: after a failure,
+        ``procs.resize(procs=3)`` keeps the first 3 live ranks, renumbered 0-2
+        (the others are stopped). Blocking.
+
+        Each kept process keeps its namespace; its ``rank``, ``world_size``,
+        ``point``, ``current_rank()`` and its ``RANK``, ``WORLD_SIZE`` and
+        ``LOCAL_RANK`` variables are the new ones, and ``MASTER_PORT`` is a
+        fresh port. A kept rank leaves its torch.distributed process group
+        (made for the old world): call ``dist.init_process_group()`` again.
+        This mesh is left stopped (``resized into`` the new one); its actor
+        meshes are stopped too: spawn them again on the new mesh. The new mesh
+        starts an empty :meth:`history` and keeps the restart hooks and
+        policy. Raises MeshUsageError if ``procs`` is more than the live
+        ranks (use :meth:`grow`), or for a mesh on several hosts.
+        """
+        from ._resize import resize
+
+        self._check_current("resize")
+        return resize(self, procs)
+
+    def grow(self, count: int) -> ProcMesh:
+        """A new mesh of this one's live ranks followed by ``count`` new processes
+        (ranks ``n .. n+count-1``, with empty namespaces), as :meth:`resize`
+        makes; ``procs.grow(1)``. Blocking; raises MeshFailure if a new process
+        does not start (the new mesh is stopped then)."""
+        from ._resize import grow
+
+        self._check_current("grow")
+        return grow(self, count)
+
+    def _check_current(self, method: str) -> None:
+        resized_into = self._group.resized_into
+        if resized_into is not None:
+            raise MeshUsageError(
+                f"{method}() on process mesh {self.name!r}, which was resized into "
+                f"{resized_into}: use the mesh that resize() or grow() returned"
+            )
 
     def history(self) -> History:
         """The pushes, cells and spawns sent to this mesh (every view of it) since it
@@ -475,6 +531,7 @@ class ProcMesh(MeshShape):
         (``restart()``, ``restart(ranks=...)``, a RestartPolicy), once they are up
         and their actors spawned again, before ``restart()`` returns: set up what
         every rank needs again (a torch.distributed process group, say)."""
+        self._check_current("add_restart_hook")
         self._group.after_restart.append(hook)
 
     def __enter__(self) -> ProcMesh:

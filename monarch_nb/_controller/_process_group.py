@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._common import _context, _peer, _py_spy, _refs, _rundir
-from .._common._dist import STORE_ENV
+from .._common._dist import STORE_ENV, fresh_store_path
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, SpawnError
 from .._common._future import Future
 from .._common._hints import restart_hint, restart_ranks_hint
@@ -295,6 +295,12 @@ class ProcGroup:
         self.printer: OutputPrinter | None = None  # prints a script mesh's output
         # logging_option(): (stream_to_client, aggregate_window_sec), for every printer.
         self.output_option: tuple[bool, float | None] = (True, None)
+        # Resizing (see ._resize): the inboxes processes adopted from an earlier
+        # group bound under their old ranks (new rank -> address), and, in the
+        # group they left, what it was resized into.
+        self.inboxes: dict[int, str] = {}
+        self.resized_into: str | None = None
+        self.successor: ProcGroup | None = None  # stopping this group stops that one
 
     # -- starting -------------------------------------------------------------
 
@@ -310,6 +316,7 @@ class ProcGroup:
         self.spawned.clear()
         self.missing_actors.clear()
         self._restarting.clear()
+        self.inboxes = {}
         self.hosts = {}
         self.peer_addresses = {}
         self.workers = []  # the new generation's, once launched
@@ -362,9 +369,7 @@ class ProcGroup:
         # about twice as fast here. The user's own setting wins.
         env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
         if self.agents is None:  # one host: torch.distributed meets in a private file
-            env[STORE_ENV] = os.path.join(
-                _rundir.run_dir(), f"dist-{self.uid}-{self.generation}-{secrets.token_hex(4)}"
-            )
+            env[STORE_ENV] = fresh_store_path()
         env.update(
             WORLD_SIZE=str(len(self.shape)),
             LOCAL_WORLD_SIZE=str(len(self.shape)),
@@ -398,13 +403,18 @@ class ProcGroup:
         return boot
 
     def _local_ref(self) -> _refs.ProcsRef:
+        prefix = _rundir.socket_path(f"{self.uid}-{self.generation}-")
+        inboxes: tuple[str, ...] = ()
+        if self.inboxes:
+            inboxes = tuple(self.inboxes.get(r, f"{prefix}{r}") for r in self.shape.ranks)
         return _refs.ProcsRef(
             self.uid,
             self.generation,
             self.name,
             socket.gethostname(),
-            _rundir.socket_path(f"{self.uid}-{self.generation}-"),
+            prefix,
             _refs.ViewRef.of(self.shape),
+            inboxes=inboxes,
         )
 
     def ref(self) -> _refs.ProcsRef | None:
@@ -502,6 +512,12 @@ class ProcGroup:
         match self.state:
             case Failed(error):
                 return error
+            case Stopped() if self.resized_into is not None:
+                return MeshFailure(
+                    f"process mesh {self.name!r} was resized into {self.resized_into}: use the "
+                    "mesh that resize() or grow() returned (actor meshes: spawn them again on it)",
+                    ranks=ranks,
+                )
             case Stopped():
                 return MeshFailure(
                     f"process mesh {self.name!r} was stopped; start a new one or call restart()",
@@ -952,10 +968,13 @@ class ProcGroup:
 
         Ranks still running user code are interrupted first: whoever waited for
         that work is told the mesh stopped, so finishing it would only delay
-        the exit (a rank stuck in C is killed after ``grace``)."""
+        the exit (a rank stuck in C is killed after ``grace``). A group that was
+        resized stops the group it was resized into (``with`` blocks end it)."""
+        if self.successor is not None:
+            self.successor.stop(grace)
+            return
         if isinstance(self.state, Stopped):
             return
-        message = self.signer.encode(Shutdown())
         busy = tuple(
             w.rank
             for w in self.workers
@@ -968,11 +987,18 @@ class ProcGroup:
             MeshFailure(f"process mesh {self.name!r} was stopped", ranks=self.shape.ranks),
         )
         self._notify_restart()
-        workers = list(self.workers)  # a rank restarted meanwhile: stop its new process too
-        live = tuple(w.rank for w in workers if w.returncode is None)
         if busy:
             self.controller.send(self, busy, self.signer.encode(Interrupt(0)), even_if_failed=True)
-        self.controller.send(self, live, message, even_if_failed=True)
+        # A rank restarted meanwhile: stop its new process too.
+        self.shut_down(list(self.workers), grace)
+
+    def shut_down(self, workers: list[WorkerProcess], grace: float = STOP_GRACE_S) -> None:
+        """Ask ``workers`` to exit, kill those left after ``grace`` s, and forget them
+        (blocking; the group is stopped already, so no exit reads as a crash)."""
+        live = tuple(w.rank for w in workers if w.returncode is None)
+        if live:
+            message = self.signer.encode(Shutdown())
+            self.controller.send(self, live, message, even_if_failed=True)
         deadline = time.monotonic() + grace
         for w in workers:
             if not w.wait(max(0.0, deadline - time.monotonic())):
@@ -982,7 +1008,8 @@ class ProcGroup:
 
     def kill(self) -> None:
         """Kill every worker at once (no grace), e.g. before a restart."""
-
+        if self.resized_into is not None:
+            return  # its processes live on in the group it was resized into
         if not isinstance(self.state, Stopped):
             self.controller.end_group(
                 self,

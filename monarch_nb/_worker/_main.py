@@ -43,6 +43,7 @@ from .._common._messages import (
     ProtocolError,
     Pull,
     Push,
+    Renumber,
     RunCell,
     Shutdown,
     Spawn,
@@ -119,7 +120,7 @@ def _call_id_of(message: Message) -> int:
     match message:
         case Call(call_id, _, _, True) | Spawn(call_id) | RunCell(call_id) | Push(call_id):
             return call_id
-        case Pull(call_id):
+        case Pull(call_id) | Renumber(call_id):
             return call_id
     return 0
 
@@ -471,6 +472,8 @@ class Worker:
                 self.on_spawn(message, frames, route)
             case RunCell() | Push() | Pull() if from_controller:
                 self.on_cell(message, frames)
+            case Renumber(call_id) if from_controller:
+                self.on_renumber(call_id, frames)
             case StopActor(actor_id):
                 live = self.actors.pop(actor_id, None)
                 if live is not None:
@@ -636,6 +639,31 @@ class Worker:
             (route or self.controller_route).send(Failure(call_id, failure, serialization))
         else:  # a broadcast has no caller: supervision (the controller) takes it
             self.send(BroadcastFailure(actor_id, label, failure))
+
+    def on_renumber(self, call_id: int, frames: list[Any]) -> None:
+        """This process moved into a resized mesh: take its new rank, shape,
+        environment and inbox table. The actors of the old mesh are stopped
+        (their meshes cannot follow a renumbering); the namespace is kept."""
+        decoded = self._decode_or_fail(call_id, True, "renumber", frames)
+        if decoded is _FAILED:
+            return
+        self.rank = decoded["rank"]
+        self.shape = Shape.from_sizes(dict(zip(decoded["labels"], decoded["sizes"], strict=True)))
+        os.environ.update(decoded["env"])
+        if self.peer is not None:
+            self.procs_ref = decoded["ref"]
+            self.peer.home = (self.procs_ref, self.rank)
+        for actor_id in list(self.actors):
+            self._cleanup(self.actors.pop(actor_id))
+        # torch.distributed's default group was made for the old world (its size,
+        # ranks and store): leave it, so the next init_process_group() (a cell, the
+        # tensor engine) makes the new one. Only if torch is loaded: never import it.
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        if self.namespace is not None:
+            self.namespace.renumber()
+        self.reply_value(call_id, None)
 
     def on_cell(self, message: RunCell | Push | Pull, frames: list[Any]) -> None:
         call_id = message.call_id

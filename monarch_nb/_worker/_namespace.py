@@ -30,18 +30,22 @@ class RankNamespace:
     """The persistent globals of cells on one rank."""
 
     def __init__(self, worker: Worker) -> None:
-        point = worker.shape.point_of_rank(worker.rank)
         self.worker = worker
-        self.context = Context(point, len(worker.shape), worker.mesh_name)
-        self.globals: dict[str, Any] = {
-            "__name__": "__main__",
-            "rank": worker.rank,
-            "world_size": len(worker.shape),
-            "local_rank": int(os.environ.get("LOCAL_RANK", worker.rank)),
-            "point": point,
-            "display": self.display,
-        }
+        self.globals: dict[str, Any] = {"__name__": "__main__", "display": self.display}
+        self.renumber()
         _rich.install(self)
+
+    def renumber(self) -> None:
+        """Take the worker's rank and shape (at start, and after a resize)."""
+        worker = self.worker
+        point = worker.shape.point_of_rank(worker.rank)
+        self.context = Context(point, len(worker.shape), worker.mesh_name)
+        self.globals.update(
+            rank=worker.rank,
+            world_size=len(worker.shape),
+            local_rank=int(os.environ.get("LOCAL_RANK", worker.rank)),
+            point=point,
+        )
 
     def execute(self, filename: str, source: str) -> Any:
         """Run a cell; the trailing expression's value, or a coroutine if it awaits."""

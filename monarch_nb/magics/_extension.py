@@ -7,6 +7,7 @@ kernel's exit (an atexit hook here, and the core kills what is left).
 from __future__ import annotations
 
 import atexit
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -161,6 +162,30 @@ class MeshMagics(Magics):
                 )
             )
         display(mesh.dashboard())  # live, following the new processes
+
+    def _resize(self, args: Any) -> None:
+        if args.procs < 1:
+            raise UsageError(f"--procs must be at least 1, got {args.procs}")
+        self._reshape(self.registry.get(args.mesh), lambda mesh: mesh.resize(args.procs))
+
+    def _grow(self, args: Any) -> None:
+        if args.count < 1:
+            raise UsageError(f"%mesh grow takes a count of at least 1, got {args.count}")
+        self._reshape(self.registry.get(args.mesh), lambda mesh: mesh.grow(args.count))
+
+    def _reshape(self, mesh: NotebookMesh, change: Callable[[NotebookMesh], object]) -> None:
+        """Resize ``mesh``; ``%mesh activate`` follows it to the new mesh."""
+        active = self.activation is not None and self.activation.procs.name == mesh.name
+        if active:
+            try:
+                self._activate("deactivate", "")
+            except MeshFailure:
+                pass  # what was pending went to a rank that died: lost with it
+        change(mesh)
+        if active:
+            self._activate("activate", mesh.name)
+        display(_render.Notice(f"mesh {mesh.name!r} now has {len(mesh)} rank(s), numbered from 0"))
+        display(_render.StatusView([mesh.status()]))
 
     def _history(self, args: Any) -> None:
         mesh = self.registry.get(args.mesh)

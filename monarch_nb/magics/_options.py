@@ -110,6 +110,28 @@ def restart_options() -> None:
     those of --ranks; torch.distributed is set up again on every rank."""
 
 
+@magic_arguments(name="mesh resize")
+@argument(
+    "--procs",
+    type=int,
+    required=True,
+    help="how many ranks to keep: the first live ones, renumbered from 0 (the others stop)",
+)
+@_mesh_option
+def resize_options() -> None:
+    """Go on with fewer ranks over the running processes (after a failure, the
+    survivors): each keeps its namespace and gets its new rank and world size;
+    torch.distributed is set up again at the new size. Actors: spawn them again."""
+
+
+@magic_arguments(name="mesh grow")
+@argument("count", type=int, help="how many ranks to add")
+@_mesh_option
+def grow_options() -> None:
+    """Add ranks after the live ones (fresh processes, empty namespaces); every rank
+    gets the new world size, and torch.distributed is set up again."""
+
+
 @magic_arguments(name="mesh history")
 @_mesh_option
 def history_options() -> None:
@@ -215,6 +237,8 @@ SUBCOMMANDS = {
     "start": start_options,
     "stop": stop_options,
     "restart": restart_options,
+    "resize": resize_options,
+    "grow": grow_options,
     "history": history_options,
     "status": status_options,
     "logs": logs_options,
@@ -299,6 +323,7 @@ def line_help() -> str:
         "  %mesh scatter x=data / gather x     split data across the ranks / join it\n"
         "  %mesh on / %mesh off                run plain cells on the mesh\n"
         "  %mesh stop / %mesh restart\n"
+        "  %mesh resize --procs 3 / grow 1     fewer ranks (the survivors) / more ranks\n"
         "  %%mesh                              run a cell on the ranks (see %%mesh?)\n"
         "  %mesh                               status, or this help if no mesh runs\n"
     )

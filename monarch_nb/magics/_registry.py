@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import secrets
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from .._common._actors import Actor
 from .._common._cell_source import compile_cell, next_cell_name
-from .._common._dist import STORE_ENV
+from .._common._dist import STORE_ENV, fresh_store_path
 from .._common._errors import MeshUsageError, format_ranks
 from .._common._future import Future
 from .._common._logs import LogLine
@@ -297,6 +296,26 @@ class NotebookMesh:
         chosen = select(self.procs, ranks, None).shape.ranks
         return self.procs.restart(ranks=chosen, replay=replay)
 
+    def resize(self, procs: int) -> ProcMesh:
+        """Go on with the first ``procs`` live ranks, renumbered 0..procs-1 (see
+        ProcMesh.resize); cells, ``%mesh`` commands and the dashboard follow the
+        new mesh, and torch.distributed is set up again at the new size.
+        Returns the new ProcMesh (also ``.procs``)."""
+        return self._follow(self.procs.resize(procs))
+
+    def grow(self, count: int) -> ProcMesh:
+        """Add ``count`` ranks after the live ones (see ProcMesh.grow), as :meth:`resize`
+        follows the new mesh. Returns the new ProcMesh (also ``.procs``)."""
+        return self._follow(self.procs.grow(count))
+
+    def _follow(self, procs: ProcMesh) -> ProcMesh:
+        # The event stream is the old mesh's (shared), so the subscriptions go on;
+        # failures were numbered by the old ranks, so they are forgotten.
+        self.procs = procs
+        self.failures.clear()
+        self._setup_dist(again=True)
+        return procs
+
     def interrupt(self) -> list[int]:
         """KeyboardInterrupt in every busy rank; returns those ranks."""
         busy = self.procs.busy_ranks()
@@ -347,7 +366,7 @@ class NotebookMesh:
             f"os.environ['MASTER_PORT'] = {str(self._free_master_port())!r}\n"
             # ... or a fresh file, on one host (see monarch_nb._common._dist).
             f"if os.environ.get({STORE_ENV!r}):\n"
-            f"    os.environ[{STORE_ENV!r}] += '-{secrets.token_hex(4)}'\n"
+            f"    os.environ[{STORE_ENV!r}] = {fresh_store_path()!r}\n"
             if again
             else ""
         )

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from .._common._shape import Shape
 from .._controller._events import (
     CallFinished,
     CallStarted,
@@ -83,10 +84,11 @@ class Dashboard:
         self.feed = DashboardFeed()
         self.throttle = Throttle(MIN_INTERVAL_S, REFRESH_S)
         self.header = w.HTML()
+        self.shape = procs.shape  # a resized mesh (mesh.procs replaced) redraws its tiles
         self.grid = TileGrid(procs.shape, heartbeat_s=_heartbeat_s())
         self.failures = FailurePanel(
             procs.shape.ranks,
-            lambda rank: [o.line for o in procs.output_tail(rank)],
+            lambda rank: [o.line for o in self.mesh.procs.output_tail(rank)],
             clear=self._clear_failures,
             search=lambda rank, grep: [
                 str(line) for line in procs.logs(ranks=[rank], grep=grep, tail=TAIL_LINES)
@@ -144,6 +146,8 @@ class Dashboard:
         status = as_notebook_status(self.mesh.status())
         failures = self._failure_log()
         headline = self._headline(status)
+        if status.status.shape != self.shape:
+            self._reshape(status.status.shape)
         with self.widget.hold_sync():
             if self.header.value != headline:
                 self.header.value = headline
@@ -154,6 +158,16 @@ class Dashboard:
             self.draws += 1
             self.throttle.drew(time.monotonic())
             self._drawn.notify_all()
+
+    def _reshape(self, shape: Shape) -> None:
+        """The mesh was resized: tiles for its new ranks, and a rank picker of them."""
+        from ._tiles import TileGrid
+
+        old, self.grid = self.grid, TileGrid(shape, heartbeat_s=_heartbeat_s())
+        self.shape = shape
+        self.failures.set_ranks(shape.ranks)
+        self.widget.children = [self.header, self.grid.widget, self.failures.widget]
+        old.close()
 
     def _run(self) -> None:
         while not self._closed.is_set():

@@ -67,6 +67,11 @@ class FailurePanel:
         self._shown: tuple[FailureRecord, ...] = ()
         self._button_ranks: tuple[int, ...] = ()
 
+    def set_ranks(self, ranks: Sequence[int]) -> None:
+        """Offer these ranks in the picker (the mesh was resized)."""
+        self.picker.value = None
+        self.picker.options = [("-", None)] + [(f"rank {r}", r) for r in ranks]
+
     def select(self, rank: int | None) -> None:
         """Show ``rank``'s last lines (None hides them)."""
         self.picker.value = rank
