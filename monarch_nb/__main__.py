@@ -52,6 +52,11 @@ class Greeter(Actor):
         return os.getpid()
 
     @endpoint
+    def nap(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "woke up"
+
+    @endpoint
     def scale(self, tensor: Any, by: float) -> Any:
         return tensor * by
 
@@ -104,8 +109,10 @@ def demo(procs_per_host: int) -> None:
             print(f"all_reduce of [rank, rank] = {greeters.all_reduce.call().get(timeout=120)}")
 
         step("a rank dies: the call fails at once, naming it; restart() brings fresh ones")
-        pid = greeters.slice(procs=procs_per_host - 1).pid.call_one().get(timeout=30)
-        pending = greeters.divide.call(1)
+        doomed = greeters.slice(procs=procs_per_host - 1)
+        pid = doomed.pid.call_one().get(timeout=30)
+        # A call still running when its rank dies, so the failure has someone to tell.
+        pending = doomed.nap.call_one(120)
         os.kill(pid, signal.SIGKILL)
         try:
             pending.get(timeout=30)
