@@ -115,6 +115,51 @@ def test_the_comm_in_a_real_kernel() -> None:
         wait_gone(pids)
 
 
+def _control_request(kernel: Kernel, msg_type: str, content: dict) -> dict:
+    client = kernel.client
+    msg = client.session.msg(msg_type, content)
+    client.control_channel.send(msg)
+    while True:
+        reply = client.get_control_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            return reply["content"]
+
+
+def test_a_button_is_answered_after_the_subshell_it_came_from_is_gone() -> None:
+    # JupyterLab >= 4.4 sends a comm's messages on a subshell of its comm target and
+    # can delete that subshell while a reopened comm still names it; ipykernel >= 7.4
+    # then routes the comm's next message to the subshell its last reply went to.
+    # Unless the panel's comm keeps to the main shell, "stop" is dropped there
+    # ("Unknown subshell_id") and the panel waits for an answer forever.
+    with Kernel() as kernel:
+        if "supported_features" not in kernel.client.kernel_info(reply=True)["content"]:
+            pytest.skip("this ipykernel has no subshells")
+        kernel.ok("%load_ext monarch_nb")
+        kernel.ok("%mesh start --procs 2")
+        pids = kernel.worker_pids()
+        subshell = _control_request(kernel, "create_subshell_request", {})["subshell_id"]
+        client, comm_id = kernel.client, uuid.uuid4().hex
+
+        def send(msg_type: str, content: dict) -> None:
+            msg = client.session.msg(msg_type, content)
+            msg["header"]["subshell_id"] = subshell
+            client.shell_channel.send(msg)
+
+        send("comm_open", {"comm_id": comm_id, "target_name": COMM_TARGET, "data": {}})
+        _comm_messages(kernel, comm_id, lambda d: d["type"] == "snapshot")
+        send("comm_msg", {"comm_id": comm_id, "data": {"action": "interrupt", "mesh": "mesh"}})
+        _comm_messages(kernel, comm_id, lambda d: d["type"] == "result")
+        assert (
+            _control_request(kernel, "delete_subshell_request", {"subshell_id": subshell})["status"]
+            == "ok"
+        )
+
+        send("comm_msg", {"comm_id": comm_id, "data": {"action": "stop", "mesh": "mesh"}})
+        seen = _comm_messages(kernel, comm_id, lambda d: d["type"] == "result")
+        assert seen[-1]["message"] == "mesh 'mesh' stopped"
+        wait_gone(pids)
+
+
 def test_a_front_end_without_the_panel_hears_nothing_of_it(tmp_path: Path) -> None:
     # nbconvert (like nbval) has no handler for the panel's comm target: a comm the
     # kernel opened to it would be answered with a warning on every run.

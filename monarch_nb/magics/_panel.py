@@ -23,6 +23,7 @@ busy kernel through the kernel's own interrupt, which reaches every busy rank.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -42,7 +43,13 @@ COMM_TARGET = "monarch_nb.panel"
 REFRESH_S = 2.0
 MAX_RATE_HZ = 2.0
 ACTIONS = ("stop", "restart", "interrupt", "refresh")
+_log = logging.getLogger(__name__)
 _WATCHED = (RankStateChanged, RankFailed, MeshFailed, CallStarted, CallFinished)
+
+
+def _main_shell(data: Any, default: str | None) -> None:
+    """A comm's messages go to the kernel's main shell (subshell id None)."""
+    return None
 
 
 def panel_snapshot(registry: MeshRegistry = REGISTRY) -> dict[str, Any]:
@@ -151,6 +158,14 @@ class PanelServer:
 
     def on_comm_open(self, comm: Any, open_msg: Any = None) -> None:
         """The comm target's callback: a panel opened a comm to this kernel."""
+        # ipykernel >= 7.4 routes a comm's incoming messages to the subshell that
+        # last sent on it; JupyterLab >= 4.4 opens a subshell per comm target and
+        # may delete it while a reopened comm still names it (the kernel closes the
+        # panel's first comm when monarch_nb is not yet loaded). A message routed
+        # there is dropped ("Unknown subshell_id") and a button does nothing. The
+        # main shell always exists, and there actions run between cells, as the
+        # panel says they do.
+        comm._reply_subshell_for = _main_shell
         comm.on_msg(lambda msg: self._on_msg(comm, msg))
         comm.on_close(lambda msg: self._drop(comm))
         self._go_live(comm)
@@ -166,7 +181,12 @@ class PanelServer:
     def _on_msg(self, comm: Any, msg: Any) -> None:
         self._go_live(comm)
         data = msg.get("content", {}).get("data", {}) or {}
-        result = run_action(str(data.get("action")), str(data.get("mesh")), self.registry)
+        action, mesh = str(data.get("action")), str(data.get("mesh"))
+        try:
+            result = run_action(action, mesh, self.registry)
+        except Exception as exc:  # a button must never fail in silence: say what broke
+            _log.exception("monarch_nb panel: %s of mesh %r failed", action, mesh)
+            result = _result(action, mesh, False, f"{action} failed: {type(exc).__name__}: {exc}")
         self._send(comm, result)
         self.changed()
 
