@@ -207,6 +207,7 @@ class Controller:
                     if group.rank_failures:  # a new call clears a rank's "failed" state
                         for rank in ranks:
                             group.rank_failures.pop(rank, None)
+                    group.timeline.began(call.call_id, call.label, ranks)
                     for rank in ranks:
                         outstanding[(gid, rank)] += 1
                         if outstanding[(gid, rank)] == 1:
@@ -291,6 +292,8 @@ class Controller:
                 return
             call.answered.add(rank)
             idle = self._unload(call, rank)
+            if call.group is not None:
+                call.group.timeline.answered(call.call_id, rank, _failure_of(call, rank))
         if idle and call.group is not None:
             call.group.rank_settled(rank)
 
@@ -304,10 +307,11 @@ class Controller:
         group = call.group
         if group is None:
             return
+        error = call.future.exception(timeout=0)
+        summary = f"{type(error).__name__}: {error}".splitlines()[0] if error else None
+        group.timeline.ended(call.call_id, summary)
         events = group.events
         if events and events.wants(CallFinished):
-            error = call.future.exception(timeout=0)
-            summary = f"{type(error).__name__}: {error}".splitlines()[0] if error else None
             events.emit(CallFinished(group.name, call.call_id, call.label, call.ranks, summary))
         for rank in idle:
             group.rank_settled(rank)
@@ -475,3 +479,11 @@ def _rank_failed(mesh: str, failure: RemoteFailure, label: str) -> RankFailed:
         traceback=failure.traceback,
         label=label,
     )
+
+
+def _failure_of(call: PendingCall, rank: int) -> str | None:
+    """``rank``'s error on ``call`` as "Type: message", None if it sent a value."""
+    for failure in itertools.chain(reversed(call.failures), reversed(call.serialization_failures)):
+        if failure.rank == rank:
+            return f"{failure.type_name}: {failure.message}".splitlines()[0]
+    return None

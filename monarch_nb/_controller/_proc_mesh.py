@@ -9,6 +9,7 @@ import itertools
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -34,6 +35,7 @@ from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
 from ._recovery import RestartPolicy
 from ._stacks import Profile, Stacks
 from ._status import MeshState, MeshStatus, RestartRecord
+from ._timeline import Timeline
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
@@ -207,6 +209,20 @@ class ProcMesh(MeshShape):
         read with py-spy where it is installed.
         """
         return _diagnose.diagnose(self._group, self._shape.ranks, timeout)
+
+    def timeline(self, minutes: float = 10.0) -> Timeline:
+        """Who ran which call or cell when, per rank, over the last ``minutes``
+        (``%mesh timeline``): a chart in a notebook, a text chart when printed.
+
+        ``.spans`` has one Span per rank and call (label, start, end, outcome:
+        ok, error, interrupted, died, cancelled or running); ``.stragglers()``
+        the ranks that took more than 1.5x the median rank of the same call.
+        The newest calls are kept (about 100,000 rank-calls); a resized mesh
+        starts a new timeline.
+        """
+        if minutes <= 0:
+            raise ValueError(f"timeline(minutes={minutes!r}): give a positive number of minutes")
+        return self._group.timeline.timeline(self._shape.ranks, time.time() - 60.0 * minutes)
 
     def output_tail(self, rank: int) -> list[Output]:
         """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""

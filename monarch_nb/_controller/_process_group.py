@@ -73,6 +73,7 @@ from ._history import History
 from ._log_stream import OutputPrinter
 from ._oom import OomWitness, describe_oom
 from ._recovery import RestartBudget, RestartPolicy
+from ._timeline import TimelineRecorder
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
@@ -278,6 +279,7 @@ class ProcGroup:
         # actor id -> the generation a replay spawned it again in: its old handles work
         self.replayed_actors: dict[int, int] = {}
         self.history = History()  # what built the ranks' state, for restart(replay=True)
+        self.timeline = TimelineRecorder()  # who ran which call when: procs.timeline()
         self.missing_actors: dict[int, dict[int, str]] = {}  # actor id -> rank -> why absent
         self.restarts: deque[RestartRecord] = deque(maxlen=20)
         # Run after ranks got fresh processes (restart(ranks=...) or a policy), with

@@ -30,6 +30,7 @@ from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
 from ._panel import register_panel
 from ._registry import REGISTRY, CellHandle, NotebookMesh
+from ._selection import select
 from ._tracebacks import IPythonStyle, restart_hint
 
 
@@ -209,6 +210,13 @@ class MeshMagics(Magics):
 
     def _why(self, args: Any) -> None:
         display(self.registry.get(args.mesh).procs.diagnose(timeout=args.timeout))
+
+    def _timeline(self, args: Any) -> None:
+        procs = select(self.registry.get(args.mesh).procs, args.ranks, args.where)
+        try:
+            display(procs.timeline(minutes=args.minutes))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     def _stacks(self, args: Any) -> None:
         procs = self.registry.get(args.mesh).procs

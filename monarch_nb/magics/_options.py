@@ -161,6 +161,15 @@ def why_options() -> None:
     and where the ranks that have not entered it are instead."""
 
 
+@magic_arguments(name="mesh timeline")
+@argument("--minutes", type=float, default=10.0, metavar="M", help="the last M minutes (10)")
+@_selection_options
+@_mesh_option
+def timeline_options() -> None:
+    """Who ran which cell or call when, a row per rank, stragglers outlined: the
+    rank that took more than 1.5x the median of the others on the same call."""
+
+
 @magic_arguments(name="mesh stacks")
 @argument("--native", action="store_true", help="Python and C/C++ frames of every thread (py-spy)")
 @_mesh_option
@@ -244,6 +253,7 @@ SUBCOMMANDS = {
     "logs": logs_options,
     "dashboard": dashboard_options,
     "why": why_options,
+    "timeline": timeline_options,
     "stacks": stacks_options,
     "profile": profile_options,
     "push": push_options,

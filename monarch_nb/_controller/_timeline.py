@@ -1,0 +1,282 @@
+"""A per-rank timeline of a mesh's calls and cells: who ran what, when, how it ended.
+
+The controller's call bookkeeping (``_client``) tells a mesh's
+:class:`TimelineRecorder` when a call was sent to which ranks, when each rank
+answered (and whether with an error) and when the call ended, so the ranks
+that never answered (died, cancelled) get an end too. That is a dict insert
+per call and a dict store per reply, under the lock the bookkeeping already
+holds: cheap enough to stay on for every mesh.
+
+``procs.timeline(minutes=10)`` (``%mesh timeline``) reads it back as a
+:class:`Timeline`: its ``spans`` (one per rank and call), ``stragglers()``
+(a rank that took more than 1.5x the median of the others on the same call),
+a text chart for ``print`` and an SVG chart in a notebook.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .._common._fold import format_ranks
+
+Outcome = Literal["ok", "error", "interrupted", "died", "cancelled", "running"]
+# Old calls go first once this many (call, rank) entries are kept: 256 ranks x ~400 calls.
+MAX_ENTRIES = 100_000
+STRAGGLER_FACTOR = 1.5
+STRAGGLER_MIN_GAP_S = 0.1  # a 2 ms call next to a 1 ms one is noise, not a straggler
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One rank's part in one call: from when it was sent to when the rank answered."""
+
+    rank: int
+    call_id: int
+    label: str  # "<mesh-cell-3>", "Trainer.step", "spawn of Trainer 'trainer'"
+    start: float  # wall clock, seconds
+    end: float | None  # None while the rank still runs it
+    outcome: Outcome
+    detail: str = ""  # the error, one line
+
+    @property
+    def seconds(self) -> float:
+        """How long it ran (so far, for a running span)."""
+        return (self.end if self.end is not None else time.time()) - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """A rank that took much longer than the median rank of the same call."""
+
+    rank: int
+    call_id: int
+    label: str
+    seconds: float
+    median: float  # of every rank of the call that finished
+
+    def __str__(self) -> str:
+        return (
+            f"rank {self.rank} took {self.seconds:.2f} s in {self.label} (call {self.call_id}), "
+            f"{self.seconds / self.median:.1f}x the median {self.median:.2f} s"
+            if self.median > 0
+            else f"rank {self.rank} took {self.seconds:.2f} s in {self.label}"
+        )
+
+
+@dataclass
+class _Call:
+    label: str
+    ranks: tuple[int, ...]
+    start: float
+    ends: dict[int, tuple[float, Outcome, str]] = field(default_factory=dict)
+    finished: bool = False
+
+
+class TimelineRecorder:
+    """The calls of one process mesh, newest last (thread-safe)."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self._lock = threading.Lock()
+        self._calls: OrderedDict[int, _Call] = OrderedDict()
+        self._entries = 0
+        self._max_entries = max_entries
+
+    def began(self, call_id: int, label: str, ranks: Iterable[int]) -> None:
+        ranks = tuple(ranks)
+        with self._lock:
+            self._calls[call_id] = _Call(label, ranks, time.time())
+            self._entries += len(ranks)
+            while self._entries > self._max_entries and len(self._calls) > 1:
+                _, old = self._calls.popitem(last=False)
+                self._entries -= len(old.ranks)
+
+    def answered(self, call_id: int, rank: int, error: str | None) -> None:
+        """``rank`` replied to ``call_id``: with ``error`` ("Type: message") or a value."""
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is not None and rank not in call.ends:
+                call.ends[rank] = (time.time(), *_outcome_of(error))
+
+    def ended(self, call_id: int, error: str | None) -> None:
+        """The call is over (``error``: "Type: message" if it failed): the ranks that
+        never answered end now, as died (a MeshFailure), cancelled or interrupted."""
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is None or call.finished:
+                return
+            call.finished = True
+            now = time.time()
+            if error is not None and error.startswith("MeshFailure"):
+                outcome: tuple[Outcome, str] = ("died", error)  # or was stopped under it
+            else:
+                outcome = _outcome_of(error or "CancelledError: the call ended first")
+            for rank in call.ranks:
+                call.ends.setdefault(rank, (now, *outcome))
+
+    def timeline(self, ranks: Iterable[int], since: float) -> Timeline:
+        """The spans of ``ranks`` that ran at or after ``since`` (wall clock)."""
+        wanted = set(ranks)
+        spans: list[Span] = []
+        with self._lock:
+            for call_id, call in self._calls.items():
+                for rank in call.ranks:
+                    if rank not in wanted:
+                        continue
+                    end = call.ends.get(rank)
+                    if end is not None and end[0] < since:
+                        continue
+                    if end is None:
+                        spans.append(Span(rank, call_id, call.label, call.start, None, "running"))
+                    else:
+                        spans.append(Span(rank, call_id, call.label, call.start, *end))
+        return Timeline(spans, sorted(wanted), since, time.time())
+
+
+def _outcome_of(error: str | None) -> tuple[Outcome, str]:
+    if error is None:
+        return "ok", ""
+    if error.startswith("KeyboardInterrupt"):
+        return "interrupted", ""
+    if error.startswith(("CancelledError", "TimeoutError")):
+        return "cancelled", error
+    return "error", error
+
+
+# -- the view -----------------------------------------------------------------------
+
+_COLOURS = {
+    "ok": "#4c9a2a",
+    "error": "#c62828",
+    "interrupted": "#8d8d8d",
+    "died": "#212121",
+    "cancelled": "#b0863a",
+    "running": "#1e88e5",
+}
+_TEXT_WIDTH = 60  # columns of the text chart
+_PRIORITY = ("ok", "running", "cancelled", "interrupted", "error", "died")
+
+
+def _drawing_order(span: Span) -> int:
+    """Where spans overlap on a chart (short calls, narrow columns), the worse
+    outcome is drawn last, on top."""
+    return _PRIORITY.index(span.outcome)
+
+
+@dataclass
+class Timeline:
+    """Spans of calls and cells per rank between ``since`` and ``until`` (wall clock).
+
+    ``print(t)`` draws a text chart; in a notebook it is an SVG chart (hover a
+    bar for the call, its time and how it ended). ``t.spans`` is the data,
+    ``t.stragglers()`` the ranks that were slow on a call.
+    """
+
+    spans: list[Span]
+    ranks: list[int]
+    since: float
+    until: float
+
+    def stragglers(
+        self, factor: float = STRAGGLER_FACTOR, min_gap: float = STRAGGLER_MIN_GAP_S
+    ) -> list[Straggler]:
+        """Ranks that took more than ``factor`` times the median rank of the same call
+        (and at least ``min_gap`` seconds longer), slowest first. Calls to a single
+        rank and ranks that did not finish well are left out."""
+        by_call: dict[int, list[Span]] = {}
+        for span in self.spans:
+            if span.outcome == "ok" and span.end is not None:
+                by_call.setdefault(span.call_id, []).append(span)
+        found = []
+        for spans in by_call.values():
+            if len(spans) < 2:
+                continue
+            median = statistics.median(s.seconds for s in spans)
+            found += [
+                Straggler(s.rank, s.call_id, s.label, s.seconds, median)
+                for s in spans
+                if s.seconds > factor * median and s.seconds - median >= min_gap
+            ]
+        return sorted(found, key=lambda s: s.seconds, reverse=True)
+
+    def _window(self) -> tuple[float, float]:
+        start = min((s.start for s in self.spans), default=self.since)
+        start = max(start, self.since)
+        return start, max(self.until, start + 1e-3)
+
+    def __str__(self) -> str:
+        if not self.spans:
+            return f"no calls on ranks {format_ranks(self.ranks)} in this window"
+        t0, t1 = self._window()
+        scale = _TEXT_WIDTH / (t1 - t0)
+        marks = {"ok": "#", "error": "E", "interrupted": "i", "died": "X", "cancelled": "c"}
+        lines = [f"timeline of the last {t1 - t0:.1f} s ('#' ran, E error, X died, > running)"]
+        for rank in self.ranks:
+            row = [" "] * _TEXT_WIDTH
+            spans = [s for s in self.spans if s.rank == rank]
+            for span in sorted(spans, key=_drawing_order):  # an error is never hidden
+                a = int((max(span.start, t0) - t0) * scale)
+                b = int(((span.end if span.end is not None else t1) - t0) * scale)
+                mark = marks.get(span.outcome, ">")
+                for i in range(min(a, _TEXT_WIDTH - 1), min(max(b, a + 1), _TEXT_WIDTH)):
+                    row[i] = mark
+            busy = sum(min(s.end or t1, t1) - max(s.start, t0) for s in spans)
+            lines.append(f"rank {rank:>3} |{''.join(row)}| {len(spans)} calls, busy {busy:.1f} s")
+        stragglers = self.stragglers()
+        lines += [f"straggler: {s}" for s in stragglers[:5]]
+        if len(stragglers) > 5:
+            lines.append(f"... and {len(stragglers) - 5} more stragglers")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:  # IPython's text/plain
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        if not self.spans:
+            return f"<p>{html.escape(str(self))}</p>"
+        t0, t1 = self._window()
+        label_w, width = 64, 720
+        row_h = 16 if len(self.ranks) <= 32 else 8
+        height = row_h * len(self.ranks) + 24
+        slow = {(s.rank, s.call_id): s for s in self.stragglers()}
+        rows = {rank: i for i, rank in enumerate(self.ranks)}
+        parts = [
+            f'<svg class="monarch-nb-timeline" xmlns="http://www.w3.org/2000/svg" '
+            f'width="{label_w + width + 8}" height="{height}" font-family="monospace" '
+            f'font-size="11">'
+        ]
+        if row_h >= 12:
+            for rank, i in rows.items():
+                y = i * row_h + row_h - 4
+                parts.append(f'<text x="0" y="{y}" fill="currentColor">rank {rank}</text>')
+        for span in sorted(self.spans, key=_drawing_order):
+            end = span.end if span.end is not None else t1
+            x = label_w + (max(span.start, t0) - t0) / (t1 - t0) * width
+            w = max((end - max(span.start, t0)) / (t1 - t0) * width, 1.0)
+            y = rows[span.rank] * row_h + 2
+            straggler = slow.get((span.rank, span.call_id))
+            tip = f"rank {span.rank} · {span.label} (call {span.call_id}) · "
+            tip += f"{span.seconds:.3f} s · {span.outcome}"
+            tip += f": {span.detail}" if span.detail else ""
+            tip += f" · straggler: {straggler}" if straggler else ""
+            stroke = ' stroke="#ff9800" stroke-width="2"' if straggler else ""
+            parts.append(
+                f'<rect class="span {span.outcome}{" straggler" if straggler else ""}" '
+                f'data-rank="{span.rank}" x="{x:.1f}" y="{y}" width="{w:.1f}" '
+                f'height="{row_h - 4}" fill="{_COLOURS[span.outcome]}"{stroke}>'
+                f"<title>{html.escape(tip)}</title></rect>"
+            )
+        axis_y = height - 6
+        parts.append(
+            f'<text x="{label_w}" y="{axis_y}" fill="currentColor">-{t1 - t0:.1f} s</text>'
+            f'<text x="{label_w + width}" y="{axis_y}" text-anchor="end" '
+            f'fill="currentColor">now</text></svg>'
+        )
+        notes = "".join(f"<li>{html.escape(str(s))}</li>" for s in list(slow.values())[:5])
+        return "".join(parts) + (f"<ul>{notes}</ul>" if notes else "")

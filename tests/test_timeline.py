@@ -1,0 +1,110 @@
+"""procs.timeline() / %mesh timeline: who ran which call when, per rank, and who was slow."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from kernel_utils import Kernel
+
+from monarch_nb import MeshFailure, this_host
+from monarch_nb._controller._timeline import TimelineRecorder
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def procs3() -> Iterator:
+    with this_host().spawn_procs(per_host={"procs": 3}, name="timeline") as procs:
+        yield procs
+
+
+def _spans_until(procs, done, timeout: float = 60.0):
+    """The timeline once ``done(spans)`` holds (replies arrive on the I/O thread)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        spans = procs.timeline().spans
+        if done(spans) or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.05)
+
+
+def test_a_slow_rank_is_the_straggler_of_its_cell(procs3) -> None:
+    procs3.run("import time\ntime.sleep(2.0 if rank == 2 else 0.05)", timeout=120)
+    timeline = procs3.timeline()
+    spans = sorted(timeline.spans, key=lambda s: s.rank)
+    assert [(s.rank, s.outcome) for s in spans] == [(0, "ok"), (1, "ok"), (2, "ok")]
+    assert len({s.call_id for s in spans}) == 1
+    assert "<mesh-cell-" in spans[0].label
+    assert spans[2].seconds >= 2.0 > spans[0].seconds
+    assert spans[0].start == spans[2].start
+    assert spans[0].end < spans[2].end
+
+    [straggler] = timeline.stragglers()
+    assert (straggler.rank, straggler.call_id) == (2, spans[2].call_id)
+    assert straggler.seconds > 1.5 * straggler.median
+    text = str(timeline)
+    assert "rank   2 |" in text
+    assert "straggler: rank 2 took" in text
+    html = timeline._repr_html_()
+    assert html.startswith("<svg")
+    assert html.count('<rect class="span ') == 3
+    assert 'class="span ok straggler" data-rank="2"' in html
+
+
+def test_errors_running_calls_and_deaths_are_marked(procs3) -> None:
+    with pytest.raises(Exception, match="division by zero"):
+        procs3.run("1 / (rank - 1)", timeout=60)
+    [failed] = [s for s in procs3.timeline().spans if s.outcome == "error"]
+    assert failed.rank == 1
+    assert failed.detail == "ZeroDivisionError: division by zero"
+
+    pending = procs3.exec("import time\nif rank == 0:\n    time.sleep(600)")
+    spans = _spans_until(procs3, lambda spans: sum(s.outcome == "ok" for s in spans) >= 4)
+    running = [s for s in spans if s.outcome == "running"]
+    assert [s.rank for s in running] == [0]
+    assert running[0].end is None
+    assert "rank   0 |" in str(procs3.timeline())
+
+    procs3.kill([0])
+    with pytest.raises(MeshFailure):
+        pending.get(timeout=60)
+    [died] = [s for s in procs3.timeline().spans if s.call_id == running[0].call_id and s.rank == 0]
+    assert died.outcome == "died"
+    assert died.end is not None
+    assert "rank 0" in died.detail
+
+
+def test_the_window_and_the_view_choose_the_spans(procs3) -> None:
+    procs3.run("rank", timeout=60)
+    assert {s.rank for s in procs3.slice(procs=1).timeline().spans} == {1}
+    assert procs3.timeline(minutes=1e-9).spans == []
+    assert str(procs3.timeline(minutes=1e-9)) == "no calls on ranks 0-2 in this window"
+    with pytest.raises(ValueError, match=r"timeline\(minutes=0\)"):
+        procs3.timeline(minutes=0)
+
+
+def test_the_recorder_keeps_the_newest_calls() -> None:
+    recorder = TimelineRecorder(max_entries=10)
+    for call_id in range(6):
+        recorder.began(call_id, f"call {call_id}", [0, 1, 2])
+        recorder.answered(call_id, 0, None)
+        recorder.ended(call_id, "KeyboardInterrupt: stopped")
+    spans = recorder.timeline([0, 1, 2], since=0).spans
+    assert sorted({s.call_id for s in spans}) == [3, 4, 5]  # 9 entries kept, not 12
+    assert {s.outcome for s in spans if s.rank == 0} == {"ok"}
+    assert {s.outcome for s in spans if s.rank != 0} == {"interrupted"}
+
+
+def test_the_timeline_magic_in_a_kernel() -> None:
+    with Kernel() as kernel:
+        kernel.ok("%load_ext monarch_nb")
+        kernel.ok("%mesh start --procs 2 --no-dashboard")
+        kernel.ok("%%mesh\nimport time\ntime.sleep(1.5 if rank == 1 else 0.01)")
+        [shown] = kernel.ok("%mesh timeline --ranks 0-1").displays()
+        assert shown["data"]["text/html"].startswith("<svg")
+        assert "straggler: rank 1 took" in shown["data"]["text/plain"]
+        bad = kernel.execute("%mesh timeline --minutes -1")
+        assert "give a positive number of minutes" in bad.text()
+        kernel.ok("%mesh stop")
