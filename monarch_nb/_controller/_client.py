@@ -77,6 +77,13 @@ class AgentPeer(Protocol):
     def on_message(self, frames: list[Any]) -> None: ...
 
 
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
 class Controller:
     """The client of every mesh one process started (see the module docstring)."""
 
@@ -391,6 +398,36 @@ class Controller:
         finally:
             router.curve_server = False  # back to no security for later endpoints
             router.setsockopt(zmq.MAXMSGSIZE, -1)
+
+    def watch_handshakes(self, on_failure: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``on_failure(endpoint)`` (I/O thread) each time a CURVE handshake on
+        one of the router's connections fails: the peer refused our keys, or is
+        not ours. Returns the function that stops watching. I/O thread.
+
+        Only while a host mesh is being reached: a monitor sees every connection
+        of the socket, and strangers can make handshakes fail at will."""
+        router = self.router
+        monitor = router.get_monitor_socket(_HANDSHAKE_FAILED)
+        fd = int(monitor.getsockopt(zmq.FD))
+
+        def readable() -> None:
+            # An edge-triggered FD: read until EVENTS says there is nothing left
+            # (reading EVENTS also lets zmq process its commands and re-arm the FD).
+            while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+                if len(frames) == 2:
+                    on_failure(frames[1].decode(errors="replace"))
+
+        def stop() -> None:
+            self.loop.remove_fd(fd)
+            try:
+                router.disable_monitor()
+            finally:
+                monitor.close(0)
+
+        self.loop.add_fd(fd, readable)
+        readable()
+        return stop
 
     def disconnect(self, address: str) -> None:
         """Close the connection :meth:`connect_curve` made. I/O thread."""

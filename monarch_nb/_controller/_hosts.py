@@ -175,6 +175,10 @@ class HostAgents:
         self.agents = [AgentLink(self, i, label) for i, label in enumerate(labels)]
         self.launchers: list[LauncherProcess] = []
         self.failure: str | None = None  # why starting failed, for waiters
+        self.advice = (  # what to check, said after the failure (a refused key says its own)
+            "\n(check that the launcher's command works by hand, e.g. ssh HOST python -m "
+            "monarch_nb.agent --help, and that the hosts can reach this machine's address)"
+        )
         self.endpoint = ""  # the controller's CURVE endpoint for them (not for attach)
         self.shut_down = False
         self._ports_used = 0
@@ -269,11 +273,7 @@ class HostAgents:
                         + self._launcher_words(agent)
                     )
                     self.shutdown()
-                    raise MeshFailure(
-                        f"could not start the host mesh: {why}\n(check that the launcher's "
-                        "command works by hand, e.g. ssh HOST python -m monarch_nb.agent --help, "
-                        "and that the hosts can reach this machine's address)"
-                    )
+                    raise MeshFailure(f"could not start the host mesh: {why}{self.advice}")
         self.controller.run(lambda: self.controller.loop.call_later(self.heartbeat_s, self._tick))
 
     def _launcher_words(self, agent: AgentLink) -> str:

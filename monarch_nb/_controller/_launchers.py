@@ -149,6 +149,16 @@ def attach(
     agents = HostAgents(controller, addresses, keys=keys, timeout_s=heartbeat_timeout)
     curve = keys["curve"]
 
+    def handshake_failed(endpoint: str) -> None:  # I/O thread
+        if endpoint in addresses and agents.failure is None:
+            agents.failure = (
+                f"the agent at {endpoint} refused our keys (the CURVE handshake failed): "
+                f"attach(key_file={key_file!r}) must name a copy of the key file the agent "
+                "was started with (monarch-nb agent --key-file), or what listens there is "
+                "not a monarch_nb agent"
+            )
+            agents.advice = ""
+
     def start() -> None:
         for agent in agents.agents:
             host = socket.gethostbyname(urlsplit(agent.label).hostname or "")
@@ -166,7 +176,11 @@ def attach(
             agent.connected_to = agent.label
             agents.send(agent, AgentAttach(host))
 
-    return _started(agents, start, timeout)
+    stop_watching = controller.run(lambda: controller.watch_handshakes(handshake_failed))
+    try:
+        return _started(agents, start, timeout)
+    finally:
+        controller.run(stop_watching)
 
 
 def _started(agents: HostAgents, start: Callable[[], None], timeout: float) -> HostMesh:
