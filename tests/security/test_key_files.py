@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
+from listening_agent import start_listening_agent
 
 from monarch_nb import MeshFailure, attach
 from monarch_nb._common import _keys
@@ -93,23 +92,6 @@ def test_the_agent_refuses_a_malformed_key_file_without_a_traceback(tmp_path) ->
     assert "Traceback" not in agent.stderr
 
 
-def _listening_agent(key_file) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "monarch_nb.agent", "--listen", address, "--key-file", str(key_file)]
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return agent, address
-        assert time.monotonic() < deadline, "the agent never listened"
-        time.sleep(0.1)
-
-
 def _write_keys(path, keys: dict) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -127,7 +109,7 @@ def test_an_agent_that_refuses_our_key_is_named_as_such(tmp_path) -> None:
         stranger,
         {**ours, "curve": {**ours["curve"], "server_public": agent_key["curve"]["server_public"]}},
     )
-    agent, address = _listening_agent(tmp_path / "good.key")
+    agent, address = start_listening_agent(tmp_path / "good.key")
     try:
         for key_file in (other, stranger):
             with pytest.raises(MeshFailure, match=r"refused our keys") as failure:

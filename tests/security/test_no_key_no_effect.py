@@ -11,7 +11,6 @@ from __future__ import annotations
 import glob
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import time
 import psutil
 import pytest
 import zmq
+from listening_agent import start_listening_agent
 from process_checks import wait_for_exit
 
 from monarch_nb import MeshUsageError, attach, ssh_hosts, this_host
@@ -138,25 +138,10 @@ _PRE_AUTH_FLOOD = textwrap.dedent(
 def test_memory_is_bounded_before_authentication_on_a_listening_agent(attacker, tmp_path):
     key_file = tmp_path / "agent.key"
     subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MONARCH_NB_MAX_FRAME_BYTES=str(1 << 20))
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "monarch_nb.agent",
-            "--listen",
-            f"tcp://127.0.0.1:{port}",
-            "--key-file",
-            str(key_file),
-        ],
-        env=env,
-    )
+    agent, address = start_listening_agent(key_file, {"MONARCH_NB_MAX_FRAME_BYTES": str(1 << 20)})
+    port = int(address.rpartition(":")[2])
     flood = None
     try:
-        _wait_listening(port)
         rss_before = psutil.Process(agent.pid).memory_info().rss
         flood = attacker.popen(_PRE_AUTH_FLOOD, "127.0.0.1", str(port), "256")
         assert flood.stdout is not None
@@ -176,16 +161,6 @@ def test_memory_is_bounded_before_authentication_on_a_listening_agent(attacker, 
         agent.wait(10)
 
 
-def _wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        assert time.monotonic() < deadline, "the agent never listened"
-        time.sleep(0.1)
-
-
 _ATTACHED_CONTROLLER = textwrap.dedent(
     """
     import sys
@@ -202,16 +177,9 @@ _ATTACHED_CONTROLLER = textwrap.dedent(
 def test_no_orphans_when_an_attached_controller_is_killed(tmp_path):
     key_file = tmp_path / "agent.key"
     subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "monarch_nb.agent", "--listen", address, "--key-file", str(key_file)]
-    )
+    agent, address = start_listening_agent(key_file)
     controller = None
     try:
-        _wait_listening(port)
         controller = subprocess.Popen(
             [sys.executable, "-c", _ATTACHED_CONTROLLER, address, str(key_file)],
             stdout=subprocess.PIPE,
