@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ._common._future import Future
     from ._common._local_actors import this_proc
     from ._common._logs import LogLine
+    from ._common._metrics import log_metric
     from ._common._pending import ReplyStream
     from ._common._ports import Channel, Port, PortReceiver
     from ._common._shape import Extent, Point, Shape
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
     from ._controller._recovery import RestartPolicy
     from ._controller._stacks import Profile, Stacks
     from ._controller._status import MeshState, MeshStatus, RankStatus, RestartRecord
+    from ._controller._telemetry import TelemetrySample
+    from ._controller._timeline import Timeline
     from .debug._remote import breakpoint
     from .tensor._active import get_active_mesh, no_mesh
     from .tensor._api import (
@@ -117,6 +120,8 @@ _DEFINED_IN = {
     "SerializationError": "_common._errors",
     "Shape": "_common._shape",
     "SpawnError": "_common._errors",
+    "TelemetrySample": "_controller._telemetry",
+    "Timeline": "_controller._timeline",
     "Stacks": "_controller._stacks",
     "Stream": "tensor._streams",
     "ValueMesh": "_common._value_mesh",
@@ -134,6 +139,7 @@ _DEFINED_IN = {
     "get_active_stream": "tensor._streams",
     "grad_function": "tensor._gradient",
     "grad_generator": "tensor._gradient",
+    "log_metric": "_common._metrics",
     "inspect": "tensor._api",
     "module_to_mesh": "tensor._api",
     "no_mesh": "tensor._active",
@@ -229,6 +235,8 @@ __all__ = [
     "SpawnError",
     "Stacks",
     "Stream",
+    "TelemetrySample",
+    "Timeline",
     "ValueMesh",
     "attach",
     "breakpoint",
@@ -248,6 +256,7 @@ __all__ = [
     "grad_function",
     "grad_generator",
     "inspect",
+    "log_metric",
     "module_to_mesh",
     "no_mesh",
     "remote",

@@ -288,6 +288,8 @@ class Heartbeat(Message):
     sample: ResourceSample
     work: str  # what the main thread runs now ("" when idle)
     work_seconds: float  # for how long
+    # log_metric() points since the last one: (wall clock, name, value, step)
+    metrics: tuple[tuple[float, str, float, int | None], ...] = ()
 
 
 @_message

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from .._common import _logs, _refs
 from .._common._actors import Actor
@@ -22,7 +22,7 @@ from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._value_mesh import ValueMesh
-from . import _cells, _data_parallel, _diagnose, _stacks
+from . import _cells, _data_parallel, _diagnose, _stacks, _telemetry
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
@@ -35,6 +35,7 @@ from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
 from ._recovery import RestartPolicy
 from ._stacks import Profile, Stacks
 from ._status import MeshState, MeshStatus, RestartRecord
+from ._telemetry import TelemetrySample
 from ._timeline import Timeline
 
 if TYPE_CHECKING:
@@ -223,6 +224,42 @@ class ProcMesh(MeshShape):
         if minutes <= 0:
             raise ValueError(f"timeline(minutes={minutes!r}): give a positive number of minutes")
         return self._group.timeline.timeline(self._shape.ranks, time.time() - 60.0 * minutes)
+
+    @overload
+    def telemetry(
+        self,
+        minutes: float = ...,
+        *,
+        metrics: Iterable[str] | None = ...,
+        records: Literal[False] = ...,
+    ) -> Any: ...
+    @overload
+    def telemetry(
+        self, minutes: float = ..., *, metrics: Iterable[str] | None = ..., records: Literal[True]
+    ) -> list[TelemetrySample]: ...
+    def telemetry(
+        self, minutes: float = 10.0, *, metrics: Iterable[str] | None = None, records: bool = False
+    ) -> Any:
+        """Each rank's resources and reported metrics over the last ``minutes``, a row
+        per value: a pandas DataFrame with columns time (UTC), rank, metric, value,
+        step (``records=True``: a list of TelemetrySample, no pandas needed).
+
+        Resources come with every heartbeat (each second): ``cpu_percent``,
+        ``rss_bytes``, and ``gpu_memory_allocated`` / ``gpu_utilization`` on ranks
+        that use a GPU. A rank adds its own with ``monarch_nb.log_metric("loss",
+        v, step=i)``; they arrive with its next heartbeat. ``metrics`` keeps only
+        those names. The window is ``MONARCH_NB_TELEMETRY_MINUTES`` (10) at most;
+        rows stay across ``restart()`` and after a rank died, and a resized mesh
+        starts afresh.
+        """
+        if minutes <= 0:
+            raise ValueError(f"telemetry(minutes={minutes!r}): give a positive number of minutes")
+        if isinstance(metrics, str):
+            metrics = [metrics]
+        rows = self._group.telemetry.samples(
+            self._shape.ranks, time.time() - 60.0 * minutes, metrics
+        )
+        return rows if records else _telemetry.as_dataframe(rows)
 
     def output_tail(self, rank: int) -> list[Output]:
         """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""

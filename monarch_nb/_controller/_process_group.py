@@ -73,6 +73,7 @@ from ._history import History
 from ._log_stream import OutputPrinter
 from ._oom import OomWitness, describe_oom
 from ._recovery import RestartBudget, RestartPolicy
+from ._telemetry import TelemetryHistory
 from ._timeline import TimelineRecorder
 
 if TYPE_CHECKING:
@@ -280,6 +281,7 @@ class ProcGroup:
         self.replayed_actors: dict[int, int] = {}
         self.history = History()  # what built the ranks' state, for restart(replay=True)
         self.timeline = TimelineRecorder()  # who ran which call when: procs.timeline()
+        self.telemetry = TelemetryHistory()  # resources and metrics over time
         self.missing_actors: dict[int, dict[int, str]] = {}  # actor id -> rank -> why absent
         self.restarts: deque[RestartRecord] = deque(maxlen=20)
         # Run after ranks got fresh processes (restart(ranks=...) or a policy), with
@@ -639,10 +641,12 @@ class ProcGroup:
                     self._all_ready.set()
                 if rank in self._restarting:
                     self._notify_restart()
-            case Heartbeat(sample, work, work_seconds):
+            case Heartbeat(sample, work, work_seconds, metrics):
                 if rank >= len(self.workers):
                     return  # still starting: the next one will do
                 worker = self.workers[rank]
+                before = worker.heartbeat[1] if worker.heartbeat else None
+                self.telemetry.add_heartbeat(rank, sample, before, metrics)
                 worker.previous_heartbeat = worker.heartbeat
                 worker.heartbeat = (time.monotonic(), sample)
                 worker.work, worker.work_seconds = work, work_seconds

@@ -29,7 +29,7 @@ from typing import Any
 
 import zmq
 
-from .._common import _context, _peer, _refs
+from .._common import _context, _metrics, _peer, _refs
 from .._common._actors import is_concurrent, wants_response_port
 from .._common._context import Context
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, RemoteFailure
@@ -172,6 +172,7 @@ class Worker:
         # (message, frames, its ticket, where replies go) from the wire thread or
         # the peer node, or a posted task.
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        _metrics.on_a_rank()  # log_metric() now records, for the heartbeats to carry
         self.wire = WireThread(
             sock,
             self.signer,

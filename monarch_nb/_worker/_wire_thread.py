@@ -30,6 +30,7 @@ from typing import Any
 
 import zmq
 
+from .._common import _metrics
 from .._common._messages import (
     Heartbeat,
     Interrupt,
@@ -182,7 +183,7 @@ class WireThread:
     def _heartbeat(self) -> None:
         work, seconds = self._busy()
         try:
-            self.send(Heartbeat(_resources.sample(), work, seconds))
+            self.send(Heartbeat(_resources.sample(), work, seconds, _metrics.drain()))
         except zmq.ZMQError:
             pass  # the socket is closing: we are shutting down
 

@@ -1,0 +1,119 @@
+"""What each rank used and reported over the last minutes: ``procs.telemetry()``.
+
+Every heartbeat (one a second per rank) adds the rank's CPU (the slope of its
+CPU time over its own clock), resident memory and, where the rank uses a GPU,
+GPU memory and utilisation; ``monarch_nb.log_metric`` points ride along on
+the same heartbeat. Rows older than the window (``MONARCH_NB_TELEMETRY_MINUTES``,
+10 by default) are dropped as new ones come, so memory stays bounded: about
+4 rows a second per rank, plus what the rank logs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from .._common._messages import ResourceSample
+
+DEFAULT_MINUTES = 10.0
+# A rank that logs thousands of points a second keeps its newest ones.
+MAX_ROWS_PER_RANK = 200_000
+
+
+class TelemetrySample(NamedTuple):
+    """One value of one metric of one rank at one time (a row of the DataFrame)."""
+
+    time: float  # wall clock, seconds (the controller's for resources, the rank's for metrics)
+    rank: int
+    metric: str  # "cpu_percent", "rss_bytes", "gpu_memory_allocated", "gpu_utilization", or yours
+    value: float
+    step: int | None  # the step given to log_metric, None for resources
+
+
+def window_minutes() -> float:
+    raw = os.environ.get("MONARCH_NB_TELEMETRY_MINUTES", "")
+    try:
+        minutes = float(raw) if raw else DEFAULT_MINUTES
+    except ValueError:
+        raise ValueError(
+            f"MONARCH_NB_TELEMETRY_MINUTES={raw!r}: give a number of minutes, e.g. 30"
+        ) from None
+    return max(minutes, 0.1)
+
+
+class TelemetryHistory:
+    """Per-rank rows within the window, oldest first (thread-safe)."""
+
+    def __init__(self, minutes: float | None = None) -> None:
+        self.minutes = window_minutes() if minutes is None else minutes
+        self._lock = threading.Lock()
+        self._rows: dict[int, deque[TelemetrySample]] = {}
+
+    def add_heartbeat(
+        self,
+        rank: int,
+        sample: ResourceSample,
+        before: ResourceSample | None,
+        metrics: Iterable[tuple[float, str, float, int | None]] = (),
+    ) -> None:
+        """A heartbeat of ``rank`` (I/O thread); ``before`` is its previous sample."""
+        now = time.time()
+        # The points logged since the last heartbeat first: they are older.
+        rows = [TelemetrySample(t, rank, name, v, step) for t, name, v, step in metrics]
+        rows.append(TelemetrySample(now, rank, "rss_bytes", float(sample.rss_bytes), None))
+        if before is not None and sample.sampled_at - before.sampled_at > 0.05:
+            used = sample.cpu_seconds - before.cpu_seconds
+            cpu = 100.0 * used / (sample.sampled_at - before.sampled_at)
+            rows.append(TelemetrySample(now, rank, "cpu_percent", cpu, None))
+        if sample.gpu_memory_allocated is not None:
+            gpu = float(sample.gpu_memory_allocated)
+            rows.append(TelemetrySample(now, rank, "gpu_memory_allocated", gpu, None))
+        if sample.gpu_utilization is not None:
+            util = float(sample.gpu_utilization)
+            rows.append(TelemetrySample(now, rank, "gpu_utilization", util, None))
+        horizon = now - 60.0 * self.minutes
+        with self._lock:
+            kept = self._rows.get(rank)
+            if kept is None:
+                kept = self._rows[rank] = deque(maxlen=MAX_ROWS_PER_RANK)
+            kept.extend(rows)
+            while kept and kept[0].time < horizon:
+                kept.popleft()
+
+    def samples(
+        self, ranks: Iterable[int], since: float, metrics: Iterable[str] | None = None
+    ) -> list[TelemetrySample]:
+        """Rows of ``ranks`` at or after ``since`` (of ``metrics`` only, if given),
+        in time order."""
+        wanted = set(metrics) if metrics is not None else None
+        with self._lock:
+            rows = [
+                row
+                for rank in ranks
+                for row in self._rows.get(rank, ())
+                if row.time >= since and (wanted is None or row.metric in wanted)
+            ]
+        rows.sort(key=lambda row: (row.time, row.rank))
+        return rows
+
+
+def as_dataframe(rows: list[TelemetrySample]) -> Any:
+    """The rows as a pandas DataFrame: time (UTC), rank, metric, value, step."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError(
+            "procs.telemetry() returns a pandas DataFrame: pip install pandas "
+            "(or monarch_nb[telemetry]), or call procs.telemetry(records=True) for "
+            "plain TelemetrySample records"
+        ) from None
+    frame = pd.DataFrame(rows, columns=list(TelemetrySample._fields))
+    frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
+    frame["rank"] = frame["rank"].astype("int64")
+    frame["value"] = frame["value"].astype("float64")
+    frame["step"] = frame["step"].astype("Int64")  # None where a resource has no step
+    return frame
