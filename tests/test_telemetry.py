@@ -122,7 +122,7 @@ def test_the_window_drops_old_rows_and_its_setting_is_checked(monkeypatch) -> No
     ]
 
     monkeypatch.setenv("MONARCH_NB_TELEMETRY_MINUTES", "ten")
-    with pytest.raises(ValueError, match="MONARCH_NB_TELEMETRY_MINUTES='ten'"):
+    with pytest.raises(MeshUsageError, match="MONARCH_NB_TELEMETRY_MINUTES='ten' is not a valid"):
         TelemetryHistory()
 
 

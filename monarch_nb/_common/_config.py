@@ -122,6 +122,12 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting("log_backups", int, 3, "rotated log files kept per rank"),
         Setting(
+            "telemetry_minutes",
+            float,
+            10.0,
+            "minutes of each rank's heartbeat samples and log_metric points kept (telemetry())",
+        ),
+        Setting(
             "rdma_transport",
             str,
             "auto",

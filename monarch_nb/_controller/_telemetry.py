@@ -10,16 +10,15 @@ the same heartbeat. Rows older than the window (``MONARCH_NB_TELEMETRY_MINUTES``
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from .._common import _config
 from .._common._messages import ResourceSample
 
-DEFAULT_MINUTES = 10.0
 # A rank that logs thousands of points a second keeps its newest ones.
 MAX_ROWS_PER_RANK = 200_000
 
@@ -35,14 +34,9 @@ class TelemetrySample(NamedTuple):
 
 
 def window_minutes() -> float:
-    raw = os.environ.get("MONARCH_NB_TELEMETRY_MINUTES", "")
-    try:
-        minutes = float(raw) if raw else DEFAULT_MINUTES
-    except ValueError:
-        raise ValueError(
-            f"MONARCH_NB_TELEMETRY_MINUTES={raw!r}: give a number of minutes, e.g. 30"
-        ) from None
-    return max(minutes, 0.1)
+    """``MONARCH_NB_TELEMETRY_MINUTES`` (``configure(telemetry_minutes=30)``), at
+    least a few seconds."""
+    return max(_config.get("telemetry_minutes"), 0.1)
 
 
 class TelemetryHistory:
