@@ -269,6 +269,14 @@ class Agent:
             case AgentHeartbeat():
                 pass
             case AgentAttach(address):
+                if self.connected:  # one controller at a time: the newest one
+                    _log.warning(
+                        "agent %d: a new controller attached; ending the previous "
+                        "session (%d workers)",
+                        self.host_index,
+                        len(self.children),
+                    )
+                    self.kill_all()
                 self.connected = True
                 self.hello(address)
             case LaunchWorkers(workers):

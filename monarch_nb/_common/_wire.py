@@ -206,11 +206,11 @@ def forward(socket: zmq.Socket, frames: Sequence[Any], identity: bytes | None = 
 class Signer:
     """Signs and verifies messages with one key; tracks the send sequence."""
 
-    def __init__(self, key: bytes, stats: WireStats) -> None:
+    def __init__(self, key: bytes, stats: WireStats, *, first_sequence: int = 1) -> None:
         if len(key) != KEY_BYTES:
             raise ValueError(f"signing key must be {KEY_BYTES} bytes, got {len(key)}")
         self._mac = hmac.new(key, digestmod=hashlib.sha256)
-        self._sequence = itertools.count(1)
+        self._sequence = itertools.count(first_sequence)
         self.stats = stats
 
     def header(self, digest: bytes) -> bytes:

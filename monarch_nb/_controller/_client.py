@@ -77,6 +77,7 @@ class AgentPeer(Protocol):
     def on_message(self, frames: list[Any]) -> None: ...
 
 
+_monitor_ids = itertools.count()
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -407,7 +408,9 @@ class Controller:
         Only while a host mesh is being reached: a monitor sees every connection
         of the socket, and strangers can make handshakes fail at will."""
         router = self.router
-        monitor = router.get_monitor_socket(_HANDSHAKE_FAILED)
+        # A fresh address each time: the last monitor's may not be released yet.
+        address = f"inproc://monarch_nb-handshakes-{next(_monitor_ids)}"
+        monitor = router.get_monitor_socket(_HANDSHAKE_FAILED, address)
         fd = int(monitor.getsockopt(zmq.FD))
 
         def readable() -> None:

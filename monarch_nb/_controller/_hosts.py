@@ -169,7 +169,15 @@ class HostAgents:
         self.identity_prefix = f"agent-{secrets.token_hex(16)}-"
         self.controller = controller
         self.keys = keys or _keys.new_keys()
-        self.signer = Signer(bytes.fromhex(self.keys["key"]), controller.stats)
+        # An agent that served an earlier controller (attach: the same key file)
+        # keeps that session's replay window until it notices the silence. Numbers
+        # from the clock start above any earlier session's, so it takes ours at
+        # once, and still refuses the old session's messages replayed.
+        self.signer = Signer(
+            bytes.fromhex(self.keys["key"]),
+            controller.stats,
+            first_sequence=time.time_ns() // 1000,
+        )
         self.heartbeat_s = heartbeat_s
         self.timeout_s = timeout_s
         self.agents = [AgentLink(self, i, label) for i, label in enumerate(labels)]

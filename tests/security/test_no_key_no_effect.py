@@ -219,3 +219,40 @@ def test_a_typo_in_ranks_is_refused_before_it_is_expanded():
 def test_an_absurd_spawn_is_refused_with_a_clear_error():
     with pytest.raises(MeshUsageError, match="force=True"):
         this_host().spawn_procs(per_host={"procs": 100_000})
+
+
+def test_a_new_controller_takes_over_an_agent_whose_controller_vanished(tmp_path):
+    # Finding 7 / a reattach under load: the old controller never said goodbye
+    # (killed, or its shutdown lost). The new one's messages used to be refused as
+    # replays (its numbers start afresh) until the agent's silence check, and its
+    # attach was lost for good: a hang. Now its numbers start above any earlier
+    # session's, and the agent ends the old session (its workers) on a new attach.
+    key_file = tmp_path / "agent.key"
+    subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
+    agent, address = start_listening_agent(key_file)
+    controller = None
+    try:
+        controller = subprocess.Popen(
+            [sys.executable, "-c", _ATTACHED_CONTROLLER, address, str(key_file)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert controller.stdout is not None
+        old_workers = {int(p) for p in controller.stdout.readline().split()}
+        assert len(old_workers) == 2
+        controller.send_signal(signal.SIGKILL)
+        controller.wait(10)
+        hosts = attach([address], key_file=str(key_file), timeout=60)
+        try:
+            assert not wait_for_exit(old_workers, 30), "the old session's workers live on"
+            with hosts.spawn_procs({"procs": 1}) as procs:
+                assert procs.run("rank").values() == [0]
+        finally:
+            hosts.shutdown()
+    finally:
+        if controller is not None:
+            if controller.poll() is None:
+                controller.kill()
+            controller.communicate(timeout=30)
+        agent.terminate()
+        agent.wait(10)
