@@ -109,6 +109,8 @@ def test_figures_and_a_live_failure_in_jupyterlab(rich_notebook: tuple[str, Path
         # The progress bars are widgets, one per rank in rank order, left at their end.
         bars = page.locator(".mnb-progress")
         bars.nth(1).wait_for(**wait)
+        # Each rank's last update comes when it comes: wait for both.
+        page.wait_for_selector(".mnb-progress >> text=[0] 100%", **wait)
         page.wait_for_selector(".mnb-progress >> text=[1] 100%", **wait)
         bar_texts = bars.all_inner_texts()
         # Rank 1's failure is on the page while rank 0 still runs the cell.
