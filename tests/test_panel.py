@@ -115,6 +115,46 @@ def test_the_comm_in_a_real_kernel() -> None:
         wait_gone(pids)
 
 
+def test_the_dashboard_goes_to_the_side_panel_when_one_is_connected() -> None:
+    with Kernel() as kernel:
+        kernel.ok("%load_ext monarch_nb")
+        kernel.ok("%mesh start --procs 1 --no-dashboard")
+        # No panel yet (Notebook 7, VS Code): the dashboard is shown in the cell.
+        alone = kernel.ok("%mesh dashboard --side")
+        assert "no JupyterLab Mesh panel is connected" in alone.text()
+        views = [
+            d for d in alone.displays() if "application/vnd.jupyter.widget-view+json" in d["data"]
+        ]
+        assert len(views) == 1
+
+        comm_id, client = uuid.uuid4().hex, kernel.client
+        client.shell_channel.send(
+            client.session.msg("comm_open", {"comm_id": comm_id, "target_name": COMM_TARGET,
+                                             "data": {}})
+        )  # fmt: skip
+        _comm_messages(kernel, comm_id, lambda d: d["type"] == "snapshot")
+        msg_id = kernel.execute("%mesh dashboard --side", wait=False)
+        shown, reveals, idle = [], [], False
+        deadline = time.monotonic() + 60
+        while not (idle and reveals) and time.monotonic() < deadline:
+            try:
+                msg = client.get_iopub_msg(timeout=0.1)
+            except queue.Empty:
+                continue
+            if msg["msg_type"] == "comm_msg" and msg["content"]["data"]["type"] == "reveal":
+                reveals.append(msg["content"]["data"])
+            elif msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            elif msg["msg_type"] == "display_data":
+                shown.append(msg["content"]["data"])
+            elif msg["msg_type"] == "status":
+                idle = msg["content"]["execution_state"] == "idle"
+        assert reveals == [{"type": "reveal", "mesh": "mesh"}]
+        # the notice only: no dashboard widget in the cell
+        assert [d["text/plain"] for d in shown] == ["mesh 'mesh' is in the Mesh side panel"]
+        kernel.ok("%mesh stop")
+
+
 def _control_request(kernel: Kernel, msg_type: str, content: dict) -> dict:
     client = kernel.client
     msg = client.session.msg(msg_type, content)
@@ -189,6 +229,7 @@ CELLS = [
     "%mesh start --procs 2",
     "%%mesh\nrank * 10",
     "%%mesh --ranks 1 --no-block\nimport time\ntime.sleep(60)",
+    "%mesh dashboard --side",  # run later, with the panel closed
 ]
 
 
@@ -227,7 +268,7 @@ def test_the_mesh_panel_in_jupyterlab(lab: str) -> None:
             page.goto(lab)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
             run_first_cell_once_the_kernel_is_up(page)
-            for _ in CELLS[1:]:
+            for _ in CELLS[1:-1]:
                 page.keyboard.press("Shift+Enter")
 
             page.click('.jp-SideBar [data-id="monarch-nb-panel"]')
@@ -237,7 +278,7 @@ def test_the_mesh_panel_in_jupyterlab(lab: str) -> None:
             assert "2 ranks" in mesh.locator(".jp-MonarchNb-meshHeader").inner_text()
             ranks = mesh.locator("tr.jp-MonarchNb-rank")
             assert ranks.count() == 2
-            pids = [int(ranks.nth(i).locator("td").nth(5).inner_text()) for i in range(2)]
+            pids = [int(ranks.nth(i).get_attribute("data-pid") or 0) for i in range(2)]
             # The --no-block cell keeps rank 1 busy while the kernel is idle.
             busy = mesh.locator('tr.jp-MonarchNb-rank[data-rank="1"][data-state="busy"]')
             busy.wait_for(**wait)
@@ -253,7 +294,36 @@ def test_the_mesh_panel_in_jupyterlab(lab: str) -> None:
             mesh.locator('tr.jp-MonarchNb-rank[data-rank="1"][data-state="idle"]').wait_for(**wait)
             assert "KeyboardInterrupt" not in panel.inner_text()
 
+            # %mesh dashboard --side brings the closed panel back, at that mesh.
+            page.click('.jp-SideBar [data-id="monarch-nb-panel"]')
+            panel.wait_for(state="hidden", **wait)
+            page.locator(".jp-Notebook .jp-Cell").nth(4).locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Shift+Enter")
+            panel.locator(".jp-MonarchNb-mesh.jp-MonarchNb-revealed").wait_for(**wait)
+            page.locator("text=mesh 'mesh' is in the Mesh side panel").wait_for(**wait)
+            # The table fits the panel's default width (pid was cut off): pid gives
+            # way, and what is shown ends inside the panel.
+            assert ranks.nth(1).locator("td.jp-MonarchNb-pid").is_hidden()
+            rss_cell = ranks.nth(1).locator("td.jp-MonarchNb-rss").bounding_box()
+            panel_box = panel.bounding_box()
+            assert rss_cell is not None
+            assert panel_box is not None
+            assert rss_cell["x"] + rss_cell["width"] <= panel_box["x"] + panel_box["width"]
+            assert f"pid {pids[1]}" in (ranks.nth(1).get_attribute("title") or "")
+            page.screenshot(path=str(ARTIFACTS / "mesh_panel_side.png"))
+
+            # Restart and stop ask first: no is no.
+            mesh.locator('button[data-action="restart"]').click()
+            dialog = page.locator(".jp-Dialog")
+            dialog.locator("text=Restart mesh 'mesh'?").wait_for(**wait)
+            dialog.locator(".jp-mod-reject").click()
+            dialog.wait_for(state="detached", **wait)
+            assert "restart of 'mesh'" not in panel.inner_text()  # said the moment it is sent
+            assert [int(ranks.nth(i).get_attribute("data-pid") or 0) for i in range(2)] == pids
+
             mesh.locator('button[data-action="stop"]').click()
+            dialog.locator("text=Stop mesh 'mesh'?").wait_for(**wait)
+            dialog.locator(".jp-mod-accept").click()
             panel.locator(".jp-MonarchNb-empty").wait_for(**wait)
             assert panel.locator(".jp-MonarchNb-mesh").count() == 0
             assert "mesh 'mesh' stopped" in panel.inner_text()

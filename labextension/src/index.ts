@@ -16,7 +16,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker: INotebookTracker,
     restorer: ILayoutRestorer | null
   ) => {
-    const panel = new MeshPanel(tracker);
+    const panel = new MeshPanel(tracker, () => app.shell.activateById(panel.id));
     app.shell.add(panel, 'left', { rank: 650 });
     restorer?.add(panel, panel.id);
     new CellBadges(tracker);

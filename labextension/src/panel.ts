@@ -9,6 +9,7 @@
  * `%load_ext monarch_nb` later on). The kernel never opens one itself: a front
  * end without this panel (nbconvert, nbval) would warn that it has no handler.
  */
+import { Dialog, showDialog } from '@jupyterlab/apputils';
 import type { ISessionContext } from '@jupyterlab/apputils';
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
@@ -65,6 +66,12 @@ interface ISnapshot {
   failures: IFailure[];
 }
 
+/** `%mesh dashboard --side`: show this panel, at that mesh. */
+interface IReveal {
+  type: 'reveal';
+  mesh: string;
+}
+
 interface IResult {
   type: 'result';
   action: string;
@@ -93,8 +100,13 @@ export class MeshPanel extends Widget {
   private _connections = new Map<Kernel.IKernelConnection, IConnection>();
   private _session: ISessionContext | null = null;
   private _message = '';
+  private _revealed = ''; // the mesh %mesh dashboard --side asked for, outlined
 
-  constructor(tracker: INotebookTracker) {
+  /** `activate()` brings the panel into view (the shell's activateById). */
+  constructor(
+    tracker: INotebookTracker,
+    private _activate: () => void = () => undefined
+  ) {
     super();
     this.id = PANEL_ID;
     this.addClass('jp-MonarchNbPanel');
@@ -171,7 +183,7 @@ export class MeshPanel extends Widget {
     }
     connection.comm = comm;
     comm.onMsg = (msg: KernelMessage.ICommMsgMsg) => {
-      const data = msg.content.data as unknown as ISnapshot | IResult;
+      const data = msg.content.data as unknown as ISnapshot | IResult | IReveal;
       if (data.type === 'snapshot') {
         connection.snapshot = data;
       } else if (data.type === 'result' && data.action !== 'refresh') {
@@ -179,6 +191,9 @@ export class MeshPanel extends Widget {
       }
       if (kernel === this.kernel) {
         this._render();
+        if (data.type === 'reveal') {
+          this._reveal(data.mesh);
+        }
       }
     };
     comm.onClose = () => {
@@ -187,6 +202,16 @@ export class MeshPanel extends Widget {
         this._render();
       }
     };
+  }
+
+  private _reveal(mesh: string): void {
+    this._activate();
+    this._revealed = mesh;
+    this._render();
+    const node = this.node.querySelector<HTMLElement>(
+      `.jp-MonarchNb-mesh[data-mesh="${CSS.escape(mesh)}"]`
+    );
+    node?.scrollIntoView({ block: 'nearest' });
   }
 
   private _onClick(event: MouseEvent): void {
@@ -200,18 +225,44 @@ export class MeshPanel extends Widget {
     }
     const action = button.dataset.action!;
     const mesh = button.dataset.mesh!;
+    if (action === 'restart' || action === 'stop') {
+      // Both end every rank's process: its variables, actors and tensors are gone.
+      void showDialog({
+        title: `${action === 'stop' ? 'Stop' : 'Restart'} mesh '${mesh}'?`,
+        body:
+          action === 'stop'
+            ? 'Every rank stops; its variables, actors and tensors are lost.'
+            : 'Every rank gets a fresh process; its variables, actors and tensors are lost.',
+        buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: action })]
+      }).then(answer => {
+        if (answer.button.accept) {
+          this._send(kernel, comm, action, mesh);
+        }
+      });
+      return;
+    }
     if (action === 'interrupt' && kernel.status === 'busy') {
       // The kernel runs a cell: the comm would wait for it. The kernel's own
       // interrupt reaches every busy rank of every mesh.
       void kernel.interrupt();
       this._message = 'interrupted the kernel (every busy rank gets KeyboardInterrupt)';
+      this._render();
     } else {
-      comm.send({ action, mesh });
-      this._message =
-        kernel.status === 'busy'
-          ? `${action} of '${mesh}' runs when the current cell ends`
-          : `${action} of '${mesh}'...`;
+      this._send(kernel, comm, action, mesh);
     }
+  }
+
+  private _send(
+    kernel: Kernel.IKernelConnection,
+    comm: Kernel.IComm,
+    action: string,
+    mesh: string
+  ): void {
+    comm.send({ action, mesh });
+    this._message =
+      kernel.status === 'busy'
+        ? `${action} of '${mesh}' runs when the current cell ends`
+        : `${action} of '${mesh}'...`;
     this._render();
   }
 
@@ -271,17 +322,18 @@ export class MeshPanel extends Widget {
     const rows = mesh.ranks
       .map(
         r =>
-          `<tr class="jp-MonarchNb-rank" data-rank="${r.rank}" data-state="${escape(r.state)}"` +
+          `<tr class="jp-MonarchNb-rank" data-rank="${r.rank}" data-pid="${r.pid}" data-state="${escape(r.state)}"` +
           ` title="${escape(`${r.host} pid ${r.pid}` + (r.failure ? `\n${r.failure}` : ''))}">` +
-          `<td>${r.rank}</td><td class="jp-MonarchNb-rankState">${escape(r.state)}</td>` +
+          `<td class="jp-MonarchNb-rankNumber">${r.rank}</td><td class="jp-MonarchNb-rankState">${escape(r.state)}</td>` +
           `<td class="jp-MonarchNb-work" title="${escape(r.work_text)}">` +
           `${escape(r.work_text.replace(/^%%mesh /, ''))}</td>` +
-          `<td>${r.cpu_percent === null ? '-' : Math.round(r.cpu_percent) + '%'}</td>` +
-          `<td>${mebibytes(r.rss_bytes)}</td><td>${r.pid}</td></tr>`
+          `<td class="jp-MonarchNb-cpu">${r.cpu_percent === null ? '-' : Math.round(r.cpu_percent) + '%'}</td>` +
+          `<td class="jp-MonarchNb-rss">${mebibytes(r.rss_bytes)}</td><td class="jp-MonarchNb-pid">${r.pid}</td></tr>`
       )
       .join('');
     return (
-      `<div class="jp-MonarchNb-mesh" data-mesh="${escape(mesh.name)}" data-state="${escape(mesh.state)}">` +
+      `<div class="jp-MonarchNb-mesh${mesh.name === this._revealed ? ' jp-MonarchNb-revealed' : ''}" ` +
+      `data-mesh="${escape(mesh.name)}" data-state="${escape(mesh.state)}">` +
       `<div class="jp-MonarchNb-meshHeader"><b class="jp-MonarchNb-meshName">${escape(mesh.name)}</b> ` +
       `${facts.join(' · ')}</div>` +
       (mesh.failure ? `<pre class="jp-MonarchNb-meshFailure">${escape(mesh.failure)}</pre>` : '') +
@@ -289,8 +341,10 @@ export class MeshPanel extends Widget {
       button('interrupt', 'KeyboardInterrupt in every busy rank') +
       button('restart', 'fresh processes (namespaces start empty)') +
       button('stop', 'stop the processes and forget this mesh') +
-      `</div><table class="jp-MonarchNb-ranks"><thead><tr><th>rank</th><th>state</th>` +
-      `<th>work</th><th>cpu</th><th>rss</th><th>pid</th></tr></thead><tbody>${rows}</tbody></table></div>`
+      `</div><table class="jp-MonarchNb-ranks"><thead><tr><th class="jp-MonarchNb-rankNumber">rank</th>` +
+      `<th class="jp-MonarchNb-rankState">state</th><th class="jp-MonarchNb-work">work</th>` +
+      `<th class="jp-MonarchNb-cpu">cpu</th><th class="jp-MonarchNb-rss">rss</th>` +
+      `<th class="jp-MonarchNb-pid">pid</th></tr></thead><tbody>${rows}</tbody></table></div>`
     );
   }
 }

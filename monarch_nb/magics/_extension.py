@@ -28,7 +28,7 @@ from .._common._value_mesh import ValueMesh
 from . import _debug_magic, _options, _render, _run_script
 from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
-from ._panel import register_panel
+from ._panel import register_panel, reveal_panel
 from ._registry import REGISTRY, CellHandle, NotebookMesh
 from ._selection import select
 from ._tracebacks import IPythonStyle, restart_hint
@@ -137,7 +137,19 @@ class MeshMagics(Magics):
             display(mesh.dashboard())
 
     def _dashboard(self, args: Any) -> None:
-        display(self.registry.get(args.mesh).dashboard())
+        mesh = self.registry.get(args.mesh)
+        if args.side:
+            if reveal_panel(self.shell, mesh.name):
+                display(_render.Notice(f"mesh {mesh.name!r} is in the Mesh side panel"))
+                return
+            display(
+                _render.Notice(
+                    "no JupyterLab Mesh panel is connected to this kernel (Notebook 7, "
+                    "VS Code, or JupyterLab without monarch_nb's extension): the "
+                    "dashboard is shown here"
+                )
+            )
+        display(mesh.dashboard())
 
     def _stop(self, args: Any) -> None:
         meshes = self.registry.all() if args.all else [self.registry.get(args.mesh)]

@@ -147,6 +147,12 @@ def status_options() -> None:
 
 
 @magic_arguments(name="mesh dashboard")
+@argument(
+    "--side",
+    action="store_true",
+    help="show it in JupyterLab's Mesh side panel, which stays in view while you scroll "
+    "(in a front end without the panel: here, as usual)",
+)
 @_mesh_option
 def dashboard_options() -> None:
     """A live dashboard: a tile per rank (state, work, CPU, memory, heartbeat),

@@ -200,6 +200,16 @@ class PanelServer:
         except Exception:  # a comm whose kernel is going away: forget it
             self._drop(comm)
 
+    def reveal(self, mesh: str) -> int:
+        """Ask every connected panel to come into view at ``mesh``
+        (``%mesh dashboard --side``); how many panels were asked."""
+        with self._lock:
+            comms = list(self._comms.values())
+        for comm in comms:
+            self._send(comm, panel_snapshot(self.registry))  # the mesh is in it
+            self._send(comm, {"type": "reveal", "mesh": mesh})
+        return len(comms)
+
     # -- updates -----------------------------------------------------------------------
 
     def changed(self, event: Any = None) -> None:
@@ -284,6 +294,13 @@ def register_panel(shell: Any) -> None:
     server = _servers[id(shell)] = PanelServer()
     manager.register_target(COMM_TARGET, server.on_comm_open)
     shell.events.register("post_run_cell", server.changed)  # %mesh start / stop
+
+
+def reveal_panel(shell: Any, mesh: str) -> int:
+    """Show the Mesh panel of the front ends connected to this kernel, at ``mesh``;
+    0 when none is (Notebook 7, VS Code, nbconvert, a JupyterLab without it)."""
+    server = _servers.get(id(shell))
+    return server.reveal(mesh) if server is not None else 0
 
 
 def unregister_panel(shell: Any) -> None:
