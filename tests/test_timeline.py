@@ -86,7 +86,7 @@ def test_the_window_and_the_view_choose_the_spans(procs3) -> None:
 
 
 def test_the_recorder_keeps_the_newest_calls() -> None:
-    recorder = TimelineRecorder(max_entries=10)
+    recorder = TimelineRecorder(max_calls=100, max_entries=10)
     for call_id in range(6):
         recorder.began(call_id, f"call {call_id}", [0, 1, 2])
         recorder.answered(call_id, 0, None)
@@ -95,6 +95,11 @@ def test_the_recorder_keeps_the_newest_calls() -> None:
     assert sorted({s.call_id for s in spans}) == [3, 4, 5]  # 9 entries kept, not 12
     assert {s.outcome for s in spans if s.rank == 0} == {"ok"}
     assert {s.outcome for s in spans if s.rank != 0} == {"interrupted"}
+
+    by_calls = TimelineRecorder(max_calls=2)
+    for call_id in range(5):
+        by_calls.began(call_id, f"call {call_id}", [0])
+    assert sorted({s.call_id for s in by_calls.timeline([0], since=0).spans}) == [3, 4]
 
 
 def test_the_timeline_magic_in_a_kernel() -> None:

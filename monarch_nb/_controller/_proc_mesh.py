@@ -218,8 +218,8 @@ class ProcMesh(MeshShape):
         ``.spans`` has one Span per rank and call (label, start, end, outcome:
         ok, error, interrupted, died, cancelled or running); ``.stragglers()``
         the ranks that took more than 1.5x the median rank of the same call.
-        The newest calls are kept (about 100,000 rank-calls); a resized mesh
-        starts a new timeline.
+        The newest 5,000 calls are kept (at most 50,000 rank-calls); a resized
+        mesh starts a new timeline.
         """
         if minutes <= 0:
             raise ValueError(f"timeline(minutes={minutes!r}): give a positive number of minutes")

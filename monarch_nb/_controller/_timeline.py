@@ -27,8 +27,10 @@ from typing import Any, Literal
 from .._common._fold import format_ranks
 
 Outcome = Literal["ok", "error", "interrupted", "died", "cancelled", "running"]
-# Old calls go first once this many (call, rank) entries are kept: 256 ranks x ~400 calls.
-MAX_ENTRIES = 100_000
+# The newest calls are kept: at most this many, and at most this many (call, rank)
+# entries (256 ranks x ~200 calls), about 0.5 KB each: a few MB at most.
+MAX_CALLS = 5_000
+MAX_ENTRIES = 50_000
 STRAGGLER_FACTOR = 1.5
 STRAGGLER_MIN_GAP_S = 0.1  # a 2 ms call next to a 1 ms one is noise, not a straggler
 
@@ -82,10 +84,11 @@ class _Call:
 class TimelineRecorder:
     """The calls of one process mesh, newest last (thread-safe)."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(self, max_calls: int = MAX_CALLS, max_entries: int = MAX_ENTRIES) -> None:
         self._lock = threading.Lock()
         self._calls: OrderedDict[int, _Call] = OrderedDict()
         self._entries = 0
+        self.max_calls = max_calls
         self._max_entries = max_entries
 
     def began(self, call_id: int, label: str, ranks: Iterable[int]) -> None:
@@ -93,8 +96,11 @@ class TimelineRecorder:
         with self._lock:
             self._calls[call_id] = _Call(label, ranks, time.time())
             self._entries += len(ranks)
-            while self._entries > self._max_entries and len(self._calls) > 1:
-                _, old = self._calls.popitem(last=False)
+            calls = self._calls
+            while len(calls) > 1 and (
+                len(calls) > self.max_calls or self._entries > self._max_entries
+            ):
+                _, old = calls.popitem(last=False)
                 self._entries -= len(old.ranks)
 
     def answered(self, call_id: int, rank: int, error: str | None) -> None:
