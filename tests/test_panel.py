@@ -304,7 +304,9 @@ def test_the_mesh_panel_in_jupyterlab(lab: str) -> None:
             # The table fits the panel's default width (pid was cut off): pid gives
             # way, and what is shown ends inside the panel.
             assert ranks.nth(1).locator("td.jp-MonarchNb-pid").is_hidden()
-            rss_cell = ranks.nth(1).locator("td.jp-MonarchNb-rss").bounding_box()
+            rss = ranks.nth(1).locator("td.jp-MonarchNb-rss")
+            rss.wait_for(state="visible", **wait)  # the panel has just been shown
+            rss_cell = rss.bounding_box()
             panel_box = panel.bounding_box()
             assert rss_cell is not None
             assert panel_box is not None

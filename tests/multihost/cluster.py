@@ -326,6 +326,11 @@ Subsystem sftp internal-sftp
         ``include_sshd``); returns the pids killed, which are gone when it returns."""
         keep = None if include_sshd else self.sshd_pid(i)
         victims = [p for p in self.pids(i) if p != keep]
+        # All at once, as a power cut: stopped first, so none of them (an agent
+        # seeing its workers die) can report on the others before it goes too.
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         alive = kill_and_wait(victims)
         if i in self._sshd and include_sshd:
             self._sshd[i].wait(timeout=5)
