@@ -246,38 +246,49 @@ def test_the_host_link_is_encrypted_and_takes_only_our_agents(hosts2) -> None:
     def drops() -> tuple[int, int, int]:
         return stats.dropped_bad_signature, stats.dropped_malformed, stats.dropped_unknown_peer
 
-    def send_forged(sock: zmq.Socket) -> None:
+    def send_forged(sock: zmq.Socket, *, refused: bool) -> None:
         sock.setsockopt(zmq.LINGER, 0)
+        # A peer that refuses the handshake leaves no pipe for a DEALER to queue
+        # on, and a send would block: a refused send is nothing delivered.
+        sock.setsockopt(zmq.SNDTIMEO, 2000 if refused else 30_000)
         sock.setsockopt(zmq.ROUTING_ID, b"agent-impostor")
         sock.connect(address)
-        Signer(bytes(32), WireStats()).encode(_heartbeat()).send(sock, envelope=OWN)
+        try:
+            Signer(bytes(32), WireStats()).encode(_heartbeat()).send(sock, envelope=OWN)
+        except zmq.Again:
+            if not refused:
+                raise
 
     before = drops()
     context = zmq.Context()
+    sockets = []
     try:
         # 1. no CURVE at all: the handshake fails, nothing is delivered
         plain = context.socket(zmq.DEALER)
-        send_forged(plain)
+        sockets.append(plain)
+        send_forged(plain, refused=True)
         # 2. CURVE with the right server key but a key pair the mesh never issued (ZAP)
         stranger = context.socket(zmq.DEALER)
+        sockets.append(stranger)
         stranger.curve_serverkey = curve["server_public"].encode()
         stranger.curve_publickey, stranger.curve_secretkey = zmq.curve_keypair()
-        send_forged(stranger)
+        send_forged(stranger, refused=True)
         time.sleep(1.0)
         assert drops() == before
         # The control: with the mesh's own client keys the frame does get through,
         # and is dropped, counted, for its unknown identity.
         insider = context.socket(zmq.DEALER)
+        sockets.append(insider)
         insider.curve_serverkey = curve["server_public"].encode()
         insider.curve_publickey = curve["client_public"].encode()
         insider.curve_secretkey = curve["client_secret"].encode()
-        send_forged(insider)
+        send_forged(insider, refused=False)
         deadline = time.monotonic() + 5
         while drops() == before and time.monotonic() < deadline:
             time.sleep(0.05)
         assert drops()[2] == before[2] + 1
     finally:
-        for sock in (plain, stranger, insider):
+        for sock in sockets:
             sock.close(0)
         context.term()
     with hosts2.spawn_procs({"procs": 1}) as procs:  # the real agents still work
