@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from polling import read_until
 
 from monarch_nb import MeshUsageError, TelemetrySample, log_metric, this_host
 from monarch_nb._common._messages import ResourceSample
@@ -29,19 +30,11 @@ def procs2() -> Iterator:
         yield procs
 
 
-def _until(read, done, timeout: float = 60.0):
-    """``read()`` once ``done`` holds of it: metrics ride on the next heartbeat."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = read()
-        if done(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
-
-
 def test_metrics_a_rank_logs_reach_the_dataframe(procs2) -> None:
     procs2.run(LOG_FIVE_STEPS, timeout=60)
-    frame = _until(lambda: procs2.telemetry(metrics="loss"), lambda f: len(f) == 10)
+    frame = read_until(
+        lambda: procs2.telemetry(metrics="loss"), lambda f: len(f) == 10, 60, "10 loss points"
+    )
     assert list(frame.columns) == ["time", "rank", "metric", "value", "step"]
     assert str(frame["time"].dtype) == "datetime64[ns, UTC]"
     assert str(frame["step"].dtype) == "Int64"
@@ -63,9 +56,11 @@ def test_resources_come_each_heartbeat_and_show_a_busy_rank(procs2) -> None:
         "    pass\n",
         timeout=120,
     )
-    rows = _until(
+    rows = read_until(
         lambda: procs2.telemetry(records=True, metrics=["cpu_percent", "rss_bytes"]),
         lambda rows: sum(r.metric == "cpu_percent" and r.rank == 0 for r in rows) >= 3,
+        60,
+        "three CPU samples of rank 0",
     )
     cpu = {
         rank: [r.value for r in rows if r.metric == "cpu_percent" and r.rank == rank]
@@ -82,13 +77,21 @@ def test_resources_come_each_heartbeat_and_show_a_busy_rank(procs2) -> None:
 
 def test_rows_stay_after_a_rank_died_and_across_restart(procs2) -> None:
     procs2.run(LOG_FIVE_STEPS, timeout=60)
-    _until(lambda: procs2.telemetry(metrics="loss", records=True), lambda rows: len(rows) == 10)
+    read_until(
+        lambda: procs2.telemetry(metrics="loss", records=True),
+        lambda r: len(r) == 10,
+        60,
+        "10 points",
+    )
     procs2.kill([1])
     assert {r.rank for r in procs2.telemetry(metrics="loss", records=True)} == {0, 1}
     procs2.restart(ranks=[1])
     procs2.run("import monarch_nb\nmonarch_nb.log_metric('loss', -1.0, step=99)", timeout=60)
-    rows = _until(
-        lambda: procs2.telemetry(metrics="loss", records=True), lambda rows: len(rows) == 12
+    rows = read_until(
+        lambda: procs2.telemetry(metrics="loss", records=True),
+        lambda r: len(r) == 12,
+        60,
+        "12 points",
     )
     assert sorted(r.step for r in rows if r.rank == 1) == [0, 1, 2, 3, 4, 99]
 

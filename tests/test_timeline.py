@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 from kernel_utils import Kernel
+from polling import read_until
 
 from monarch_nb import MeshFailure, this_host
 from monarch_nb._controller._timeline import TimelineRecorder
@@ -18,16 +18,6 @@ pytestmark = pytest.mark.timeout(240)
 def procs3() -> Iterator:
     with this_host().spawn_procs(per_host={"procs": 3}, name="timeline") as procs:
         yield procs
-
-
-def _spans_until(procs, done, timeout: float = 60.0):
-    """The timeline once ``done(spans)`` holds (replies arrive on the I/O thread)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        spans = procs.timeline().spans
-        if done(spans) or time.monotonic() > deadline:
-            return spans
-        time.sleep(0.05)
 
 
 def test_a_slow_rank_is_the_straggler_of_its_cell(procs3) -> None:
@@ -61,7 +51,12 @@ def test_errors_running_calls_and_deaths_are_marked(procs3) -> None:
     assert failed.detail == "ZeroDivisionError: division by zero"
 
     pending = procs3.exec("import time\nif rank == 0:\n    time.sleep(600)")
-    spans = _spans_until(procs3, lambda spans: sum(s.outcome == "ok" for s in spans) >= 4)
+    spans = read_until(
+        lambda: procs3.timeline().spans,
+        lambda spans: sum(s.outcome == "ok" for s in spans) >= 4,
+        60,
+        "ranks 1-2 to finish the cell rank 0 still runs",
+    )
     running = [s for s in spans if s.outcome == "running"]
     assert [s.rank for s in running] == [0]
     assert running[0].end is None

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
-from collections.abc import Callable
 from typing import Any
 
-import pytest
+from polling import wait_until  # noqa: F401  (the chaos tests import it from here)
 
 
 def wire_stats(procs: Any) -> Any:
@@ -43,15 +41,3 @@ def sign_raw(key: bytes, sequence: int, meta: bytes, buffers: tuple[bytes, ...] 
     number = sequence.to_bytes(SEQ_BYTES, "little")
     signature = hmac.new(key, number + content.digest(), hashlib.sha256).digest()
     return [envelope(signature, sequence, meta), *buffers]
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it is truthy (returned), failing after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)

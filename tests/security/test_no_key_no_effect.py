@@ -8,6 +8,7 @@ answering, memory stays bounded, processes exit in time.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -174,7 +177,10 @@ _ATTACHED_CONTROLLER = textwrap.dedent(
 )
 
 
-def test_no_orphans_when_an_attached_controller_is_killed(tmp_path):
+@contextlib.contextmanager
+def _agent_whose_controller_was_killed(tmp_path) -> Iterator[tuple[Any, str, Any, set[int]]]:
+    """A listening agent whose attached controller (with 2 workers) was SIGKILLed:
+    (agent, address, key file, the workers' pids). Both processes end after."""
     key_file = tmp_path / "agent.key"
     subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
     agent, address = start_listening_agent(key_file)
@@ -190,13 +196,7 @@ def test_no_orphans_when_an_attached_controller_is_killed(tmp_path):
         assert len(workers) == 2
         controller.send_signal(signal.SIGKILL)
         controller.wait(10)
-        # The agent hears nothing for its timeout, kills its workers, waits for the next.
-        assert not wait_for_exit(workers, 60), "an attached agent's workers outlived the controller"
-        assert agent.poll() is None
-        started = time.monotonic()
-        agent.terminate()
-        agent.wait(30)
-        assert time.monotonic() - started < 5, "the agent took too long to answer SIGTERM"
+        yield agent, address, key_file, workers
     finally:
         if controller is not None:
             if controller.poll() is None:
@@ -205,6 +205,17 @@ def test_no_orphans_when_an_attached_controller_is_killed(tmp_path):
         if agent.poll() is None:
             agent.kill()
             agent.wait(10)
+
+
+def test_no_orphans_when_an_attached_controller_is_killed(tmp_path):
+    with _agent_whose_controller_was_killed(tmp_path) as (agent, _, _, workers):
+        # The agent hears nothing for its timeout, kills its workers, waits for the next.
+        assert not wait_for_exit(workers, 60), "an attached agent's workers outlived the controller"
+        assert agent.poll() is None
+        started = time.monotonic()
+        agent.terminate()
+        agent.wait(30)
+        assert time.monotonic() - started < 5, "the agent took too long to answer SIGTERM"
 
 
 def test_a_typo_in_ranks_is_refused_before_it_is_expanded():
@@ -227,21 +238,7 @@ def test_a_new_controller_takes_over_an_agent_whose_controller_vanished(tmp_path
     # replays (its numbers start afresh) until the agent's silence check, and its
     # attach was lost for good: a hang. Now its numbers start above any earlier
     # session's, and the agent ends the old session (its workers) on a new attach.
-    key_file = tmp_path / "agent.key"
-    subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
-    agent, address = start_listening_agent(key_file)
-    controller = None
-    try:
-        controller = subprocess.Popen(
-            [sys.executable, "-c", _ATTACHED_CONTROLLER, address, str(key_file)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert controller.stdout is not None
-        old_workers = {int(p) for p in controller.stdout.readline().split()}
-        assert len(old_workers) == 2
-        controller.send_signal(signal.SIGKILL)
-        controller.wait(10)
+    with _agent_whose_controller_was_killed(tmp_path) as (agent, address, key_file, old_workers):
         hosts = attach([address], key_file=str(key_file), timeout=60)
         try:
             assert not wait_for_exit(old_workers, 30), "the old session's workers live on"
@@ -249,10 +246,5 @@ def test_a_new_controller_takes_over_an_agent_whose_controller_vanished(tmp_path
                 assert procs.run("rank").values() == [0]
         finally:
             hosts.shutdown()
-    finally:
-        if controller is not None:
-            if controller.poll() is None:
-                controller.kill()
-            controller.communicate(timeout=30)
         agent.terminate()
         agent.wait(10)
