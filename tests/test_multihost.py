@@ -254,7 +254,9 @@ def test_the_host_link_is_encrypted_and_takes_only_our_agents(hosts2) -> None:
         sock.setsockopt(zmq.ROUTING_ID, b"agent-impostor")
         sock.connect(address)
         try:
-            Signer(bytes(32), WireStats()).encode(_heartbeat()).send(sock, envelope=OWN)
+            Signer(bytes(32), WireStats(), sender=bytes(16), upstream=True).encode(
+                _heartbeat()
+            ).send(sock, envelope=OWN)
         except zmq.Again:
             if not refused:
                 raise
@@ -455,7 +457,7 @@ def test_an_unauthenticated_client_cannot_talk_to_a_ranks_tcp_inbox(hosts2) -> N
             for sock in (plain, curve):
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.connect(address)
-                sock.send_multipart([b"\0" * 40, os.urandom(1 << 16)])
+                sock.send_multipart([b"\0" * 57, os.urandom(1 << 16)])
             assert leaves.who.call(1).get(timeout=60).values() == [(0, 1), (1, 1)]
         finally:
             plain.close(0)

@@ -40,8 +40,8 @@ def test_unsigned_and_forged_frames_to_an_inbox_are_never_unpickled(procs2, tmp_
     try:
         for frames in (
             [payload],
-            [b"\0" * 40 + payload],  # a header of the right size, a wrong signature
-            [b"\0" * 40, payload, payload],
+            [b"\0" * 57 + payload],  # a header of the right size, a wrong signature
+            [b"\0" * 57, payload, payload],
             [b""],
             [os.urandom(64) for _ in range(5)],
         ):

@@ -15,7 +15,15 @@ import zmq
 from monarch_nb import Actor, endpoint
 from monarch_nb._common import _serialize
 from monarch_nb._common._messages import Call, Value
-from monarch_nb._common._wire import ReplayWindow, Signer, WireStats, decode_payload, new_key
+from monarch_nb._common._wire import (
+    CONTROLLER,
+    ReplayWindow,
+    Signer,
+    WireStats,
+    decode_payload,
+    new_key,
+    sender_tag,
+)
 from monarch_nb._controller._client import Controller
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +53,19 @@ class Echo(Actor):
         )
 
 
+RANK_0, RANK_1 = sender_tag(b"rank-0"), sender_tag(b"rank-1")
+
+
+def from_controller(key: bytes, **options) -> Signer:
+    """The controller's signer: it sends downstream and takes what comes up."""
+    return Signer(key, WireStats(), sender=CONTROLLER, upstream=False, **options)
+
+
+def from_rank(key: bytes, tag: bytes = RANK_0, **options) -> Signer:
+    """A rank's signer: it sends upstream and takes what comes down."""
+    return Signer(key, WireStats(), sender=tag, upstream=True, **options)
+
+
 @pytest.fixture
 def pair():
     ctx = zmq.Context.instance()
@@ -64,11 +85,11 @@ def receive(router):
 def test_signed_message_round_trip_over_real_sockets(pair):
     router, dealer = pair
     key = new_key()
-    sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
+    sender, receiver = from_controller(key), from_rank(key)
     message = Call(1, 7, "step", True)
     dealer.send_multipart(sender.encode(message, {"x": b"y" * 10000}).seal(), copy=False)
     frames = receive(router)
-    assert receiver.verify(frames, ReplayWindow()) == message
+    assert receiver.verify(frames, ReplayWindow(), sender=CONTROLLER) == message
     assert decode_payload(frames) == {"x": b"y" * 10000}
     assert receiver.stats.received == 1
 
@@ -76,12 +97,13 @@ def test_signed_message_round_trip_over_real_sockets(pair):
 def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     router, dealer = pair
     key = new_key()
-    receiver = Signer(key, WireStats())
+    receiver = from_controller(key)
     marker = tmp_path / "unpickled"
     evil = pickle.dumps(Evil(str(marker)))
-    unsigned = b"\0" * 32 + (1).to_bytes(8, "little") + len(evil).to_bytes(4, "little") + evil
-    forged = Signer(new_key(), WireStats()).encode(Value(1), Evil(str(marker))).seal()
-    genuine = Signer(key, WireStats()).encode(Value(2), None).seal()
+    header = b"\0" * 32 + (1).to_bytes(8, "little") + bytes((1,)) + RANK_0
+    unsigned = header + len(evil).to_bytes(4, "little") + evil
+    forged = from_rank(new_key()).encode(Value(1), Evil(str(marker))).seal()
+    genuine = from_rank(key).encode(Value(2), None).seal()
     sent = [
         [b"short"],  # truncated: not even an envelope
         [unsigned, evil],  # a well-formed envelope whose meta is a malicious pickle
@@ -92,7 +114,7 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     for frames in sent:
         dealer.send_multipart(frames)
     window = ReplayWindow()
-    results = [receiver.verify(receive(router), window) for _ in sent]
+    results = [receiver.verify(receive(router), window, sender=RANK_0) for _ in sent]
     assert [r is not None for r in results] == [False, False, False, True, False]
     stats = receiver.stats
     assert stats.dropped_malformed == 1
@@ -101,21 +123,100 @@ def test_forged_unsigned_and_replayed_frames_are_dropped_unread(pair, tmp_path):
     assert not marker.exists()
 
 
+def with_header_byte(frames: list, offset: int, value: bytes) -> list:
+    """``frames`` with the header's bytes at ``offset`` replaced (an attacker's edit)."""
+    first = bytes(frames[0])
+    return [first[:offset] + value + first[offset + len(value) :], *frames[1:]]
+
+
+SENDER_AT, FLAGS_AT = 41, 40  # signature(32) | sequence(8) | flags(1) | sender(16)
+
+
+def test_the_signature_binds_the_sender_and_the_direction():
+    key = new_key()
+    controller, rank_0, rank_1 = from_controller(key), from_rank(key), from_rank(key, RANK_1)
+    said_by_0 = rank_0.encode(Value(1), "from rank 0").seal()
+    # Rank 0's message replayed on rank 1's link: refused, unread.
+    assert controller.verify(said_by_0, ReplayWindow(), sender=RANK_1) is None
+    assert controller.stats.dropped_misdirected == 1
+    # The sender field rewritten to rank 1: the signature no longer matches.
+    relabelled = with_header_byte(said_by_0, SENDER_AT, RANK_1)
+    assert controller.verify(relabelled, ReplayWindow(), sender=RANK_1) is None
+    assert controller.stats.dropped_bad_signature == 1
+    # A controller's message reflected back to a controller (or a rank's to a
+    # rank): the wrong direction, whoever it claims to be from.
+    downstream = controller.encode(Call(1, 7, "step", True)).seal()
+    assert from_controller(key).verify(downstream, ReplayWindow(), sender=None) is None
+    assert rank_1.verify(said_by_0, ReplayWindow(), sender=None) is None
+    flipped = with_header_byte(downstream, FLAGS_AT, bytes((1,)))  # now "upstream"
+    assert from_controller(key).verify(flipped, ReplayWindow(), sender=CONTROLLER) is None
+    # Where the receiver cannot know the sender, the direction still refuses
+    # its own requests sent back to it as if they were replies.
+    own_request = from_controller(key).encode(Call(2, 7, "step", True)).seal()
+    assert from_controller(key).verify(own_request, ReplayWindow(), sender=None) is None
+    # And the genuine message on its own link passes.
+    assert controller.verify(said_by_0, ReplayWindow(), sender=RANK_0) == Value(1)
+
+
+def test_bulk_frames_are_hashed_only_where_the_link_does_not_protect_them():
+    key = new_key()
+    tensor = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB, out of band
+    # A trusted link (our private Unix socket, or CURVE): buffers by length only.
+    sender, receiver = from_rank(key, trusted_link=True), from_controller(key, trusted_link=True)
+    frames = sender.encode(Value(1), tensor).seal()
+    assert receiver.verify(frames, ReplayWindow(), sender=RANK_0) == Value(1)
+    assert torch.equal(decode_payload(frames), tensor)
+    assert sender.stats.bytes_digested == receiver.stats.bytes_digested == 0
+    # Its frame boundaries are still signed: a buffer cut short is refused.
+    cut = [*frames[:-1], memoryview(frames[-1])[:-4]]
+    trusted = from_controller(key, trusted_link=True)
+    assert trusted.verify(cut, ReplayWindow(), sender=RANK_0) is None
+    # A receiver on a plain TCP link refuses a message that leaves its bulk to
+    # the transport, and the flag cannot be cleared without breaking the signature.
+    plain = from_controller(key)
+    assert plain.verify(frames, ReplayWindow(), sender=RANK_0) is None
+    assert plain.stats.dropped_misdirected == 1
+    cleared = with_header_byte(frames, FLAGS_AT, bytes((1,)))  # upstream, hashed
+    assert plain.verify(cleared, ReplayWindow(), sender=RANK_0) is None
+    assert plain.stats.dropped_bad_signature == 1
+    # On a plain link every buffer byte is hashed once by each side, and a byte
+    # changed in flight is caught.
+    sender, receiver = from_rank(key), from_controller(key)
+    frames = sender.encode(Value(2), tensor).seal()
+    tampered = bytearray(frames[-1])
+    tampered[100] ^= 1
+    assert receiver.verify([*frames[:-1], tampered], ReplayWindow(), sender=RANK_0) is None
+    assert receiver.verify(frames, ReplayWindow(), sender=RANK_0) == Value(2)
+    assert sender.stats.bytes_digested == 4 << 20
+    assert receiver.stats.bytes_digested == 2 * (4 << 20)  # the tampered copy, then the real
+
+
 def test_sequence_numbers_leave_in_send_order_whoever_encoded_first():
     # A big payload encoded on one thread, small ones sent meanwhile on another:
     # numbers are taken when sealing (at send time), so none arrives as a replay.
     key = new_key()
-    sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
+    sender, receiver = from_rank(key), from_controller(key)
     big = sender.encode(Value(1), b"x" * (32 << 20))
     small = [sender.encode(Value(i)) for i in range(2, 3000)]
     window = ReplayWindow()
     for message in small:
-        assert receiver.verify(message.seal(), window) is not None
+        assert receiver.verify(message.seal(), window, sender=RANK_0) is not None
     frames = big.seal()
     assert len(frames) == 2  # header and small body in one frame, the bytes out of band
-    assert receiver.verify(frames, window) == Value(1)
+    assert receiver.verify(frames, window, sender=RANK_0) == Value(1)
     assert decode_payload(frames) == b"x" * (32 << 20)
     assert receiver.stats.dropped_replayed == 0
+
+
+def test_messages_of_one_sender_may_arrive_out_of_order_but_only_once():
+    key = new_key()
+    sender, receiver = from_rank(key), from_controller(key)
+    first, second = (sender.encode(Value(i)).seal() for i in (1, 2))
+    window = ReplayWindow()
+    arrivals = [second, first, first, second]
+    results = [receiver.verify(f, window, sender=RANK_0) for f in arrivals]
+    assert results == [Value(2), Value(1), None, None]
+    assert receiver.stats.dropped_replayed == 2
 
 
 def test_replay_window_accepts_each_number_once_in_any_order():
@@ -132,7 +233,7 @@ def test_a_signed_message_of_an_unknown_kind_is_an_error_not_a_silent_drop(monke
     from monarch_nb._common._messages import UnknownMessage
 
     key = new_key()
-    sender, receiver = Signer(key, WireStats()), Signer(key, WireStats())
+    sender, receiver = from_rank(key), from_controller(key)
 
     class Rogue(Value):  # a kind the receiver does not know: a newer peer's tag
         TAG = 999
@@ -140,7 +241,7 @@ def test_a_signed_message_of_an_unknown_kind_is_an_error_not_a_silent_drop(monke
     monkeypatch.setitem(_messages._FIELDS, Rogue, lambda m: (m.call_id,))
 
     with pytest.raises(UnknownMessage, match="unknown message tag 999"):
-        receiver.verify(sender.encode(Rogue(1)).seal(), ReplayWindow())
+        receiver.verify(sender.encode(Rogue(1)).seal(), ReplayWindow(), sender=RANK_0)
     assert receiver.stats.unknown_messages == 1
 
 
@@ -158,7 +259,7 @@ def test_frames_forged_to_the_controller_are_dropped_and_counted(procs4, tmp_pat
         for rogue in (impostor, anonymous):
             rogue.connect(controller.address)
             for _ in range(5):
-                rogue.send_multipart([b"\0" * 44 + evil, evil])
+                rogue.send_multipart([b"\0" * 61 + evil, evil])
         echo = procs4.spawn("forged", Echo)
         for _ in range(100):
             if controller.stats.dropped_unknown_peer - before.dropped_unknown_peer >= 5:
@@ -289,18 +390,41 @@ def test_the_bind_address_can_be_chosen(tmp_path):
 
     script = tmp_path / "bind.py"
     script.write_text(
-        "from monarch_nb import this_host\n"
+        "from monarch_nb import Actor, endpoint, this_host\n"
         "from monarch_nb._controller._client import Controller\n"
+        "class Echo(Actor):\n"
+        "    @endpoint\n"
+        "    def echo(self, x):\n"
+        "        return x\n"
         "with this_host().spawn_procs(per_host={'procs': 2}) as procs:\n"
-        "    print(Controller.get().address, procs.state)\n"
+        "    stats = Controller.get().stats\n"
+        "    echo = procs.spawn('echo', Echo)\n"
+        "    before = stats.bytes_digested\n"
+        "    data = bytearray(range(256)) * 4096\n"
+        "    assert echo.echo.call(data).get().values() == [data, data]\n"
+        "    print(Controller.get().address, procs.state, stats.bytes_digested - before)\n"
     )
     env = dict(os.environ, MONARCH_NB_BIND="127.0.0.2")
     out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("tcp://127.0.0.2:")
-    assert out.stdout.strip().endswith("running")
+    address, state, digested = out.stdout.split()
+    assert address.startswith("tcp://127.0.0.2:")
+    assert state == "running"
+    # A plain TCP port protects nothing: the 1 MiB argument was hashed once when
+    # it was sent, and each rank's 1 MiB reply once when it was verified.
+    assert int(digested) == 3 << 20
+
+
+def test_bulk_frames_cross_the_private_unix_socket_unhashed(procs4):
+    stats = Controller.get().stats
+    echo = procs4.spawn("unhashed", Echo)
+    tensor = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB, out of band
+    before = stats.snapshot()
+    assert all(torch.equal(t, tensor) for t in echo.echo.call(tensor).get(timeout=60).values())
+    assert stats.bytes_out_of_band - before.bytes_out_of_band >= 1 << 20
+    assert stats.bytes_digested == before.bytes_digested
 
 
 def test_code_sent_by_value_keeps_its_file_name_and_its_nested_functions_too():

@@ -71,6 +71,7 @@ from .._common._messages import (
 )
 from .._common._spawn import kill_leftovers, start_worker
 from .._common._wire import (
+    CONTROLLER,
     MAX_FRAME_BYTES,
     OWN,
     RELAY,
@@ -79,6 +80,7 @@ from .._common._wire import (
     WireStats,
     forward,
     receive,
+    sender_tag,
 )
 
 _log = logging.getLogger("monarch_nb.agent")
@@ -106,7 +108,15 @@ class Agent:
         self.heartbeat_s = float(config.get("heartbeat_s", 1.0))
         self.timeout_s = float(config.get("timeout_s", 5.0))
         self.listen = listen
-        self.signer = Signer(bytes.fromhex(config["key"]), WireStats())
+        # An attached agent learns the identity it seals with from AgentAttach.
+        identity = config.get("identity", "").encode()
+        self.signer = Signer(
+            bytes.fromhex(config["key"]),
+            WireStats(),
+            sender=sender_tag(identity),
+            upstream=True,
+            trusted_link=True,  # up is CURVE, down our private Unix socket
+        )
         self.window = ReplayWindow()
         self.context = zmq.Context()
         self.poller = zmq.Poller()
@@ -256,7 +266,7 @@ class Agent:
                 self.last_heard = time.monotonic()
             elif envelope == OWN:
                 try:
-                    message = self.signer.verify(frames[1:], self.window)
+                    message = self.signer.verify(frames[1:], self.window, sender=CONTROLLER)
                 except UnknownMessage as exc:
                     _log.error("agent %d: %s", self.host_index, exc)
                     continue
@@ -268,7 +278,7 @@ class Agent:
         match message:
             case AgentHeartbeat():
                 pass
-            case AgentAttach(address):
+            case AgentAttach(address, identity):
                 if self.connected:  # one controller at a time: the newest one
                     _log.warning(
                         "agent %d: a new controller attached; ending the previous "
@@ -278,6 +288,7 @@ class Agent:
                     )
                     self.kill_all()
                 self.connected = True
+                self.signer.sender = sender_tag(identity.encode())
                 self.hello(address)
             case LaunchWorkers(workers):
                 for identity, env, bootstrap in workers:

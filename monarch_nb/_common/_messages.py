@@ -487,10 +487,12 @@ class PySpyReply(Message):
 @dataclass(frozen=True, slots=True)
 class AgentAttach(Message):
     """The controller's first word to an agent it connected to (``attach``), with
-    the address it reached the agent at (what other hosts should use)."""
+    the address it reached the agent at (what other hosts should use) and the
+    routing identity it gave the agent (what the agent's messages are sealed by)."""
 
     TAG: ClassVar[int] = 68
     address: str
+    identity: str
 
 
 @_message

@@ -55,6 +55,7 @@ from ._wire import (
     decode_payload,
     new_key,
     receive,
+    sender_tag,
 )
 
 _EVENTS = int(zmq.EVENTS)
@@ -170,7 +171,11 @@ class PeerNode:
             raise ValueError("a peer node needs an ipc:// address, a TCP host, or both")
         self.identity = secrets.token_bytes(16)
         self.stats = WireStats()
-        self.signer = Signer(key, self.stats)
+        # Both ways go over trusted links (our private Unix sockets, or CURVE):
+        # requests leave through outboxes, replies through the inbox they came in on.
+        tag = sender_tag(self.identity)
+        self.signer = Signer(key, self.stats, sender=tag, upstream=False, trusted_link=True)
+        self.reply_signer = Signer(key, self.stats, sender=tag, upstream=True, trusted_link=True)
         self.lock = threading.Lock()
         self._zmq: zmq.Context = zmq.Context.instance()
         self._windows: dict[bytes, ReplayWindow] = {}
@@ -412,7 +417,7 @@ class PeerNode:
     def _drain_inbox(self, inbox: zmq.Socket) -> None:
         while (frames := self._take(inbox)) is not None:
             sender, body = bytes(frames[0].buffer), frames[1:]
-            message = self._verify(sender, body)
+            message = self._verify(sender, body, self.reply_signer, sender_tag(sender))
             if message is None:
                 continue
             match message:
@@ -425,12 +430,14 @@ class PeerNode:
                     if self.on_work is not None:
                         self.on_work(message, body, PeerRoute(self, sender, inbox))
 
-    def _verify(self, sender: bytes, body: list[Any]) -> Message | None:
+    def _verify(
+        self, sender: bytes, body: list[Any], signer: Signer, tag: bytes | None
+    ) -> Message | None:
         known = self._windows.get(sender)
         window = known if known is not None else ReplayWindow()
         fresh = known is None
         try:
-            message = self.signer.verify(body, window)
+            message = signer.verify(body, window, sender=tag)
         except UnknownMessage:
             return None  # signed by our tree, but a kind we do not know: counted
         if message is not None and fresh:
@@ -441,7 +448,8 @@ class PeerNode:
 
     def _drain_outbox(self, box: _Outbox) -> None:
         while (frames := self._take(box.socket)) is not None:
-            message = self._verify(b"out:" + box.address.encode(), frames)
+            # A reply: from whichever process serves that address (not us).
+            message = self._verify(b"out:" + box.address.encode(), frames, self.signer, None)
             match message:
                 case Value(call_id):
                     entry = self._calls.get(call_id)
@@ -532,10 +540,10 @@ class PeerRoute:
 
     @property
     def signer(self) -> Signer:
-        return self.node.signer
+        return self.node.reply_signer
 
     def send(self, message: Message, payload: Any = None) -> None:
-        encoded = self.node.encode(message, payload, by_value=False)
+        encoded = self.node.reply_signer.encode(message, payload, by_value=False)
         self.node.reply(self.sender, encoded, self.inbox)
 
     def send_encoded(self, encoded: Encoded) -> None:

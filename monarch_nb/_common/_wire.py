@@ -2,7 +2,7 @@
 
 A message is a *header* and a *body*, then one frame per out-of-band buffer::
 
-    header = signature(32) | sequence(8)
+    header = signature(32) | sequence(8) | flags(1) | sender(16)
     body   = meta length(4) | meta | payload
 
 Header and body share the first frame, unless the body is 64 KiB or more
@@ -13,30 +13,46 @@ Header and body share the first frame, unless the body is 64 KiB or more
   failed" even if the payload cannot be unpickled;
 - ``payload`` is the (cloud)pickle of the arguments or value; the buffer
   frames are its out-of-band buffers (tensors, arrays, large bytes);
+- ``sender`` names who sealed the message (:func:`sender_tag` of its routing
+  identity, or :data:`CONTROLLER`) and ``flags`` its direction (*upstream*:
+  towards the controller or the caller, as replies, heartbeats and output;
+  *downstream*: calls, casts, commands) and how its bulk frames are covered.
+  Both are signed: a receiver that knows whom a link leads to refuses a
+  message sealed by anyone else, or sent the other way (a reflected message);
 - the *content digest* is SHA-256 over the body and every buffer frame, each
   prefixed by its length so frame boundaries cannot be shifted. A buffer of
   8 MiB or more enters it as the SHA-256 digests of its 2 MiB chunks, hashed
   on a small thread pool (hashlib releases the GIL): as strong, since SHA-256
   is collision resistant, and it uses every core on big tensors;
-- ``signature`` is HMAC-SHA256 under the mesh key over ``sequence`` and the
-  content digest; ``sequence`` is the sender's message counter, and a
-  receiver accepts each number once (:class:`ReplayWindow`), which stops
-  replays.
+- on a *trusted link* (an ``ipc://`` socket in the tree's private 0700 run
+  directory, which only our uid can connect to, or a CURVE connection, which
+  authenticates its peer and protects every frame's integrity) buffer frames
+  enter the digest by their lengths only: the transport already guarantees
+  they come, unchanged, from the peer that sent the signed body, and hashing
+  them cost more than moving them. The body (every pickle byte) is always
+  digested. The flag is signed, and a receiver whose link is not trusted
+  (a plain TCP port, ``MONARCH_NB_BIND``) refuses a message that carries it;
+- ``signature`` is HMAC-SHA256 under the mesh key over ``sequence``,
+  ``flags``, ``sender`` and the content digest; ``sequence`` is the sender's
+  message counter, and a receiver accepts each number once
+  (:class:`ReplayWindow`), which stops replays.
 
 Encoding (pickling and the content digest, the expensive part) happens
 once, however many ranks a message goes to, and outside any lock.
-*Sealing* (the next sequence number and the HMAC over 40 bytes) happens
+*Sealing* (the next sequence number and the HMAC over 57 bytes) happens
 at send time, under the lock that orders the sender's sends, so sequence
 numbers leave each sender in order, whichever thread encoded first.
 
-Nothing is unpickled before the signature and the sequence check pass;
-frames that fail are dropped and counted in :class:`WireStats`.
+Nothing is unpickled before the signature, the sender, the direction and the
+sequence check pass; frames that fail are dropped and counted in
+:class:`WireStats`.
 
 Out-of-band buffers are sent zero-copy, straight from the caller's memory
 (a copy of 64 MiB costs more than the transfer itself here). So a tensor
 must not be modified until its call's future completes: modified in flight,
-its frame no longer matches the signature and is dropped (and counted in
-``dropped_bad_signature``).
+its frame no longer matches the signature on an untrusted link and is
+dropped (counted in ``dropped_bad_signature``), and on a trusted one it
+arrives with whatever bytes it had when the socket read it.
 """
 
 from __future__ import annotations
@@ -69,8 +85,17 @@ RELAY = b"R"
 OWN = b"A"
 _SIG_BYTES = 32
 _SEQ_BYTES = 8
+_FLAGS_BYTES = 1
+SENDER_BYTES = 16
 _META_LEN_BYTES = 4
-_HEADER_BYTES = _SIG_BYTES + _SEQ_BYTES
+_HEADER_BYTES = _SIG_BYTES + _SEQ_BYTES + _FLAGS_BYTES + SENDER_BYTES
+_SENDER_AT = _SIG_BYTES + _SEQ_BYTES + _FLAGS_BYTES
+# Header flags (signed).
+_UPSTREAM = 1  # towards the controller or the caller (see the module docstring)
+_BULK_BY_LENGTH = 2  # buffer frames digested by length only: a trusted link
+_KNOWN_FLAGS = _UPSTREAM | _BULK_BY_LENGTH
+# The sender tag of a controller (every other sender's is its routing identity).
+CONTROLLER = bytes(SENDER_BYTES)
 # Frames below this are copied into zmq (cheaper than pinning a Python object).
 _ZERO_COPY_BYTES = 1 << 16
 # pyzmq's send_multipart combines IntFlag enums on every frame; plain ints are
@@ -100,6 +125,13 @@ def _chunk_digests(view: memoryview) -> bytes:
     return b"".join(_pool().map(lambda c: hashlib.sha256(c).digest(), chunks))
 
 
+def sender_tag(identity: bytes) -> bytes:
+    """The 16-byte ``sender`` a process with routing ``identity`` seals with."""
+    if len(identity) == SENDER_BYTES:
+        return identity
+    return hashlib.sha256(b"monarch_nb sender\0" + identity).digest()[:SENDER_BYTES]
+
+
 def new_key() -> bytes:
     """A fresh random per-mesh signing key."""
     return secrets.token_bytes(KEY_BYTES)
@@ -115,10 +147,13 @@ class WireStats:
     dropped_malformed: int = 0  # too few frames, or wrong sizes: not signed by us
     dropped_bad_signature: int = 0  # signature did not match the key
     dropped_replayed: int = 0  # signature fine but sequence number not fresh
+    dropped_misdirected: int = 0  # sealed by another sender, sent the other way, or
+    # with bulk frames left to a transport this link does not trust
     dropped_unknown_peer: int = 0  # identity not of any mesh we run
     unknown_messages: int = 0  # signed by a peer, but of a kind we do not know (reported)
     bytes_in_band: int = 0  # pickle bytes encoded
     bytes_out_of_band: int = 0  # buffer bytes encoded as their own frames
+    bytes_digested: int = 0  # buffer bytes hashed, sending and verifying
 
     def snapshot(self) -> WireStats:
         return WireStats(**self.__dict__)
@@ -127,13 +162,16 @@ class WireStats:
 class Encoded:
     """A message pickled and digested once, ready to seal and send any number of times."""
 
-    __slots__ = ("body", "buffers", "copy", "digest", "nbytes", "separate_body", "signer")
+    __slots__ = ("body", "buffers", "copy", "digest", "flags", "nbytes", "separate_body", "signer")
 
-    def __init__(self, signer: Signer, body: bytes, buffers: list[Any], digest: bytes) -> None:
+    def __init__(
+        self, signer: Signer, body: bytes, buffers: list[Any], digest: bytes, flags: int
+    ) -> None:
         self.signer = signer  # whose key and sequence seal it
         self.body = body
         self.buffers = buffers
         self.digest = digest
+        self.flags = flags
         sizes = [memoryview(b).nbytes for b in buffers]
         self.nbytes = len(body) + sum(sizes)
         self.separate_body = len(body) >= _ZERO_COPY_BYTES
@@ -148,7 +186,7 @@ class Encoded:
         Call under the lock that orders this sender's sends; a sealed message
         may go to any number of receivers (each keeps its own replay window).
         """
-        header = self.signer.header(self.digest)
+        header = self.signer.header(self.flags, self.digest)
         if self.separate_body:
             return [header, self.body, *self.buffers]
         return [header + self.body, *self.buffers]
@@ -204,22 +242,48 @@ def forward(socket: zmq.Socket, frames: Sequence[Any], identity: bytes | None = 
 
 
 class Signer:
-    """Signs and verifies messages with one key; tracks the send sequence."""
+    """Signs the messages one sender sends one way on one kind of link, and
+    verifies those that come back the other way; tracks the send sequence.
 
-    def __init__(self, key: bytes, stats: WireStats, *, first_sequence: int = 1) -> None:
+    ``sender`` is this process's :func:`sender_tag` (or :data:`CONTROLLER`);
+    ``upstream`` says which way it sends (it accepts only the other way);
+    ``trusted_link``: the link authenticates its peer and protects integrity
+    (``ipc://`` in the private run directory, or CURVE), so buffer frames are
+    not hashed either way; see the module docstring.
+    """
+
+    def __init__(
+        self,
+        key: bytes,
+        stats: WireStats,
+        *,
+        sender: bytes,
+        upstream: bool,
+        trusted_link: bool = False,
+        first_sequence: int = 1,
+    ) -> None:
         if len(key) != KEY_BYTES:
             raise ValueError(f"signing key must be {KEY_BYTES} bytes, got {len(key)}")
+        if len(sender) != SENDER_BYTES:
+            raise ValueError(f"a sender tag is {SENDER_BYTES} bytes, got {len(sender)}")
         self._mac = hmac.new(key, digestmod=hashlib.sha256)
         self._sequence = itertools.count(first_sequence)
         self.stats = stats
+        self.sender = sender
+        self.upstream = upstream
+        self.trusted_link = trusted_link
+        self._flags = (_UPSTREAM if upstream else 0) | (_BULK_BY_LENGTH if trusted_link else 0)
 
-    def header(self, digest: bytes) -> bytes:
-        """``signature | sequence`` for content with ``digest``, with the next number."""
-        sequence = next(self._sequence).to_bytes(_SEQ_BYTES, "little")
+    def header(self, flags: int, digest: bytes) -> bytes:
+        """``signature | sequence | flags | sender`` for content with ``digest``,
+        with the next number."""
+        trailer = b"".join(
+            (next(self._sequence).to_bytes(_SEQ_BYTES, "little"), bytes((flags,)), self.sender)
+        )
         mac = self._mac.copy()
-        mac.update(sequence)
+        mac.update(trailer)
         mac.update(digest)
-        return mac.digest() + sequence
+        return mac.digest() + trailer
 
     def encode(self, message: Message, payload: Any = None, *, by_value: bool = True) -> Encoded:
         """Pickle a message and digest its content once; raises whatever pickling raises."""
@@ -232,31 +296,54 @@ class Signer:
         body = b"".join(
             (len(meta_bytes).to_bytes(_META_LEN_BYTES, "little"), meta_bytes, payload_bytes)
         )
-        encoded = Encoded(self, body, raw, _content_digest(body, raw))
+        by_length = self.trusted_link
+        digest = _content_digest(body, raw, by_length, self.stats)
+        encoded = Encoded(self, body, raw, digest, self._flags)
         self.stats.encoded += 1
         self.stats.bytes_in_band += len(body)
         self.stats.bytes_out_of_band += encoded.nbytes - len(body)
         return encoded
 
-    def verify(self, frames: Sequence[Any], window: ReplayWindow) -> Message | None:
-        """Check signature and freshness; the message, or None (counted).
+    def verify(
+        self, frames: Sequence[Any], window: ReplayWindow, *, sender: bytes | None
+    ) -> Message | None:
+        """Check signature, sender, direction and freshness; the message, or None
+        (counted).
 
         ``frames`` are ``zmq.Frame`` objects or buffers, identity already removed.
-        Raises :class:`UnknownMessage` (counted) for a verified message of an
-        unknown kind: the caller reports it.
+        ``sender`` is the tag of the peer this link leads to; None where the
+        receiver cannot know it (replies on an outbox: the direction check
+        still refuses our own requests sent back to us). Raises :class:`UnknownMessage` (counted)
+        for a verified message of an unknown kind: the caller reports it.
         """
         split = _split(frames)
         if split is None:
             self.stats.dropped_malformed += 1
             return None
         header, body, buffers = split
+        # The cheap checks first: a message not meant for this link costs no hashing.
+        flags = header[_SIG_BYTES + _SEQ_BYTES]
+        sealed_by = bytes(header[_SENDER_AT:])
+        by_length = bool(flags & _BULK_BY_LENGTH)
+        if flags & ~_KNOWN_FLAGS:
+            self.stats.dropped_malformed += 1
+            return None
+        if (
+            bool(flags & _UPSTREAM) == self.upstream
+            or (by_length and not self.trusted_link)
+            or (sender is not None and sealed_by != sender)
+        ):
+            self.stats.dropped_misdirected += 1
+            return None
         mac = self._mac.copy()
         mac.update(header[_SIG_BYTES:])
-        mac.update(_content_digest(body, buffers))
+        mac.update(_content_digest(body, buffers, by_length, self.stats))
         if not hmac.compare_digest(mac.digest(), header[:_SIG_BYTES]):
             self.stats.dropped_bad_signature += 1
             return None
-        if not window.accept(int.from_bytes(header[_SIG_BYTES:], "little")):
+        if not window.accept(
+            int.from_bytes(header[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little")
+        ):
             self.stats.dropped_replayed += 1
             return None
         self.stats.received += 1
@@ -270,11 +357,18 @@ class Signer:
             raise UnknownMessage(f"a signed message could not be read: {exc!r}") from exc
 
 
-def _content_digest(body: Any, buffers: Sequence[Any]) -> bytes:
+def _content_digest(
+    body: Any, buffers: Sequence[Any], buffers_by_length: bool, stats: WireStats
+) -> bytes:
+    """SHA-256 of the body and the buffer frames (their lengths only on a trusted link)."""
     content = hashlib.sha256()
-    for frame in (body, *buffers):
+    for i, frame in enumerate((body, *buffers)):
         view = memoryview(frame)
         content.update(view.nbytes.to_bytes(8, "little"))
+        if i and buffers_by_length:
+            continue
+        if i:
+            stats.bytes_digested += view.nbytes
         if view.nbytes >= _CHUNKED_FRAME_BYTES:
             content.update(_chunk_digests(view.cast("B")))
         else:

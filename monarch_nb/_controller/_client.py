@@ -49,6 +49,7 @@ from .._common._wire import (
     WireStats,
     decode_payload,
     receive,
+    sender_tag,
 )
 from ._calls import PendingCall
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
@@ -64,10 +65,11 @@ T = TypeVar("T")
 
 
 class _Peer:
-    __slots__ = ("group", "rank", "via", "window")
+    __slots__ = ("group", "rank", "tag", "via", "window")
 
-    def __init__(self, group: ProcGroup, rank: int, via: bytes | None) -> None:
+    def __init__(self, identity: bytes, group: ProcGroup, rank: int, via: bytes | None) -> None:
         self.group, self.rank, self.window = group, rank, ReplayWindow()
+        self.tag = sender_tag(identity)  # what its messages must be sealed by
         self.via = via  # the agent that relays for it, or None
 
 
@@ -340,7 +342,7 @@ class Controller:
     def add_peer(
         self, identity: bytes, group: ProcGroup, rank: int, via: bytes | None = None
     ) -> None:
-        self._peers[identity] = _Peer(group, rank, via)
+        self._peers[identity] = _Peer(identity, group, rank, via)
 
     def move_peer(self, identity: bytes, group: ProcGroup, rank: int) -> None:
         """A worker now answers as ``rank`` of ``group`` (a resize); its replay
@@ -470,7 +472,7 @@ class Controller:
         body = frames[1:]
         group = peer.group
         try:
-            message = group.signer.verify(body, peer.window)
+            message = group.signer.verify(body, peer.window, sender=peer.tag)
         except UnknownMessage as exc:
             _log.error("monarch_nb: rank %d of %r sent %s", peer.rank, group.name, exc)
             return

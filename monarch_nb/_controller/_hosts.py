@@ -54,7 +54,7 @@ from .._common._messages import (
     WorkerOutput,
     WorkerStarted,
 )
-from .._common._wire import ReplayWindow, Signer
+from .._common._wire import CONTROLLER, ReplayWindow, Signer, sender_tag
 from ._client import Controller
 from ._process_group import HEARTBEAT_S, START_TIMEOUT_S, WorkerProcess
 
@@ -131,6 +131,7 @@ class AgentLink:
         self.label = label  # the name the user gave (a host name, an address)
         self.named_by_agent = False  # srun chose the node: its hello names it
         self.identity = f"{hosts.identity_prefix}{index}".encode()
+        self.tag = sender_tag(self.identity)
         self.hostname = ""
         self.address = ""
         self.pid = 0
@@ -176,6 +177,9 @@ class HostAgents:
         self.signer = Signer(
             bytes.fromhex(self.keys["key"]),
             controller.stats,
+            sender=CONTROLLER,
+            upstream=False,
+            trusted_link=True,  # CURVE: see _wire's docstring
             first_sequence=time.time_ns() // 1000,
         )
         self.heartbeat_s = heartbeat_s
@@ -466,7 +470,7 @@ class HostAgents:
 
     def on_agent_message(self, agent: AgentLink, frames: list[Any]) -> None:
         try:
-            message = self.signer.verify(frames, agent.window)
+            message = self.signer.verify(frames, agent.window, sender=agent.tag)
         except UnknownMessage as exc:
             _log.error("monarch_nb: the agent on %s sent %s", agent.label, exc)
             return

@@ -174,7 +174,7 @@ def attach(
 
             controller.run(connect)
             agent.connected_to = agent.label
-            agents.send(agent, AgentAttach(host))
+            agents.send(agent, AgentAttach(host, agent.identity.decode()))
 
     stop_watching = controller.run(lambda: controller.watch_handshakes(handshake_failed))
     try:

@@ -65,7 +65,7 @@ from .._common._messages import (
 from .._common._network import visible_gpus
 from .._common._shape import Shape
 from .._common._spawn import kill_leftovers, start_worker
-from .._common._wire import Encoded, Signer, decode_payload, new_key
+from .._common._wire import CONTROLLER, Encoded, Signer, decode_payload, new_key
 from . import _events as ev
 from ._calls import CallFuture, send_call
 from ._client import Controller
@@ -325,7 +325,13 @@ class ProcGroup:
         self.peer_addresses = {}
         self.workers = []  # the new generation's, once launched
         key = self._key = new_key()
-        self.signer = Signer(key, self.controller.stats)
+        # Through agents, every hop is trusted (CURVE, then the agent's private
+        # Unix socket); children of ours are, unless MONARCH_NB_BIND made their
+        # link a plain TCP port (see _wire's docstring).
+        trusted = self.agents is not None or self.controller.address.startswith("ipc://")
+        self.signer = Signer(
+            key, self.controller.stats, sender=CONTROLLER, upstream=False, trusted_link=trusted
+        )
         self._all_ready.clear()
         self.ready_ranks = set()
         ranks = range(len(self.shape))
@@ -1141,7 +1147,8 @@ class ProcGroup:
             new = []
             for rank in ranks:
                 self._incarnation[rank] = self._incarnation.get(rank, 0) + 1
-                identity = f"{self.id}.{self.generation}.{rank}.{self._incarnation[rank]}"
+                # Random, as at the start: a guessed name could be claimed first.
+                identity = f"w{secrets.token_hex(16)}.{rank}.{self._incarnation[rank]}"
                 self.ready_ranks.discard(rank)
                 self.paused.discard(rank)
                 self.rank_failures.pop(rank, None)

@@ -53,7 +53,7 @@ from .._common._messages import (
 )
 from .._common._peer import PeerNode, PeerRoute
 from .._common._shape import Shape
-from .._common._wire import Signer, WireStats, decode_payload
+from .._common._wire import Signer, WireStats, decode_payload, sender_tag
 from ._log_file import RankLog
 from ._log_file import install as install_log_file
 from ._wire_thread import WireThread
@@ -168,7 +168,15 @@ class Worker:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.connect(boot["address"])
         self.socket = sock
-        self.signer = Signer(bytes.fromhex(boot["key"]), WireStats())
+        self.signer = Signer(
+            bytes.fromhex(boot["key"]),
+            WireStats(),
+            sender=sender_tag(boot["identity"].encode()),
+            upstream=True,
+            # A Unix socket in the private run directory (ours, or our host
+            # agent's); a plain TCP port (MONARCH_NB_BIND) is not trusted.
+            trusted_link=boot["address"].startswith("ipc://"),
+        )
         # (message, frames, its ticket, where replies go) from the wire thread or
         # the peer node, or a posted task.
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()

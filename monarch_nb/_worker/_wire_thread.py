@@ -40,7 +40,7 @@ from .._common._messages import (
     StatusReply,
     UnknownMessage,
 )
-from .._common._wire import ReplayWindow, Signer, receive
+from .._common._wire import CONTROLLER, ReplayWindow, Signer, receive
 from . import _resources
 
 _EVENTS = int(zmq.EVENTS)
@@ -150,7 +150,7 @@ class WireThread:
             if frames is None:
                 return
             try:
-                message = self.signer.verify(frames, self._window)
+                message = self.signer.verify(frames, self._window, sender=CONTROLLER)
             except UnknownMessage as exc:
                 self.send(ProtocolError(f"rank could not read a message: {exc}"))
                 continue

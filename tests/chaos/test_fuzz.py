@@ -14,11 +14,14 @@ import pytest
 import zmq
 from chaos_actors import Canary, Probe
 from chaos_support import (
+    HEADER_BYTES,
+    KNOWN_FLAGS,
     META_LEN_BYTES,
     PREFIX_BYTES,
     SEQ_BYTES,
     SIG_BYTES,
     envelope,
+    sender_tag,
     sign_raw,
     wait_until,
     wire_stats,
@@ -69,6 +72,7 @@ def dropped(stats) -> int:
         + stats.dropped_bad_signature
         + stats.dropped_replayed
         + stats.dropped_unknown_peer
+        + stats.dropped_misdirected
     )
 
 
@@ -83,7 +87,7 @@ forged = st.builds(
     st.binary(max_size=64),
 )
 lying_length = st.builds(
-    lambda sig, claim: sig + (1).to_bytes(8, "little") + claim.to_bytes(4, "little") + CANARY,
+    lambda sig, claim: envelope(sig, 1, b"")[:HEADER_BYTES] + claim.to_bytes(4, "little") + CANARY,
     st.binary(min_size=32, max_size=32),
     st.integers(len(CANARY) + 1, 2**32 - 1),
 )
@@ -130,10 +134,12 @@ def test_an_impostor_with_a_dead_ranks_identity_is_dropped_unread(
         impostor.connect(access.address)
 
         sequence = iter(range(1 << 40, 1 << 41))
+        as_rank_1 = sender_tag(access.identities[1])
 
         def barrier(tag: str) -> bool:
             """A correctly signed canary; once it is read, every earlier frame was too."""
-            impostor.send_multipart(sign_raw(access.key, next(sequence), pickle.dumps(Canary(tag))))
+            canary = pickle.dumps(Canary(tag))
+            impostor.send_multipart(sign_raw(access.key, next(sequence), canary, sender=as_rank_1))
             try:
                 wait_until(lambda: tag in chaos_actors.TRIPPED, 0.5, tag)
             except pytest.fail.Exception:
@@ -165,7 +171,7 @@ def test_an_impostor_with_a_dead_ranks_identity_is_dropped_unread(
         # Replayed: a frame correctly signed with the mesh key (a fresh sequence
         # number) is accepted and read once; the same frame again, never.
         signed_canary = pickle.dumps(Canary("signed frame"))
-        genuine = sign_raw(access.key, next(sequence), signed_canary)
+        genuine = sign_raw(access.key, next(sequence), signed_canary, sender=as_rank_1)
         replays = 20
         for _ in range(1 + replays):
             impostor.send_multipart(genuine)
@@ -174,7 +180,9 @@ def test_an_impostor_with_a_dead_ranks_identity_is_dropped_unread(
         after = wire_stats(victim)
         malformed = sum(_malformed(frames) for frames in sent)
         assert after.dropped_malformed - before.dropped_malformed == malformed
-        assert after.dropped_bad_signature - before.dropped_bad_signature == (
+        # Signed wrong, or for another sender (the forged frames claim nobody).
+        refused = after.dropped_bad_signature + after.dropped_misdirected
+        assert refused - before.dropped_bad_signature - before.dropped_misdirected == (
             len(sent) - malformed + len(oversized)
         )
         assert after.dropped_replayed - before.dropped_replayed == replays
@@ -194,9 +202,11 @@ def _malformed(frames: list[bytes]) -> bool:
     """Whether the documented layout makes ``frames`` malformed (too short, or a
     meta length past the end) rather than merely wrongly signed. A first frame of
     exactly the header's size means the body is the next frame."""
-    header = SIG_BYTES + SEQ_BYTES
+    header = HEADER_BYTES
     first = frames[0]
     if len(first) < header:
+        return True
+    if first[SIG_BYTES + SEQ_BYTES] & ~KNOWN_FLAGS:
         return True
     if len(first) == header:
         if len(frames) < 2:
