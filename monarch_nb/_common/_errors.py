@@ -252,11 +252,14 @@ class MeshFailure(MonarchNbError):
 
 
 class CallTimeout(MonarchNbError, TimeoutError):
-    """Some ranks did not reply within the timeout; ``.ranks`` names them."""
+    """Some ranks did not reply within the timeout; ``.ranks`` names them, and
+    ``.silent`` those of them the controller got no heartbeat from lately (a
+    stopped process: the others may just be waiting for it)."""
 
-    def __init__(self, message: str, *, ranks: Sequence[int] = ()):
+    def __init__(self, message: str, *, ranks: Sequence[int] = (), silent: Sequence[int] = ()):
         super().__init__(message)
         self.ranks = tuple(ranks)
+        self.silent = tuple(silent)
 
 
 class CallCancelled(MonarchNbError):

@@ -131,11 +131,29 @@ class CallFuture(Future[Any]):
             return super()._timeout_error(timeout)
         waiting = call.waiting_ranks()
         replied = len(call.ranks) - len(waiting)
+        # Which of them the controller has not heard from at all lately: in a
+        # collective, the others are most likely waiting for those.
+        silent_ranks = getattr(call.group, "silent_ranks", None)
+        silent = silent_ranks(waiting) if silent_ranks is not None else {}
+        why = ""
+        if silent:
+            quiet = ", ".join(f"rank {r} for {age:.0f} s" for r, age in sorted(silent.items()))
+            busy = [r for r in waiting if r not in silent]
+            why = (
+                f"; no heartbeat from {quiet} (the process is stopped, e.g. SIGSTOP or a "
+                "debugger, or holds the GIL in C code)"
+            )
+            if busy:
+                why += (
+                    f"; rank(s) {format_ranks(busy)} are alive, most likely waiting for "
+                    "the silent one(s) in a collective"
+                )
         return CallTimeout(
             f"{call.label} got no reply from rank(s) {format_ranks(waiting)} within "
-            f"{timeout} s ({replied} of {len(call.ranks)} replied); the call is still "
+            f"{timeout} s ({replied} of {len(call.ranks)} replied){why}; the call is still "
             "running there: wait longer, interrupt it, or stop the mesh",
             ranks=waiting,
+            silent=sorted(silent),
         )
 
 

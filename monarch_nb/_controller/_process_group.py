@@ -84,6 +84,9 @@ _log = logging.getLogger("monarch_nb")
 _group_ids = itertools.count(1)
 START_TIMEOUT_S = float(os.environ.get("MONARCH_NB_START_TIMEOUT", "60"))
 HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
+# A live rank that sent no heartbeat for this long is stopped (or holds the GIL):
+# named as such when a call to it times out.
+SILENT_AFTER_S = max(3.0, 3 * HEARTBEAT_S)
 STOP_GRACE_S = 5.0
 KILL_WAIT_S = 10.0  # after SIGKILL: at once locally; a remote exit is reported by its agent
 _STDERR_TAIL_LINES = 20
@@ -171,6 +174,7 @@ class WorkerProcess:
         # The last two heartbeats (monotonic time, sample): CPU % is their slope.
         self.heartbeat: tuple[float, ResourceSample] | None = None
         self.previous_heartbeat: tuple[float, ResourceSample] | None = None
+        self.started = time.monotonic()  # silent since then, until a first heartbeat
         self.work = ""  # as of the last heartbeat
         self.work_seconds = 0.0
         self.oom: OomWitness | None = None  # what its cgroup said at start (local workers)
@@ -1372,6 +1376,21 @@ class ProcGroup:
         if len(replies) == expected:
             del self._queries[reply.query_id]
             future.set_result(replies)
+
+    def silent_ranks(self, ranks: Iterable[int]) -> dict[int, float]:
+        """Of ``ranks``, those alive whose last heartbeat is older than
+        ``SILENT_AFTER_S`` (rank -> seconds since it); any thread."""
+        now = time.monotonic()
+        workers = self.workers
+        silent = {}
+        for rank in ranks:
+            if rank >= len(workers) or workers[rank].returncode is not None:
+                continue
+            beat = workers[rank].heartbeat
+            heard = beat[0] if beat is not None else workers[rank].started
+            if now - heard > SILENT_AFTER_S:
+                silent[rank] = now - heard
+        return silent
 
     def status(self, ranks: tuple[int, ...]) -> MeshStatus:
         """A snapshot of ``ranks`` (any thread; see :mod:`._status`)."""

@@ -103,6 +103,31 @@ def test_sigstop_of_a_rank_times_out_naming_it_and_sigcont_loses_nothing(procs3)
     assert probe.rank.call().get(timeout=10).values() == [0, 1, 2]
 
 
+def test_a_timeout_names_the_stopped_rank_not_the_ones_waiting_for_it(procs3):
+    # As in an all-reduce: ranks 0 and 1 are busy (here sleeping), rank 2 is
+    # stopped. All three owe a reply; only rank 2 is silent, and the error says so.
+    probe = procs3.spawn("probe", Probe)
+    pid = procs3.pids[2]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_until(
+            lambda: 2 in procs3._group.silent_ranks([2]),
+            30,
+            "rank 2's heartbeats to stop",
+        )
+        call = probe.sleep.call(5)
+        with pytest.raises(CallTimeout) as caught:
+            call.get(timeout=0.5)
+        assert caught.value.ranks == (0, 1, 2)
+        assert caught.value.silent == (2,)
+        message = str(caught.value)
+        assert "no heartbeat from rank 2 for" in message
+        assert "rank(s) 0-1 are alive, most likely waiting for the silent one(s)" in message
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert call.get(timeout=60).values() == [0, 1, 2]
+
+
 def test_a_stopped_rank_can_be_killed_and_the_mesh_restarted(procs3):
     probe = procs3.spawn("probe", Probe)
     pid = procs3.pids[0]
