@@ -368,6 +368,7 @@ class Agent:
     def _launch(self, identity: str, env: dict[str, str], bootstrap: dict[str, Any]) -> None:
         full_env = dict(os.environ)
         full_env.update(_network.worker_env(self.address, env))
+        full_env[_rundir.TREE_ROOT_ENV] = str(os.getpid())  # this host's tree is ours
         local_gpu = full_env.pop("MONARCH_NB_LOCAL_GPU", None)
         if local_gpu is not None:  # this host's GPUs, as this host's agent sees them
             full_env["CUDA_VISIBLE_DEVICES"] = _network.visible_gpus()[int(local_gpu)]

@@ -18,6 +18,18 @@ import tempfile
 import threading
 
 ENV_VAR = "MONARCH_NB_RUN_DIR"
+# The pid of this tree's first process on this host (the controller, or a host
+# agent): only its descendants may read a rank's memory (RDMABuffer, see
+# monarch_nb.native._transport), so it travels down the tree like the run dir.
+TREE_ROOT_ENV = "MONARCH_NB_TREE_ROOT"
+
+
+def tree_root() -> int:
+    """The pid of this process tree's root on this host (ourselves if we are it)."""
+    inherited = os.environ.get(TREE_ROOT_ENV, "")
+    return int(inherited) if inherited.isdigit() else os.getpid()
+
+
 # sockaddr_un.sun_path is 108 bytes with its NUL: keep room for a socket's name.
 _MAX_DIR_CHARS = 70
 

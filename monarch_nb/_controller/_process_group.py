@@ -378,6 +378,7 @@ class ProcGroup:
         # The tree's private socket directory: a worker that starts meshes of its
         # own puts their inboxes there too (and never makes, or leaks, one).
         env[_rundir.ENV_VAR] = _rundir.run_dir()
+        env[_rundir.TREE_ROOT_ENV] = str(_rundir.tree_root())
         # torch's CPU allocator on transparent huge pages: one-sided reads of a
         # rank's tensors (RDMABuffer) walk 2 MiB pages, not 4 KiB ones, and run
         # about twice as fast here. The user's own setting wins.

@@ -64,9 +64,6 @@
 #ifndef PR_SET_PTRACER
 #define PR_SET_PTRACER 0x59616d61
 #endif
-#ifndef PR_SET_PTRACER_ANY
-#define PR_SET_PTRACER_ANY ((unsigned long)-1)
-#endif
 
 #define REQ_MAGIC 0x524e424dU /* "MNBR" little endian */
 #define REP_MAGIC 0x414e424dU /* "MNBA" little endian */
@@ -643,8 +640,10 @@ static PyObject *py_unregister(PyObject *self, PyObject *args) {
     return PyLong_FromLong(left);
 }
 
-static PyObject *py_set_ptracer_any(PyObject *self, PyObject *noargs) {
-    int rc = prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+static PyObject *py_set_ptracer(PyObject *self, PyObject *args) {
+    unsigned long pid;
+    if (!PyArg_ParseTuple(args, "k", &pid)) return NULL;
+    int rc = prctl(PR_SET_PTRACER, pid, 0, 0, 0);
     return PyLong_FromLong(rc == 0 ? 0 : errno);
 }
 
@@ -906,8 +905,8 @@ static PyMethodDef methods[] = {
      "register(address, size, token, writable) -> region id"},
     {"unregister", py_unregister, METH_VARARGS,
      "unregister(region_id, timeout_s) -> users still copying (0 once it is safe to free)"},
-    {"set_ptracer_any", py_set_ptracer_any, METH_NOARGS,
-     "prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY) -> 0 or errno"},
+    {"set_ptracer", py_set_ptracer, METH_VARARGS,
+     "set_ptracer(pid): prctl(PR_SET_PTRACER, pid) -> 0 or errno"},
     {"server_start", py_server_start, METH_VARARGS,
      "server_start(listening_fd): serve registered regions on a native thread"},
     {"stats", py_stats, METH_NOARGS, "stats() -> (regions, bytes, connections, server_started)"},

@@ -43,8 +43,9 @@ def register(address: int, size: int, token: bytes, writable: bool, /) -> int:
 def unregister(region: int, timeout_s: float, /) -> int:
     """Revoke a region and wait for its users; returns users left (0: safe to free)."""
 
-def set_ptracer_any() -> int:
-    """prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY); returns 0 or the errno."""
+def set_ptracer(pid: int, /) -> int:
+    """prctl(PR_SET_PTRACER, pid): ``pid`` and its descendants may ptrace us
+    under Yama ptrace_scope=1; returns 0 or the errno."""
 
 def server_start(listening_fd: int, /) -> None:
     """Serve the table on a native accept thread; takes ownership of the fd."""

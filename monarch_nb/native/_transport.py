@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from monarch_nb._common import _rundir
 from monarch_nb._common._future import Future
 from monarch_nb.native._errors import (
     RDMAAccessError,
@@ -106,9 +107,12 @@ def start_server(host: str | None = None, port: int | None = None) -> tuple[str,
         memory.server_start(sock.detach())
         _server = (pid, (bound[0], bound[1]), (advertise, bound[1]))
         if _ptracer_set_for_pid != pid:
-            # Let same-host readers use process_vm_readv on us even under Yama
-            # ptrace_scope=1. Failure is fine: no Yama, or the TCP transport.
-            memory.set_ptracer_any()
+            # Under Yama ptrace_scope=1 (Ubuntu's default) a rank may not
+            # process_vm_readv its siblings. Name our tree's root on this host as
+            # our ptracer: Yama then admits it and its descendants (the mesh's own
+            # processes, nested meshes too) and no other process of this uid.
+            # Failure is fine: no Yama here, or the TCP transport.
+            memory.set_ptracer(_rundir.tree_root())
             _ptracer_set_for_pid = pid
         return _server[2]
 
