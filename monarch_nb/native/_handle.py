@@ -14,14 +14,14 @@ class Handle:
 
     ``token`` is the capability: whoever holds the handle may read, write and
     drop the region, nobody else. It is left out of ``repr`` so handles can be
-    logged.
+    logged, and so is ``address`` (a pointer in the owner: an ASLR leak).
     """
 
     host_key: str
     hostname: str
     pid: int
     region: int
-    address: int
+    address: int = field(repr=False)
     size: int
     dtype: str | None
     shape: tuple[int, ...]

@@ -55,7 +55,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -73,6 +75,12 @@
 #define TOKEN_SIZE 16
 #define NBUCKETS 1024
 #define MAX_CONNS 1024
+/* Connections that have not yet shown a region's token: at most this many (a
+ * new one evicts the oldest), each closed if it sends no request in time. A
+ * real reader sends its request as it connects, so a flood of idle or silent
+ * connections can neither fill the table nor keep readers out. */
+#define MAX_UNVERIFIED 64
+#define PREAUTH_TIMEOUT_S 10
 #define MAX_STREAMS 16
 #define IO_CHUNK ((size_t)64 << 20)
 
@@ -132,6 +140,8 @@ typedef struct conn {
     int fd;
     region_t *busy; /* the region this connection is using, or NULL */
     int lease;
+    int verified; /* it has shown a live region's token */
+    int evicted;  /* shut down to make room for a newer unverified connection */
     struct conn *prev, *next;
 } conn_t;
 
@@ -142,7 +152,10 @@ static uint64_t g_next_id = 1;
 static uint64_t g_region_count = 0;
 static uint64_t g_region_bytes = 0;
 static conn_t *g_conns = NULL;
-static int g_conn_count = 0;
+static int g_conn_count = 0; /* every open connection */
+static int g_unverified = 0; /* of them, not yet verified nor evicted */
+static int g_verified = 0;
+static int g_max_verified = MAX_CONNS; /* lowered to a quarter of RLIMIT_NOFILE */
 static int g_listen_fd = -1;
 static int g_server_started = 0;
 
@@ -264,21 +277,41 @@ static int token_equal(const unsigned char *a, const unsigned char *b) {
 }
 
 /* Validate a request against the table; on success count a use by `c`. */
+/* What a region that cannot be used says, the same whether it never existed,
+ * was dropped, or its token is wrong: a reply must not tell a prober which ids
+ * are live. (Ids are a counter: "below the next id" is no secret.) */
+static uint32_t no_such_region_locked(const request_t *q) {
+    return (q->region != 0 && q->region < g_next_id) ? ST_DROPPED : ST_UNKNOWN_REGION;
+}
+
+/* `c` showed a live region's token: from now on it counts among the verified
+ * connections (ST_BUSY when they are at their cap), and may idle. Lock held. */
+static uint32_t verify_conn_locked(conn_t *c) {
+    if (c == NULL || c->verified) return ST_OK;
+    if (g_verified >= g_max_verified) return ST_BUSY;
+    c->verified = 1;
+    g_verified++;
+    if (!c->evicted) g_unverified--;
+    struct timeval none = {0, 0};
+    setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+    return ST_OK;
+}
+
 static uint32_t acquire(conn_t *c, const request_t *q, int want_write, int lease, region_t **out) {
     uint32_t st = ST_OK;
     pthread_mutex_lock(&g_lock);
     region_t *r = find_locked(q->region);
-    if (r == NULL)
-        st = (q->region != 0 && q->region < g_next_id) ? ST_DROPPED : ST_UNKNOWN_REGION;
-    else if (!token_equal(r->token, q->token))
-        st = ST_BAD_TOKEN;
+    if (r == NULL || !token_equal(r->token, q->token))
+        st = no_such_region_locked(q);
+    else if ((st = verify_conn_locked(c)) != ST_OK)
+        ;
     else if (r->revoked)
         st = ST_DROPPED;
     else if (want_write && !r->writable)
         st = ST_READ_ONLY;
     else if (q->offset > r->size || q->length > r->size - q->offset)
         st = ST_OUT_OF_RANGE;
-    if (st == ST_OK && c != NULL) {
+    if (st == ST_OK && c != NULL && out != NULL) { /* a use (a query is none) */
         r->users++;
         c->busy = r;
         c->lease = lease;
@@ -314,15 +347,13 @@ static void revoke_locked(region_t *r) {
 
 /* ------------------------------------------------------------------ server */
 
-static uint32_t serve_drop(const request_t *q) {
+static uint32_t serve_drop(conn_t *c, const request_t *q) {
     pthread_mutex_lock(&g_lock);
     uint32_t st = ST_OK;
     region_t *r = find_locked(q->region);
-    if (r == NULL)
-        st = (q->region != 0 && q->region < g_next_id) ? ST_DROPPED : ST_UNKNOWN_REGION;
-    else if (!token_equal(r->token, q->token))
-        st = ST_BAD_TOKEN;
-    else
+    if (r == NULL || !token_equal(r->token, q->token))
+        st = no_such_region_locked(q);
+    else if ((st = verify_conn_locked(c)) == ST_OK)
         revoke_locked(r);
     pthread_mutex_unlock(&g_lock);
     return st;
@@ -385,20 +416,46 @@ static int serve_one(conn_t *c, const request_t *q) {
         return send_reply(c->fd, ST_OK, 0) == 0;
     }
     case OP_QUERY:
-        st = acquire(NULL, q, 0, 0, NULL);
+        st = acquire(c, q, 0, 0, NULL);
         if (st != ST_OK) {
             send_reply(c->fd, st, 0);
             return 0;
         }
         return send_reply(c->fd, ST_OK, 0) == 0;
     case OP_DROP:
-        st = serve_drop(q);
+        st = serve_drop(c, q);
         send_reply(c->fd, st, 0);
         return st == ST_OK;
     default:
         send_reply(c->fd, ST_BAD_OP, 0);
         return 0;
     }
+}
+
+static void unlink_conn_locked(conn_t *c) {
+    if (c->prev != NULL)
+        c->prev->next = c->next;
+    else
+        g_conns = c->next;
+    if (c->next != NULL) c->next->prev = c->prev;
+    g_conn_count--;
+    if (c->verified)
+        g_verified--;
+    else if (!c->evicted)
+        g_unverified--;
+}
+
+/* Make room for a new connection: shut the oldest unverified one down (its
+ * thread then closes it). New connections go to the head of the list, so the
+ * oldest is the last one found. Lock held. */
+static void evict_oldest_unverified_locked(void) {
+    conn_t *oldest = NULL;
+    for (conn_t *c = g_conns; c != NULL; c = c->next)
+        if (!c->verified && !c->evicted) oldest = c;
+    if (oldest == NULL) return;
+    oldest->evicted = 1;
+    g_unverified--;
+    shutdown(oldest->fd, SHUT_RDWR);
 }
 
 static void *conn_main(void *arg) {
@@ -413,12 +470,7 @@ static void *conn_main(void *arg) {
     }
     pthread_mutex_lock(&g_lock);
     release_locked(c);
-    if (c->prev != NULL)
-        c->prev->next = c->next;
-    else
-        g_conns = c->next;
-    if (c->next != NULL) c->next->prev = c->prev;
-    g_conn_count--;
+    unlink_conn_locked(c);
     pthread_mutex_unlock(&g_lock);
     close(c->fd);
     free(c);
@@ -442,32 +494,28 @@ static void *accept_main(void *arg) {
             }
             break; /* the listening socket is gone */
         }
+        /* Until it shows a token, a connection must send a request in time. */
+        struct timeval preauth = {PREAUTH_TIMEOUT_S, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &preauth, sizeof preauth);
         conn_t *c = (conn_t *)calloc(1, sizeof *c);
-        pthread_mutex_lock(&g_lock);
-        int full = g_conn_count >= MAX_CONNS;
-        if (c != NULL && !full) {
-            c->fd = fd;
-            c->next = g_conns;
-            if (g_conns != NULL) g_conns->prev = c;
-            g_conns = c;
-            g_conn_count++;
-        }
-        pthread_mutex_unlock(&g_lock);
-        if (c == NULL || full) {
-            send_reply(fd, ST_BUSY, MAX_CONNS);
+        if (c == NULL) {
+            send_reply(fd, ST_BUSY, 0);
             close(fd);
-            free(c);
             continue;
         }
+        pthread_mutex_lock(&g_lock);
+        if (g_unverified >= MAX_UNVERIFIED) evict_oldest_unverified_locked();
+        c->fd = fd;
+        c->next = g_conns;
+        if (g_conns != NULL) g_conns->prev = c;
+        g_conns = c;
+        g_conn_count++;
+        g_unverified++;
+        pthread_mutex_unlock(&g_lock);
         pthread_t t;
         if (pthread_create(&t, &attr, conn_main, c) != 0) {
             pthread_mutex_lock(&g_lock);
-            if (c->prev != NULL)
-                c->prev->next = c->next;
-            else
-                g_conns = c->next;
-            if (c->next != NULL) c->next->prev = c->prev;
-            g_conn_count--;
+            unlink_conn_locked(c);
             pthread_mutex_unlock(&g_lock);
             send_reply(fd, ST_BUSY, 0);
             close(fd);
@@ -650,11 +698,19 @@ static PyObject *py_set_ptracer(PyObject *self, PyObject *args) {
 static PyObject *py_server_start(PyObject *self, PyObject *args) {
     int fd;
     if (!PyArg_ParseTuple(args, "i", &fd)) return NULL;
+    /* Verified connections stay well under the file limit, so a full table
+     * never makes this process's own open() fail with EMFILE. */
+    struct rlimit files;
+    int cap = MAX_CONNS;
+    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY &&
+        files.rlim_cur / 4 < (rlim_t)cap)
+        cap = files.rlim_cur / 4 > 16 ? (int)(files.rlim_cur / 4) : 16;
     pthread_mutex_lock(&g_lock);
     int started = g_server_started;
     if (!started) {
         g_server_started = 1;
         g_listen_fd = fd;
+        g_max_verified = cap;
     }
     pthread_mutex_unlock(&g_lock);
     if (started) {

@@ -413,8 +413,11 @@ def _failure(op: CopyOp, status: int, err: int) -> RDMAError:
     h = op.handle
     what = f"{op.verb} of {op.length} bytes at offset {op.offset} of {h.describe()}"
     if status == m.ST_DROPPED:
+        # The owner answers a wrong token as it answers a dropped buffer, so a
+        # prober learns nothing about which buffers are live.
         return RDMABufferDroppedError(
-            f"{what} was refused: the buffer has been dropped; ask its owner for a new handle",
+            f"{what} was refused: the buffer has been dropped, or this handle's token is "
+            "not its owner's (a forged or corrupted handle); ask its owner for a new handle",
             handle=h,
         )
     if status == m.ST_BAD_TOKEN:
