@@ -289,6 +289,20 @@ def test_the_host_link_is_encrypted_and_takes_only_our_agents(hosts2) -> None:
         while drops() == before and time.monotonic() < deadline:
             time.sleep(0.05)
         assert drops()[2] == before[2] + 1
+        # 3. a real agent's name claimed on the local workers' socket: agents have
+        # a socket of their own, so on this one the name is nobody's.
+        claimant = context.socket(zmq.DEALER)
+        sockets.append(claimant)
+        claimant.setsockopt(zmq.LINGER, 0)
+        claimant.setsockopt(zmq.ROUTING_ID, agents.agents[0].identity)
+        claimant.connect(agents.controller.address)
+        Signer(bytes(32), WireStats(), sender=bytes(16), upstream=True).encode(_heartbeat()).send(
+            claimant, envelope=OWN
+        )
+        deadline = time.monotonic() + 30
+        while drops()[2] == before[2] + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert drops() == (before[0], before[1], before[2] + 2)
     finally:
         for sock in sockets:
             sock.close(0)

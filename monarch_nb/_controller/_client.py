@@ -119,6 +119,10 @@ class Controller:
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        # Host agents' CURVE links have a socket of their own, made when a host
+        # mesh first needs one: nothing from the network shares a socket (or a
+        # routing-id table) with local workers, and its frames are always capped.
+        self._hosts_router: zmq.Socket | None = None
 
     def _bind(self) -> zmq.Socket:
         router = self.loop.context.socket(zmq.ROUTER)
@@ -175,8 +179,10 @@ class Controller:
                 _log.exception("monarch_nb: could not stop the agents of a host mesh at exit")
 
         def close() -> None:
-            self.loop.remove_fd(int(self.router.getsockopt(zmq.FD)))
-            self.router.close(0)
+            for sock in (self.router, self._hosts_router):
+                if sock is not None:
+                    self.loop.remove_fd(int(sock.getsockopt(zmq.FD)))
+                    sock.close(0)
 
         self.run(close)
         self.loop.stop()
@@ -238,6 +244,7 @@ class Controller:
                         for identity in identities:
                             message.send(router, identity, frames)
                     else:  # once per host: its agent relays to each
+                        router = self._hosts()
                         message.send(router, via, frames, RELAY + b"\n".join(identities))
                 self.stats.sent += len(ranks)
                 pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
@@ -249,6 +256,8 @@ class Controller:
             group.events.flush()
         if pending_input:
             self.loop.call_soon(self._on_readable)
+            if self._hosts_router is not None:
+                self.loop.call_soon(self._on_hosts_readable)
 
     def end_group(
         self, group: ProcGroup, state: Any, error: MeshFailure, *, unless_ended: bool = False
@@ -362,45 +371,60 @@ class Controller:
     def send_to_agent(self, identity: bytes, message: Encoded) -> None:
         """Send an agent's own message (any thread)."""
         with self._lock:
-            message.send(self.router, identity, None, OWN)
-            pending_input = int(self.router.getsockopt(_EVENTS)) & _POLLIN
+            router = self._hosts()
+            message.send(router, identity, None, OWN)
+            pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
         if pending_input:
-            self.loop.call_soon(self._on_readable)
+            self.loop.call_soon(self._on_hosts_readable)
+
+    def _hosts(self) -> zmq.Socket:
+        """The socket of the agents' links, made on first use (lock held, or the
+        I/O thread)."""
+        router = self._hosts_router
+        if router is None:
+            router = self.loop.context.socket(zmq.ROUTER)
+            router.setsockopt(zmq.LINGER, 0)
+            router.setsockopt(zmq.SNDHWM, 0)
+            router.setsockopt(zmq.RCVHWM, 0)
+            # Frames from the network are capped before CURVE has judged the peer.
+            router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+            router.setsockopt(zmq.HANDSHAKE_IVL, 10_000)
+            self._hosts_router = router
+            fd = int(router.getsockopt(zmq.FD))
+
+            def watch() -> None:  # edge-triggered: look once, for what came before
+                self.loop.add_fd(fd, self._on_hosts_readable)
+                self._on_hosts_readable()
+
+            self.loop.call_soon(watch)
+        return router
 
     def bind_curve(self, host: str, server_public: str, server_secret: str) -> str:
         """Listen on ``host`` too, CURVE-encrypted with this server key pair (for
         agents on other hosts); returns the endpoint. I/O thread."""
-        router = self.router
-        # Options are copied into each endpoint when it is made: set, bind, unset.
-        # Frames from the network are capped before CURVE has judged the peer.
-        router.curve_server = True
-        router.curve_publickey = server_public.encode()
-        router.curve_secretkey = server_secret.encode()
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        router.setsockopt(zmq.HANDSHAKE_IVL, 10_000)
-        try:
-            port = router.bind_to_random_port(f"tcp://{host}")
-        finally:
-            router.curve_server = False
-            router.setsockopt(zmq.MAXMSGSIZE, -1)
-            router.setsockopt(zmq.HANDSHAKE_IVL, 30_000)
+        with self._lock:
+            router = self._hosts()
+            # Options are copied into each endpoint when it is made: set, bind, unset.
+            router.curve_server = True
+            router.curve_publickey = server_public.encode()
+            router.curve_secretkey = server_secret.encode()
+            try:
+                port = router.bind_to_random_port(f"tcp://{host}")
+            finally:
+                router.curve_server = False
         return f"tcp://{host}:{port}"
 
     def connect_curve(
         self, address: str, identity: bytes, server_public: str, public: str, secret: str
     ) -> None:
         """Connect to an agent listening at ``address`` as a CURVE client. I/O thread."""
-        router = self.router
-        router.setsockopt(zmq.CONNECT_ROUTING_ID, identity)
-        router.curve_serverkey = server_public.encode()
-        router.curve_publickey = public.encode()
-        router.curve_secretkey = secret.encode()
-        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        try:
+        with self._lock:
+            router = self._hosts()
+            router.setsockopt(zmq.CONNECT_ROUTING_ID, identity)
+            router.curve_serverkey = server_public.encode()
+            router.curve_publickey = public.encode()
+            router.curve_secretkey = secret.encode()
             router.connect(address)
-        finally:
-            router.curve_server = False  # back to no security for later endpoints
-            router.setsockopt(zmq.MAXMSGSIZE, -1)
 
     def watch_handshakes(self, on_failure: Callable[[str], None]) -> Callable[[], None]:
         """Call ``on_failure(endpoint)`` (I/O thread) each time a CURVE handshake on
@@ -409,7 +433,8 @@ class Controller:
 
         Only while a host mesh is being reached: a monitor sees every connection
         of the socket, and strangers can make handshakes fail at will."""
-        router = self.router
+        with self._lock:
+            router = self._hosts()
         # A fresh address each time: the last monitor's may not be released yet.
         address = f"inproc://monarch_nb-handshakes-{next(_monitor_ids)}"
         monitor = router.get_monitor_socket(_HANDSHAKE_FAILED, address)
@@ -437,12 +462,19 @@ class Controller:
     def disconnect(self, address: str) -> None:
         """Close the connection :meth:`connect_curve` made. I/O thread."""
         try:
-            self.router.disconnect(address)
+            with self._lock:
+                self._hosts().disconnect(address)
         except zmq.ZMQError:
             pass  # never connected, or already gone
 
     def _on_readable(self) -> None:
-        router = self.router
+        self._drain(self.router, from_hosts=False)
+
+    def _on_hosts_readable(self) -> None:
+        if self._hosts_router is not None:
+            self._drain(self._hosts_router, from_hosts=True)
+
+    def _drain(self, router: zmq.Socket, *, from_hosts: bool) -> None:
         while True:
             with self._lock:  # receive under the lock, handle outside it
                 batch: list[list[Any]] = []
@@ -451,13 +483,15 @@ class Controller:
             if not batch:
                 return
             for frames in batch:
-                self._dispatch(frames)
+                self._dispatch(frames, from_hosts)
 
-    def _dispatch(self, frames: list[Any]) -> None:
+    def _dispatch(self, frames: list[Any], from_hosts: bool) -> None:
         sender = frames[0].bytes
-        peer = self._peers.get(sender)
+        # Local workers speak on the local socket, agents on theirs: a name
+        # claimed on the other socket is nobody's.
+        peer = None if from_hosts else self._peers.get(sender)
         if peer is None:
-            agent = self._agents.get(sender)
+            agent = self._agents.get(sender) if from_hosts else None
             if agent is None or len(frames) < 2:
                 self.stats.dropped_unknown_peer += 1
                 return
