@@ -59,6 +59,11 @@ def served_notebook(
         f"--port={port}", f"--ServerApp.root_dir={directory}", "--allow-root",
     ]  # fmt: skip
     if app == "lab":
+        # No "get notified about Jupyter news?" toast over the screenshots (and no
+        # request to a news site from a test).
+        news = directory / "settings" / "@jupyterlab" / "apputils-extension"
+        news.mkdir(parents=True, exist_ok=True)
+        (news / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
         command += [
             f"--LabApp.workspaces_dir={directory / 'workspaces'}",
             f"--LabApp.user_settings_dir={directory / 'settings'}",
