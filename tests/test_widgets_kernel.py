@@ -165,6 +165,23 @@ def test_a_killed_rank_shows_dead_with_its_signal_within_a_second(kernel: Kernel
     assert "SIGKILL" in dead_tiles[-1]
 
 
+def test_a_straggler_is_marked_on_its_tile(kernel: Kernel) -> None:
+    kernel.ok("%mesh start --procs 3 --name slow")
+    kernel.ok("from monarch_nb import current_mesh\nd = current_mesh().dashboard()")
+    # One step where rank 2 takes far longer than the median rank (1.5x, 0.1 s).
+    kernel.ok("%%mesh\nimport time\ntime.sleep(1.5 if rank == 2 else 0.05)")
+    out = kernel.ok(
+        "print(d.wait_until(lambda d: 'slow ' in d.grid.tile(2), timeout=20))\n"
+        "print(sorted(d.stragglers), 'slow ' in d.grid.tile(0) + d.grid.tile(1))\n"
+        "print(d.stragglers[2])"
+    )
+    shown, marked, why = plain(out.stream("stdout")).splitlines()[-3:]
+    assert shown == "True"
+    assert marked == "[2] False"
+    assert why.startswith("rank 2 took ")
+    assert "the median" in why
+
+
 def test_failures_fold_by_rank_set_and_clear_and_interrupts_are_not_listed(
     kernel: Kernel,
 ) -> None:

@@ -211,6 +211,23 @@ class Timeline:
             ]
         return sorted(found, key=lambda s: s.seconds, reverse=True)
 
+    def latest_stragglers(self, calls: int = 5) -> dict[int, Straggler]:
+        """Rank -> its slowest straggling among the last ``calls`` calls that
+        finished on two or more ranks (what a dashboard marks: slow *now*)."""
+        ends: dict[int, float] = {}
+        counts: dict[int, int] = {}
+        for span in self.spans:
+            if span.outcome == "ok" and span.end is not None:
+                ends[span.call_id] = max(ends.get(span.call_id, 0.0), span.end)
+                counts[span.call_id] = counts.get(span.call_id, 0) + 1
+        finished = [c for c in ends if counts[c] >= 2]
+        recent = set(sorted(finished, key=ends.__getitem__)[-calls:])
+        marked: dict[int, Straggler] = {}
+        for straggler in self.stragglers():  # slowest first: the first per rank wins
+            if straggler.call_id in recent and straggler.rank not in marked:
+                marked[straggler.rank] = straggler
+        return marked
+
     def _window(self) -> tuple[float, float]:
         start = min((s.start for s in self.spans), default=self.since)
         start = max(start, self.since)

@@ -29,12 +29,15 @@ from .._controller._events import (
     RankStateChanged,
 )
 from .._controller._status import MeshState
+from .._controller._timeline import Straggler
 from ..magics._render import NotebookMeshStatus, render_status_html
 from ._model import DashboardFeed, FailureLog, FailureRecord, Progress, Throttle
 from ._text import as_notebook_status, failures_html, render_text
 
 MIN_INTERVAL_S = 0.1  # at most ~10 redraws a second
 REFRESH_S = 1.0  # heartbeat ages and resources, even when no event is urgent
+STRAGGLERS_EVERY_S = 1.0  # the timeline is read this often, not on every redraw
+STRAGGLER_MINUTES = 5.0  # how far back the calls that mark a straggler may lie
 _WATCHED = (RankStateChanged, RankFailed, MeshFailed, CallStarted, CallFinished, Output, Heartbeat)
 
 
@@ -100,6 +103,8 @@ class Dashboard:
         self.status: NotebookMeshStatus | None = None
         self.progress: dict[int, Progress] = {}
         self.failure_records: tuple[FailureRecord, ...] = ()
+        self.stragglers: dict[int, Straggler] = {}
+        self._stragglers_at = 0.0
         self._drawn = threading.Condition()
         self._closed = threading.Event()
         self._draw()  # complete before it is displayed
@@ -151,13 +156,26 @@ class Dashboard:
         with self.widget.hold_sync():
             if self.header.value != headline:
                 self.header.value = headline
-            self.grid.update(status.ranks, progress)
+            self.grid.update(status.ranks, progress, self._stragglers())
             self.failures.update(failures)
         with self._drawn:
             self.status, self.progress, self.failure_records = status, progress, failures
             self.draws += 1
             self.throttle.drew(time.monotonic())
             self._drawn.notify_all()
+
+    def _stragglers(self) -> dict[int, Straggler]:
+        """Ranks much slower than the others on one of the last few calls, from the
+        call timeline; recomputed at most every STRAGGLERS_EVERY_S."""
+        now = time.monotonic()
+        if now - self._stragglers_at >= STRAGGLERS_EVERY_S:
+            self._stragglers_at = now
+            try:
+                timeline = self.mesh.procs.timeline(minutes=STRAGGLER_MINUTES)
+                self.stragglers = timeline.latest_stragglers()
+            except Exception:  # a stopped or replaced mesh: nothing to mark
+                self.stragglers = {}
+        return self.stragglers
 
     def _reshape(self, shape: Shape) -> None:
         """The mesh was resized: tiles for its new ranks, and a rank picker of them."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from .._common._errors import format_ranks
 from .._controller._events import RankState
 from .._controller._status import MeshStatus, RankStatus
+from .._controller._timeline import Straggler
 from ..magics._render import NotebookMeshStatus, cell_label, megabytes, render_status
 from ._model import FailureGroup, FailureRecord, Progress, fold_failures
 
@@ -131,8 +132,10 @@ def tile_html(
     *,
     heartbeat_s: float = 1.0,
     compact: bool = False,
+    straggler: Straggler | None = None,
 ) -> str:
-    """One rank's tile, of a fixed height (long rows are cut with an ellipsis).
+    """One rank's tile, of a fixed height (long rows are cut with an ellipsis);
+    ``straggler``: the rank was much slower than the others on a recent call.
 
     Numbers are rounded so that an idle rank's tile stays the same string from
     one refresh to the next (an unchanged tile sends nothing)."""
@@ -146,6 +149,15 @@ def tile_html(
     # Whole percents, rounded down: an idle rank's 0.4 % and 0.6 % both read 0 %.
     cpu = "-" if rank.cpu_percent is None else f"{int(rank.cpu_percent)}%"
     rows = [f"<b>rank {rank.rank}</b> <span>{html.escape(str(rank.state))}</span>"]
+    if straggler is not None and straggler.median > 0:
+        ratio = straggler.seconds / straggler.median
+        title = html.escape(str(straggler))
+        rows[0] += (
+            f' <span class="mnb-straggler" title="{title}" style="background:#e65100;'
+            f'color:#fff;border-radius:3px;padding:0 3px">slow {ratio:.1f}x</span>'
+        )
+        if not stale:
+            border = "2px dashed #e65100"
     if not compact:
         rows.append(f"{html.escape(rank.host)} · pid {rank.pid}")
     rows.append(html.escape(_work(rank)))

@@ -13,6 +13,7 @@ import ipywidgets as w
 
 from .._common._shape import Shape
 from .._controller._status import RankStatus
+from .._controller._timeline import Straggler
 from ._model import Progress
 from ._text import tile_html
 
@@ -58,8 +59,14 @@ class TileGrid:
         """The HTML of ``rank``'s tile as last drawn."""
         return self._tiles.get(rank, "")
 
-    def update(self, ranks: tuple[RankStatus, ...], progress: Mapping[int, Progress]) -> None:
+    def update(
+        self,
+        ranks: tuple[RankStatus, ...],
+        progress: Mapping[int, Progress],
+        stragglers: Mapping[int, Straggler] | None = None,
+    ) -> None:
         changed: set[int] = set()
+        stragglers = stragglers or {}
         for status in ranks:
             row = self._row_of.get(status.rank)
             if row is None:
@@ -69,6 +76,7 @@ class TileGrid:
                 progress.get(status.rank),
                 heartbeat_s=self.heartbeat_s,
                 compact=self.compact,
+                straggler=stragglers.get(status.rank),
             )
             if self._tiles.get(status.rank) != html:
                 self._tiles[status.rank] = html
