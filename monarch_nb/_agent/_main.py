@@ -44,6 +44,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from typing import Any
 
 import zmq
 
-from .._common import _keys, _logs, _network, _py_spy, _rundir
+from .._common import _keys, _logs, _network, _py_spy, _rundir, _workspace
 from .._common._messages import (
     AgentAttach,
     AgentHeartbeat,
@@ -64,10 +65,12 @@ from .._common._messages import (
     PySpyReply,
     PySpyRequest,
     ReadLogs,
+    SyncWorkspace,
     UnknownMessage,
     WorkerExited,
     WorkerOutput,
     WorkerStarted,
+    WorkspaceSynced,
 )
 from .._common._spawn import kill_leftovers, start_worker
 from .._common._wire import (
@@ -138,7 +141,9 @@ class Agent:
         self.poller.register(self.down, zmq.POLLIN)
         # py-spy runs (seconds long) in threads; their replies are sent from this
         # loop, the one owner of the sockets, woken through a pipe.
-        self._py_spy_done: collections.deque[PySpyReply] = collections.deque()
+        # Replies finished on other threads (py-spy, workspace syncs), sent by the loop.
+        self._py_spy_done: collections.deque[Message] = collections.deque()
+        self.workspaces: list[str] = []  # synced directories, on workers' PYTHONPATH
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self.poller.register(self._wake_r, zmq.POLLIN)
@@ -304,6 +309,8 @@ class Agent:
                 self.send_own(read_logs(message))
             case PySpyRequest():
                 self._run_py_spy(message)
+            case SyncWorkspace():
+                self._sync_workspace(message)
             case _:
                 _log.error("agent %d: unexpected %s", self.host_index, type(message).__name__)
 
@@ -348,6 +355,23 @@ class Agent:
 
         threading.Thread(target=run, name="monarch_nb-py-spy", daemon=True).start()
 
+    def _sync_workspace(self, request: SyncWorkspace) -> None:
+        """Unpack a workspace archive, in a thread (a big one takes a while)."""
+
+        def run() -> None:
+            try:
+                path, files, nbytes = _workspace.unpack(request.archive, request.dest)
+            except (OSError, ValueError, tarfile.TarError) as exc:
+                reply = WorkspaceSynced(request.request_id, request.dest, 0, 0, str(exc))
+            else:
+                if request.on_path and path not in self.workspaces:
+                    self.workspaces.append(path)
+                reply = WorkspaceSynced(request.request_id, path, files, nbytes, "")
+            self._py_spy_done.append(reply)  # sent from the loop, as py-spy's replies
+            os.write(self._wake_w, b"x")
+
+        threading.Thread(target=run, name="monarch_nb-workspace", daemon=True).start()
+
     def _py_spy_finished(self, request_id: int, outcome: _py_spy.Outcome) -> None:
         """Any thread: queue the reply and wake the loop to send it."""
         self._py_spy_done.append(
@@ -369,6 +393,9 @@ class Agent:
         full_env = dict(os.environ)
         full_env.update(_network.worker_env(self.address, env))
         full_env[_rundir.TREE_ROOT_ENV] = str(os.getpid())  # this host's tree is ours
+        if self.workspaces:  # synced here (sync_workspace): importable by the workers
+            paths = [*self.workspaces, full_env.get("PYTHONPATH", "")]
+            full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         local_gpu = full_env.pop("MONARCH_NB_LOCAL_GPU", None)
         if local_gpu is not None:  # this host's GPUs, as this host's agent sees them
             full_env["CUDA_VISIBLE_DEVICES"] = _network.visible_gpus()[int(local_gpu)]

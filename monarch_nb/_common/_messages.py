@@ -485,6 +485,34 @@ class PySpyReply(Message):
 
 @_message
 @dataclass(frozen=True, slots=True)
+class SyncWorkspace(Message):
+    """Unpack ``archive`` (a gzipped tar) into ``dest`` on the agent's host (``~``
+    expanded, made if missing); with ``on_path``, workers the agent starts later
+    get ``dest`` on their ``PYTHONPATH``. Answered by :class:`WorkspaceSynced`."""
+
+    TAG: ClassVar[int] = 73
+    request_id: int
+    dest: str
+    archive: bytes
+    on_path: bool
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class WorkspaceSynced(Message):
+    """Where :class:`SyncWorkspace` put the files (``path``, expanded), how many
+    files and bytes, or why it could not (``error``)."""
+
+    TAG: ClassVar[int] = 74
+    request_id: int
+    path: str
+    files: int
+    nbytes: int
+    error: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
 class AgentAttach(Message):
     """The controller's first word to an agent it connected to (``attach``), with
     the address it reached the agent at (what other hosts should use) and the

@@ -49,10 +49,12 @@ from .._common._messages import (
     PySpyReply,
     PySpyRequest,
     ReadLogs,
+    SyncWorkspace,
     UnknownMessage,
     WorkerExited,
     WorkerOutput,
     WorkerStarted,
+    WorkspaceSynced,
 )
 from .._common._wire import CONTROLLER, ReplayWindow, Signer, sender_tag
 from ._client import Controller
@@ -197,6 +199,7 @@ class HostAgents:
         # procs.logs() waiting for hosts: request id -> (its answer, the agent asked).
         self._log_reads: dict[int, tuple[concurrent.futures.Future[LogLines], AgentLink]] = {}
         self._log_read_ids = itertools.count(1)
+        self._syncs: dict[int, tuple[concurrent.futures.Future[WorkspaceSynced], AgentLink]] = {}
         self.py_spy_requests: dict[int, Future[_py_spy.Outcome]] = {}
         controller.host_meshes.add(self)
         for agent in self.agents:
@@ -401,6 +404,43 @@ class HostAgents:
     def send(self, agent: AgentLink, message: Message) -> None:
         self.controller.send_to_agent(agent.identity, self.signer.encode(message))
 
+    def sync_workspace(
+        self, archive: bytes, dest: str, on_path: bool, timeout: float
+    ) -> list[tuple[str, WorkspaceSynced]]:
+        """Send ``archive`` to every host's agent to unpack under ``dest``; each
+        host's label and answer, or OSError naming the hosts that failed."""
+        asked = []
+        try:
+            for agent in self.agents:
+                if agent.lost is not None:
+                    raise MeshFailure(
+                        f"cannot sync the workspace to {agent.label}: it {agent.lost}"
+                    )
+                request_id = next(self._log_read_ids)
+                future: concurrent.futures.Future[WorkspaceSynced] = concurrent.futures.Future()
+                self._syncs[request_id] = (future, agent)
+                asked.append((agent, request_id, future))
+                self.send(agent, SyncWorkspace(request_id, dest, archive, on_path))
+            deadline = time.monotonic() + timeout
+            answers = []
+            for agent, _, future in asked:
+                try:
+                    answers.append(
+                        (agent.label, future.result(max(0.0, deadline - time.monotonic())))
+                    )
+                except concurrent.futures.TimeoutError:
+                    raise CallTimeout(
+                        f"host {agent.label} did not finish unpacking the workspace within "
+                        f"{timeout} s"
+                    ) from None
+            failed = [f"{label}: {answer.error}" for label, answer in answers if answer.error]
+            if failed:
+                raise OSError("sync_workspace failed on " + "; ".join(failed))
+            return answers
+        finally:
+            for _, request_id, _ in asked:
+                self._syncs.pop(request_id, None)
+
     def py_spy(self, worker: RemoteWorker, **options: Any) -> Future[_py_spy.Outcome]:
         """Ask ``worker``'s agent to run py-spy on it (see ``_py_spy.execute``)."""
         future: Future[_py_spy.Outcome] = Future()
@@ -501,6 +541,10 @@ class HostAgents:
                 waiting = self._log_reads.get(request_id)
                 if waiting is not None and not waiting[0].done():
                     waiting[0].set_result(message)
+            case WorkspaceSynced(request_id):
+                sync = self._syncs.get(request_id)
+                if sync is not None and not sync[0].done():
+                    sync[0].set_result(message)
             case PySpyReply(request_id, returncode, stdout, stderr, data):
                 future = self.py_spy_requests.pop(request_id, None)
                 if future is not None:
@@ -548,6 +592,9 @@ class HostAgents:
         for request_id, (future, asked) in list(self._log_reads.items()):
             if asked is agent and not future.done():
                 future.set_result(LogLines(request_id, (), f"the host {why}"))
+        for request_id, (synced, asked) in list(self._syncs.items()):
+            if asked is agent and not synced.done():
+                synced.set_result(WorkspaceSynced(request_id, "", 0, 0, f"the host {why}"))
         by_group: dict[int, tuple[ProcGroup, list[WorkerProcess]]] = {}
         for group, worker in agent.workers.values():
             by_group.setdefault(group.id, (group, []))[1].append(worker)

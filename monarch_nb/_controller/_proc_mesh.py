@@ -10,10 +10,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from .._common import _logs, _refs
+from .._common import _logs, _refs, _workspace
 from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
@@ -611,6 +612,16 @@ class ProcMesh(MeshShape):
         return (_refs.rebuild_procs, (ref, _refs.ViewRef.of(self._shape)))
 
 
+@dataclass(frozen=True)
+class WorkspaceCopy:
+    """Where :meth:`HostMesh.sync_workspace` put the files on one host."""
+
+    host: str
+    path: str
+    files: int
+    nbytes: int
+
+
 class HostMesh:
     """The hosts processes can be started on: ``this_host()``, or a multi-host mesh
     from :func:`~monarch_nb.ssh_hosts`, :func:`~monarch_nb.slurm_hosts` or
@@ -736,6 +747,44 @@ class HostMesh:
             group.events.subscribe(group.printer, kinds=(Output,))
         group.start()
         return ProcMesh(group, group.shape)
+
+    def sync_workspace(
+        self,
+        paths: str | Sequence[str] | None = None,
+        *,
+        dest: str | None = None,
+        on_path: bool = True,
+        timeout: float = 300.0,
+    ) -> list[WorkspaceCopy]:
+        """Copy a workspace to every host, for hosts that share no file system
+        with this one (Monarch's ``sync_workspace``).
+
+        ``paths``: directories (their contents) and files to send; default the
+        current directory (a notebook's own). ``dest``: where they go on each
+        host (default ``~/.monarch_nb/workspace/<name of the first path>``).
+        With ``on_path`` the processes spawned on these hosts afterwards have
+        ``dest`` on their ``PYTHONPATH``, so modules from the notebook's
+        directory import there. Sync before ``spawn_procs``, and again whenever
+        the files change (running processes see the new files; a module they
+        already imported needs ``importlib.reload``). ``.git``, ``__pycache__``
+        and ``.ipynb_checkpoints`` are left out; the archive goes over the
+        agents' encrypted link, at most 512 MiB compressed. On ``this_host()``
+        there is nothing to copy: returns ``[]``.
+        """
+        if self._agents is None:
+            return []
+        if isinstance(paths, str):
+            paths = [paths]
+        paths = list(paths) if paths is not None else [os.getcwd()]
+        if not paths:
+            raise MeshUsageError("sync_workspace(paths=[]): name at least one file or directory")
+        packed = _workspace.pack(paths)
+        target = dest or _workspace.default_dest(paths)
+        answers = self._agents.sync_workspace(packed.archive, target, on_path, timeout)
+        return [
+            WorkspaceCopy(host, answer.path, answer.files, answer.nbytes)
+            for host, answer in answers
+        ]
 
     def shutdown(self) -> Future[None]:
         """Stop the agents (a multi-host mesh) and every process they run.

@@ -96,6 +96,10 @@ class NetnsCluster(ClosedOnExit):
         self.hostnames = [f"host{i}" for i in range(n_hosts)]
         self.controller_address = ""
         self.ssh_config = os.path.join(self.workdir, "ssh_config")
+        # A directory every host sees as its own empty tmpfs (its own mount
+        # namespace): what a host without a shared file system has there.
+        self.private_dir = os.path.join(self.workdir, "private")
+        os.makedirs(self.private_dir)
         self.ssh_options = ["-F", self.ssh_config]
         self._register_close_at_exit()
         try:
@@ -239,15 +243,19 @@ Subsystem sftp internal-sftp
     # -- running things on a host ---------------------------------------------
 
     def host_argv(self, i: int, argv: Sequence[str]) -> list[str]:
-        """``argv`` run as if on host ``i``: its network namespace, hostname and /etc/hosts."""
+        """``argv`` run as if on host ``i``: its network namespace, hostname and
+        /etc/hosts, and a private tmpfs on ``private_dir`` (each call its own)."""
         # Not `ip netns exec`: it mounts a fresh /sys, without /sys/fs/cgroup,
         # where slurmd fails ("No filesystem mounted on /sys/fs/cgroup"). A
         # private mount namespace (unshare --mount) carries the /etc/hosts bind.
-        enter = 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+        enter = (
+            'hostname "$0" && mount --bind "$1" /etc/hosts && '
+            'mount -t tmpfs -o size=64m,mode=0700 tmpfs "$2" && shift 2 && exec "$@"'
+        )
         return [
             "nsenter", f"--net=/run/netns/{self.namespace(i)}",
             "unshare", "--mount", "--uts", "sh", "-c", enter, self.hostnames[i],
-            self._hosts_path(i), *argv,
+            self._hosts_path(i), self.private_dir, *argv,
         ]  # fmt: skip
 
     def run(

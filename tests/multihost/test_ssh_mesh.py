@@ -215,3 +215,39 @@ def test_actors_on_different_hosts_call_each_other(hosts, request) -> None:
         port, receiver = Channel.open()
         callers.send_to.call(port).get(timeout=120)
         assert sorted(receiver.recv().get(timeout=120) for _ in range(2)) == [0, 1]
+
+
+def test_sync_workspace_ships_a_notebooks_code_to_hosts_without_a_shared_file_system(
+    hosts, cluster2, tmp_path
+):
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "shipped_helpers.py").write_text("GREETING = 'from the notebook'\n")
+    (project / "data" / "table.csv").write_text("a,b\n1,2\n")
+    (project / ".git").mkdir()
+    (project / ".git" / "HEAD").write_text("left out\n")
+    # Each host sees its own empty tmpfs at private_dir (no shared file system there).
+    dest = os.path.join(cluster2.private_dir, "project")
+    copies = hosts.sync_workspace(str(project), dest=dest)
+    assert [(c.host, c.path, c.files) for c in copies] == [(h, dest, 2) for h in hosts.hosts]
+    assert not os.path.exists(dest)  # not on this machine: on each host's own file system
+    with hosts.spawn_procs({"procs": 1}) as procs:
+        seen = procs.run(
+            "import os, shipped_helpers\n"
+            f"(shipped_helpers.GREETING, open({dest!r} + '/data/table.csv').read(),"
+            f" os.path.exists({dest!r} + '/.git'))"
+        )
+        assert list(seen.values()) == [("from the notebook", "a,b\n1,2\n", False)] * 2
+    # A second sync after an edit: the running mesh's next processes see it.
+    (project / "shipped_helpers.py").write_text("GREETING = 'edited'\n")
+    hosts.sync_workspace(str(project), dest=dest)
+    with hosts.spawn_procs({"procs": 1}) as procs:
+        assert (
+            list(procs.run("import shipped_helpers\nshipped_helpers.GREETING").values())
+            == ["edited"] * 2
+        )
+
+
+def test_sync_workspace_says_what_it_cannot_send(hosts, tmp_path):
+    with pytest.raises(ValueError, match="neither a file nor a directory"):
+        hosts.sync_workspace(str(tmp_path / "missing"))
