@@ -39,6 +39,7 @@ def ssh_hosts(
     hosts: Sequence[str],
     *,
     python: str | None = None,
+    env_setup: str | None = None,
     ssh: Sequence[str] = DEFAULT_SSH,
     ssh_options: Sequence[str] = (),
     bind: str | None = None,
@@ -48,8 +49,11 @@ def ssh_hosts(
 ) -> HostMesh:
     """Start an agent on each of ``hosts`` over ssh; a HostMesh of them.
 
-    ``python``: the interpreter on the hosts (default: this one's path, as on a
-    shared file system); ``ssh_options``: e.g. ``["-F", "cluster.conf"]``;
+    ``python``: the interpreter on the hosts, or a virtual environment's
+    directory there (default: this one's path, as on a shared file system);
+    ``env_setup``: shell commands run first in the same remote shell, e.g.
+    ``"source /opt/env.sh"`` or ``"module load cuda"`` (what they export, the
+    agent and its workers inherit); ``ssh_options``: e.g. ``["-F", "cluster.conf"]``;
     ``bind``: this machine's address the hosts connect back to (default: the one
     it reaches the first host from); ``heartbeat_timeout``: seconds of silence
     after which a host counts as lost (default 5, or ``MONARCH_NB_HOST_TIMEOUT``).
@@ -60,7 +64,7 @@ def ssh_hosts(
     bind = bind or _network.source_address_towards(f"tcp://{_hostname(hosts[0])}:22")
     agents = HostAgents(controller, hosts, timeout_s=heartbeat_timeout)
     endpoint = agents.listen(bind)
-    remote = shlex.join([python or sys.executable, "-m", "monarch_nb.agent"])
+    remote = agent_command(python, env_setup)
 
     def start() -> None:
         for agent in agents.agents:
@@ -69,6 +73,21 @@ def ssh_hosts(
             agents.start_process(f"ssh to {agent.label}", argv, [boot], [agent])
 
     return _started(agents, start, timeout)
+
+
+def agent_command(python: str | None, env_setup: str | None) -> str:
+    """The remote shell command that starts a host's agent: ``python`` may name an
+    interpreter or a virtual environment's directory on that host; ``env_setup``
+    runs first, in the same shell, and its failure stops the start (saying so)."""
+    interpreter = shlex.quote(python or sys.executable)
+    start = (
+        f'p={interpreter}; if [ -d "$p" ]; then p="$p/bin/python"; fi; '
+        'exec "$p" -m monarch_nb.agent'
+    )
+    if not env_setup:
+        return start
+    failed = shlex.quote(f"monarch_nb: env_setup failed: {env_setup}")
+    return f"{env_setup} || {{ echo {failed} >&2; exit 97; }}\n{start}"
 
 
 def slurm_hosts(

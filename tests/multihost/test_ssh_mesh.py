@@ -251,3 +251,28 @@ def test_sync_workspace_ships_a_notebooks_code_to_hosts_without_a_shared_file_sy
 def test_sync_workspace_says_what_it_cannot_send(hosts, tmp_path):
     with pytest.raises(ValueError, match="neither a file nor a directory"):
         hosts.sync_workspace(str(tmp_path / "missing"))
+
+
+def test_env_setup_runs_before_the_agent_and_python_may_name_a_venv(cluster2, tmp_path):
+    import subprocess
+
+    venv = tmp_path / "venv"  # with this interpreter's packages (monarch_nb among them)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    setup = tmp_path / "env.sh"
+    setup.write_text("export MNB_FROM_ENV_SETUP=loaded\n")
+    hosts = start_hosts(cluster2, python=str(venv), env_setup=f"source {setup}")
+    try:
+        with hosts.spawn_procs({"procs": 1}) as procs:
+            seen = procs.run("import os, sys\n(os.environ['MNB_FROM_ENV_SETUP'], sys.prefix)")
+        assert list(seen.values()) == [("loaded", str(venv))] * 2
+    finally:
+        hosts.shutdown()
+
+
+def test_a_failing_env_setup_is_named(cluster2):
+    with pytest.raises(MeshFailure, match=r"env_setup failed: source /nonexistent/env\.sh"):
+        start_hosts(cluster2, env_setup="source /nonexistent/env.sh", timeout=60)
