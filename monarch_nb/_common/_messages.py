@@ -486,7 +486,7 @@ class PySpyReply(Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class SyncWorkspace(Message):
-    """Unpack ``archive`` (a gzipped tar) into ``dest`` on the agent's host (``~``
+    """Unpack ``archive`` (a tar, maybe gzipped) into ``dest`` on the agent's host (``~``
     expanded, made if missing); with ``on_path``, workers the agent starts later
     get ``dest`` on their ``PYTHONPATH``. Answered by :class:`WorkspaceSynced`."""
 

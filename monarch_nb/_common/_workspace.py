@@ -1,7 +1,8 @@
 """Shipping a workspace (code and data files) to hosts that do not share a file system.
 
-The controller packs the directories and files it is given into one gzipped
-tar archive (:func:`pack`); each host's agent unpacks it under a destination
+The controller packs the directories and files it is given into one tar
+archive (:func:`pack`; gzipped if asked: on a fast link, compressing costs
+more than it saves); each host's agent unpacks it under a destination
 directory (:func:`unpack`) and puts that directory on the ``PYTHONPATH`` of
 the workers it starts afterwards. The archive travels on the agent's signed,
 CURVE-encrypted link, so no rsync or shared mount is needed.
@@ -42,12 +43,14 @@ def default_dest(paths: Sequence[str]) -> str:
     return os.path.join("~", ".monarch_nb", "workspace", name)
 
 
-def pack(paths: Sequence[str]) -> Packed:
-    """A gzipped tar of ``paths``: a directory's contents at the archive's top, a
-    file by its name. Raises ValueError naming what is missing or too large."""
+def pack(paths: Sequence[str], *, compress: bool = False) -> Packed:
+    """A tar (gzipped with ``compress``) of ``paths``: a directory's contents at the
+    archive's top, a file by its name. Raises ValueError naming what is missing
+    or too large."""
     buffer = io.BytesIO()
     files = nbytes = 0
-    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+    options = {"mode": "w:gz", "compresslevel": 1} if compress else {"mode": "w"}
+    with tarfile.open(fileobj=buffer, **options) as tar:
         for path in paths:
             path = os.path.abspath(os.path.expanduser(path))
             if os.path.isfile(path):
@@ -71,8 +74,8 @@ def pack(paths: Sequence[str]) -> Packed:
     archive = buffer.getvalue()
     if len(archive) > MAX_ARCHIVE_BYTES:
         raise ValueError(
-            f"sync_workspace: the archive of {list(paths)!r} is {len(archive) >> 20} MiB "
-            f"compressed, over the {MAX_ARCHIVE_BYTES >> 20} MiB one message may carry; "
+            f"sync_workspace: the archive of {list(paths)!r} is {len(archive) >> 20} MiB, "
+            "over the {MAX_ARCHIVE_BYTES >> 20} MiB one message may carry; "
             "sync fewer or smaller paths (data sets belong on the hosts' own storage)"
         )
     return Packed(archive, files, nbytes)
@@ -85,7 +88,7 @@ def unpack(archive: bytes, dest: str) -> tuple[str, int, int]:
     dest = os.path.abspath(os.path.expanduser(dest))
     os.makedirs(dest, exist_ok=True)
     files = nbytes = 0
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
         members = tar.getmembers()
         for member in members:
             target = os.path.abspath(os.path.join(dest, member.name))

@@ -754,6 +754,7 @@ class HostMesh:
         *,
         dest: str | None = None,
         on_path: bool = True,
+        compress: bool = False,
         timeout: float = 300.0,
     ) -> list[WorkspaceCopy]:
         """Copy a workspace to every host, for hosts that share no file system
@@ -768,8 +769,9 @@ class HostMesh:
         the files change (running processes see the new files; a module they
         already imported needs ``importlib.reload``). ``.git``, ``__pycache__``
         and ``.ipynb_checkpoints`` are left out; the archive goes over the
-        agents' encrypted link, at most 512 MiB compressed. On ``this_host()``
-        there is nothing to copy: returns ``[]``.
+        agents' encrypted link, at most 512 MiB (``compress=True`` gzips it,
+        for slow links: on a fast one compressing costs more than it saves).
+        On ``this_host()`` there is nothing to copy: returns ``[]``.
         """
         if self._agents is None:
             return []
@@ -778,7 +780,7 @@ class HostMesh:
         paths = list(paths) if paths is not None else [os.getcwd()]
         if not paths:
             raise MeshUsageError("sync_workspace(paths=[]): name at least one file or directory")
-        packed = _workspace.pack(paths)
+        packed = _workspace.pack(paths, compress=compress)
         target = dest or _workspace.default_dest(paths)
         answers = self._agents.sync_workspace(packed.archive, target, on_path, timeout)
         return [

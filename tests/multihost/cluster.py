@@ -250,7 +250,7 @@ Subsystem sftp internal-sftp
         # private mount namespace (unshare --mount) carries the /etc/hosts bind.
         enter = (
             'hostname "$0" && mount --bind "$1" /etc/hosts && '
-            'mount -t tmpfs -o size=64m,mode=0700 tmpfs "$2" && shift 2 && exec "$@"'
+            'mount -t tmpfs -o size=1g,mode=0700 tmpfs "$2" && shift 2 && exec "$@"'
         )
         return [
             "nsenter", f"--net=/run/netns/{self.namespace(i)}",

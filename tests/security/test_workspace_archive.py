@@ -44,13 +44,14 @@ def test_a_crafted_archive_writes_nothing(tmp_path, member):
     assert not dest.exists() or list(dest.iterdir()) == []  # checked before anything is written
 
 
-def test_a_workspace_round_trips_without_caches(tmp_path):
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_workspace_round_trips_without_caches(tmp_path, compress):
     source = tmp_path / "src"
     (source / "pkg" / "__pycache__").mkdir(parents=True)
     (source / "pkg" / "mod.py").write_text("x = 1\n")
     (source / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
     (source / "notes.md").write_text("hello\n")
-    packed = _workspace.pack([str(source)])
+    packed = _workspace.pack([str(source)], compress=compress)
     assert (packed.files, packed.nbytes) == (2, 12)
     path, files, nbytes = _workspace.unpack(packed.archive, str(tmp_path / "out"))
     assert (path, files, nbytes) == (str(tmp_path / "out"), 2, 12)
