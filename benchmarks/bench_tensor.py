@@ -7,7 +7,9 @@ Rows:
 * controller issue rate: a small op on a mesh tensor of a 4-rank mesh (wall and
   controller CPU per op, no round trip) against the same op on a local tensor;
 * controller CPU per op with shapes propagated on fake tensors against meta
-  tensors, with the shape cache (as in a training loop) and without;
+  tensors, with the shape cache (as in a training loop) and without; and per
+  step of a boolean-mask selection (a value-dependent size) against the same
+  sum over a multiplied mask (fixed sizes);
 * an op issued and its value read back (one round trip) against a raw actor call;
 * a 20-step data-parallel MLP training loop on 4 CPU ranks, per step: (a) driven
   by mesh tensors from the controller, (b) as ``%%mesh`` cells (one
@@ -240,8 +242,32 @@ def _cpu_per_op(procs: ProcMesh, ops: int, propagation: str, cold: bool) -> floa
         _tensor._meta_cache.clear()
 
 
+def _cpu_per_step(procs: ProcMesh, steps: int, masked: bool) -> float:
+    """Controller CPU per ``x[mask].sum()`` step (``masked``: the mask's row count is
+    a new symbol each step, as each rank has its own) or per ``(x * mask).sum()``."""
+    with procs.activate():
+        x = torch.rand(64)
+    monarch_nb.inspect(x, procs=0)
+    cpu0 = time.process_time()
+    with procs.activate():
+        for _ in range(steps):
+            keep = x > 0.5
+            total = x[keep].sum() if masked else (x * keep).sum()
+    cpu = (time.process_time() - cpu0) / steps
+    monarch_nb.inspect(total, procs=0)
+    return cpu
+
+
 def _propagation_rows(procs: ProcMesh, quick: bool) -> list[Row]:
     ops = 1_000 if quick else 5_000
+    steps = 200 if quick else 1_000
+    value_dependent = Row(
+        "controller CPU per step, x[x > 0.5].sum() (a value-dependent size per step)",
+        _cpu_per_step(procs, steps, masked=True),
+        _cpu_per_step(procs, steps, masked=False),
+        "(x * (x > 0.5)).sum(), fixed sizes",
+        "3 ops either way; each rank's own row count is a symbol here",
+    )
     cases = [
         (False, "cached, as in a loop", "target <= 1.5x"),
         (True, "propagated every op", "a new op or shape: paid once per (op, shapes)"),
@@ -255,7 +281,7 @@ def _propagation_rows(procs: ProcMesh, quick: bool) -> list[Row]:
             note,
         )
         for cold, how, note in cases
-    ]
+    ] + [value_dependent]
 
 
 # -- the 20-step training loop, three ways -----------------------------------------------

@@ -32,6 +32,14 @@ from .._common._shape import Selector
 from ._active import current, suspended
 from ._api import _rank_of
 from ._engine import View, source_line
+from ._symbolic import (
+    fake_mode,
+    has_symbolic_shape,
+    is_symbolic,
+    new_symbols,
+    symbols_exist,
+    to_wire,
+)
 from ._tensor import MeshTensor, join_view, meta
 from ._worker import Ref
 
@@ -70,17 +78,23 @@ class Remote(Generic[P, R]):
         engine = call.view.engine
         outs: list[int] = []
         leaves: list[Any] = []
+        sizes: dict[str, tuple[int, int]] = {}
         for kind, what in described:
             if kind == "tensor":
                 ref = engine.new_ref()
                 outs.append(ref)
                 leaves.append(MeshTensor(meta(*what), call.view, ref))
+                if symbols_exist():
+                    for name, dim in new_symbols(what[0]).items():
+                        sizes.setdefault(name, (ref, dim))
             else:
                 leaves.append(what)
         engine.record(
             call.view.ranks,
             ("call", outs, self.fn, *call.wire, source_line(), False),
         )
+        if sizes:
+            engine.record(call.view.ranks, ("sizes", sizes))
         return tree_unflatten(leaves, out_spec)
 
     # -- output metadata ------------------------------------------------------------
@@ -98,15 +112,17 @@ class Remote(Generic[P, R]):
             else ("value", x)
             for x in out_flat
         ]
-        if key is not None and len(self._cache) < _CACHE_SIZE:
-            self._cache[key] = (described, out_spec)
+        symbolic = any(
+            kind == "tensor" and any(is_symbolic(s) for s in what[0] + what[2])
+            for kind, what in described
+        )
+        if key is not None and len(self._cache) < _CACHE_SIZE and not symbolic:
+            self._cache[key] = (described, out_spec)  # new symbols each call: not cached
         return described, out_spec
 
     def _run_propagation(self, call: _Call) -> Any:
         """Run ``propagate`` (or the function itself) here on fake tensors shaped as
         the arguments: no data, no rank involved."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         target = self.propagate if self.propagate is not None else self.fn
         if isinstance(target, str):
             raise MeshUsageError(
@@ -118,7 +134,7 @@ class Remote(Generic[P, R]):
 
         device = call.view.engine.device
         # FakeTensorMode sits below user modes such as activate()'s: take those off.
-        with suspended(), _disable_current_modes(), FakeTensorMode(allow_non_fake_inputs=True):
+        with suspended(), _disable_current_modes(), fake_mode():
             args, kwargs = call.stand_ins(
                 lambda m: torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=device)
             )
@@ -126,9 +142,10 @@ class Remote(Generic[P, R]):
                 return target(*args, **kwargs)
             except Exception as exc:
                 how = "its propagate function" if target is self.propagate else "it"
+                first = (str(exc).strip().splitlines() or [""])[0]  # torch's hints run long
                 raise MeshUsageError(
                     f"could not infer the output shapes of {self.name} by running {how} on "
-                    f"fake tensors ({type(exc).__name__}: {exc}); pass @remote(propagate=fn), "
+                    f"fake tensors ({type(exc).__name__}: {first}); pass @remote(propagate=fn), "
                     "a function of the same arguments that returns tensors of the right shapes"
                 ) from exc
 
@@ -148,6 +165,8 @@ class _Call:
                 wire[i] = Ref(x._mt_ref)
             elif isinstance(x, torch.Tensor):
                 wire[i] = x.detach().cpu()
+            elif isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
+                wire[i] = to_wire(x, remote.name)
         active = current()
         if view is None:
             if active is None:
@@ -178,6 +197,8 @@ class _Call:
         key: list[Any] = [self.spec]
         for x in self.flat:
             if isinstance(x, torch.Tensor):
+                if has_symbolic_shape(x):
+                    return None
                 key.append((tuple(x.shape), x.stride(), x.dtype, isinstance(x, MeshTensor)))
             else:
                 try:

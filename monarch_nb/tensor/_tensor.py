@@ -27,6 +27,16 @@ from .._common._public import publish
 from .._common._value_mesh import ValueMesh
 from . import _active
 from ._engine import View, engine_for, source_line
+from ._symbolic import (
+    SymbolNumbering,
+    data_dependent_error,
+    fake_mode,
+    masked_rows,
+    new_symbols,
+    refuse_symbolic,
+    symbols_exist,
+    to_wire,
+)
 from ._worker import Ref, local_tensor
 
 _REDUCE_OPS = ("sum", "avg", "max", "min", "product")
@@ -50,7 +60,26 @@ def meta(shape: Sequence[int], dtype: torch.dtype, stride: Sequence[int] | None 
     with torch._C._DisableTorchDispatch():
         if stride is None:
             return torch.empty(shape, dtype=dtype, device="meta")
+        if not all(type(s) is int for s in shape):
+            # Value-dependent sizes: empty_strided asks sympy about them (about 1 ms);
+            # most such tensors are contiguous, which plain empty() makes for 0.15 ms.
+            plain = torch.empty(shape, dtype=dtype, device="meta")
+            if [str(s) for s in plain.stride()] == [str(s) for s in stride]:
+                return plain
         return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+
+
+def _layout(meta: torch.Tensor) -> dict[str, Any]:
+    """``meta``'s strides and offset, or nothing where they are those of a fresh
+    tensor of a shape with value-dependent sizes: given, sympy checks them (2 ms)."""
+    stride, offset = meta.stride(), meta.storage_offset()
+    if not symbols_exist() or all(type(s) is int for s in meta.shape) or offset != 0:
+        return {"strides": stride, "storage_offset": offset}
+    with torch._C._DisableTorchDispatch():
+        plain = torch.empty(meta.shape, dtype=meta.dtype, device="meta").stride()
+    if [str(s) for s in plain] == [str(s) for s in stride]:
+        return {}
+    return {"strides": stride, "storage_offset": offset}
 
 
 class MeshTensor(torch.Tensor):
@@ -79,8 +108,7 @@ class MeshTensor(torch.Tensor):
         t = torch.Tensor._make_wrapper_subclass(
             cls,
             meta.shape,
-            strides=meta.stride(),
-            storage_offset=meta.storage_offset(),
+            **_layout(meta),
             dtype=meta.dtype,
             device=view.engine.device,
             requires_grad=False,
@@ -184,6 +212,7 @@ class MeshTensor(torch.Tensor):
             )
         from torch.distributed.tensor import Shard
 
+        refuse_symbolic(self, "to_local()")
         shape = list(self.shape)
         for size, placement in zip(self._mt_view.shape.sizes, placements, strict=True):
             if isinstance(placement, Shard):
@@ -271,6 +300,7 @@ def _move(t: MeshTensor, src: View, procs: Any) -> MeshTensor:
             "to_mesh() moves plain mesh tensors; for a distributed tensor, "
             "call .to_local() (or .full_tensor()) first"
         )
+    refuse_symbolic(t, "to_mesh()")
     if t.requires_grad and torch.is_grad_enabled():
         raise MeshUsageError(
             "to_mesh() is not differentiable yet: move t.detach() (and send gradients "
@@ -352,6 +382,7 @@ def _collective(
             f"{kind}() is not differentiable yet: call it on t.detach(), on gradients "
             "(p.grad), or inside torch.no_grad()"
         )
+    refuse_symbolic(t, f"{kind}()")
     size = view.shape.extent[names[0]]
     shape = list(t.shape)
     if kind == "all_gather":
@@ -445,6 +476,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
             inputs[id(x._mt_meta)] = x
         elif isinstance(x, torch.Tensor):
             local.append(i)
+        elif isinstance(x, _SYMBOLIC):  # a size known here, or one each rank works out
+            wire[i] = to_wire(x, func)
     if view is None:
         if active is None:  # only local tensors, outside activate(): not ours
             with torch._C._DisableTorchDispatch():
@@ -475,17 +508,22 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
         view = active
     factory = not inputs
     dtensor = any(t._mt_dtensor for t in inputs.values())
-    key = _meta_key(func, spec, metas)
-    outputs = _meta_cache.get(key) if key is not None else None
-    if outputs is None:
+    symbols = SymbolNumbering() if symbols_exist() else None
+    key = _meta_key(func, spec, metas, symbols)
+    cached = _meta_cache.get(key) if key is not None else None
+    if cached is not None:
+        outputs = cached if symbols is None else _from_cache(cached, symbols)
+    else:
         mesh_positions = [i for i, x in enumerate(flat) if isinstance(x, MeshTensor)]
         outputs = _propagate(func, spec, metas, factory, mesh_positions, view.engine.device)
-        if key is not None and len(_meta_cache) < _META_CACHE_SIZE:
-            _meta_cache[key] = outputs
+        entry = _cacheable(outputs, symbols or SymbolNumbering()) if key is not None else None
+        if key is not None and entry is not None and len(_meta_cache) < _META_CACHE_SIZE:
+            _meta_cache[key] = entry
     engine = view.engine
     outs: list[int] = []
     described, out_spec = outputs
     out_flat: list[Any] = []
+    sizes: dict[str, tuple[int, int]] = {}
     for kind, what in described:
         if kind == "alias":  # in place, or out=: the same handle
             alias = flat[what]
@@ -500,12 +538,17 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: View | None) -> Any:
             out = MeshTensor(meta(shape, dtype, stride), view, ref)
             out._mt_dtensor = dtensor
             out_flat.append(out)
+            if symbols_exist():
+                for name, dim in new_symbols(shape).items():
+                    sizes.setdefault(name, (ref, dim))
         else:
             out_flat.append(what)
     wire_args, wire_kwargs = tree_unflatten(wire, spec)
     engine.record(
         view.ranks, ("op", outs, str(func), wire_args, wire_kwargs, source_line(), factory)
     )
+    if sizes:
+        engine.record(view.ranks, ("sizes", sizes))
     return tree_unflatten(out_flat, out_spec)
 
 
@@ -526,11 +569,21 @@ _HASHABLE = (
 )
 
 
-def _meta_key(func: Any, spec: Any, metas: list[Any]) -> tuple | None:
+def _meta_key(
+    func: Any, spec: Any, metas: list[Any], symbols: SymbolNumbering | None
+) -> tuple | None:
+    """The shape cache's key; ``symbols`` None: no size anywhere is symbolic."""
     key: list[Any] = [func, spec]
     for x in metas:
         if isinstance(x, torch.Tensor):
-            key.append((tuple(x.shape), x.stride(), x.dtype))
+            shape, stride = tuple(x.shape), x.stride()
+            if symbols is None or all(type(s) is int for s in shape + stride):
+                key.append((shape, stride, x.dtype))
+                continue
+            sizes = [symbols.key(s) for s in shape + stride]
+            if None in sizes:
+                return None
+            key.append((len(shape), tuple(sizes), x.dtype))
         elif isinstance(x, _HASHABLE):
             key.append((type(x), x))  # 1 and 1.0 promote differently
         else:
@@ -538,11 +591,54 @@ def _meta_key(func: Any, spec: Any, metas: list[Any]) -> tuple | None:
     return tuple(key)
 
 
+Outputs = tuple[list[tuple[str, Any]], Any]
+
+
+def _cacheable(outputs: Outputs, symbols: SymbolNumbering) -> Outputs | None:
+    """``outputs`` with sizes in terms of the inputs' numbered symbols, or None when
+    they hold a new one (a value-dependent output gets a new symbol each time)."""
+    if not symbols.symbols:  # inputs of fixed sizes: outputs are too, or hold new symbols
+        static = all(
+            not any(isinstance(s, _SYMBOLIC) for s in (*what[0], *what[1]))
+            if kind == "new"
+            else not isinstance(what, _SYMBOLIC)
+            for kind, what in outputs[0]
+        )
+        return outputs if static else None
+    described = []
+    for kind, what in outputs[0]:
+        if kind == "new":
+            shape, stride, dtype = what
+            sizes = [symbols.known(s) for s in (*shape, *stride)]
+            if None in sizes:
+                return None
+            what = (len(shape), sizes, dtype)
+        elif kind == "value" and isinstance(what, _SYMBOLIC):
+            return None
+        described.append((kind, what))
+    return described, outputs[1]
+
+
+def _from_cache(cached: Outputs, symbols: SymbolNumbering) -> Outputs:
+    if not symbols.symbols:
+        return cached  # the common case: no symbols, the entry as it is
+    described = []
+    for kind, what in cached[0]:
+        if kind == "new":
+            dim, sizes, dtype = what
+            sizes = [symbols.size(s) for s in sizes]
+            what = (tuple(sizes[:dim]), tuple(sizes[dim:]), dtype)
+        described.append((kind, what))
+    return described, cached[1]
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
 # How output metadata is computed: "fake" runs the op on FakeTensors on the ranks'
-# device (device mismatches and device-only ops are caught here); "meta" on meta
-# tensors (device-blind, the engine's first way; kept to compare in benchmarks).
+# device (device mismatches and device-only ops are caught here; value-dependent
+# sizes become symbols, see _symbolic); "meta" on meta tensors (device-blind, the
+# engine's first way; kept to compare in benchmarks).
 PROPAGATION = "fake"
-_fake_mode: Any = None
 
 
 def _propagate(
@@ -557,16 +653,13 @@ def _propagate(
     input it aliases (by position), a new tensor's metadata, or a plain value."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    global _fake_mode
     fake = PROPAGATION == "fake"
-    if fake and _fake_mode is None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        _fake_mode = FakeTensorMode()
+    if fake and (rows := masked_rows(func, tree_unflatten(metas, spec)[0])) is not None:
+        return [("new", rows)], tree_flatten(None)[1]
     on_mesh = set(mesh_positions)
     with (
         _disable_current_modes(),
-        _fake_mode if fake else contextlib.nullcontext(),
+        fake_mode() if fake else contextlib.nullcontext(),
         _quiet(_FAKE_LOGGER),
     ):
         stand_ins = list(metas)
@@ -588,6 +681,8 @@ def _propagate(
         except RuntimeError as exc:
             if type(exc).__name__ in _FAKE_REFUSALS:
                 raise _refused(func, exc) from None
+            if type(exc).__name__ == "GuardOnDataDependentSymNode":
+                raise data_dependent_error(func, exc) from None
             raise
     positions = {id(stand_ins[i]): i for i in mesh_positions}
     out_flat, out_spec = tree_flatten(result)

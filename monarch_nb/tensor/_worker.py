@@ -20,6 +20,7 @@ Ops (tuples, first item the kind)::
     ("call", outs, fn, args, kwargs, src, whole)     a @remote function (by value or path)
     ("endpoint", out, actor_id, name, args, kwargs, src) / ("split", outs, ref, src)
     ("seed", seed) / ("drop", refs)
+    ("sizes", {name: (ref, dim)})                     record value-dependent sizes by name
 
 This module imports nothing from the controller side.
 """
@@ -61,6 +62,23 @@ class Ref:
         return f"Ref({self.id})"
 
 
+class SizeExpr:
+    """A size that depends on values on each rank (``u0``, ``2*u0``), inside an op's
+    arguments: a Python expression over sizes recorded by name with a ``sizes`` op."""
+
+    __slots__ = ("expr", "names")
+
+    def __init__(self, expr: str, names: tuple[str, ...]) -> None:
+        self.expr = expr
+        self.names = names
+
+    def __reduce__(self):
+        return (SizeExpr, (self.expr, self.names))
+
+    def __repr__(self) -> str:
+        return f"SizeExpr({self.expr!r})"
+
+
 class TensorWorker(Actor):
     """Holds this rank's tensors (``refs``) and runs the ops the controller sends."""
 
@@ -93,6 +111,10 @@ class TensorWorker(Actor):
         self.pinned: dict[str, Any] = {}  # transfer -> (RDMABuffer, tensor, reader keys)
         self._ops: dict[str, Any] = {}
         self.unreported: list[DeferredError] = []  # failures of ops with no outputs
+        # Value-dependent sizes by name (nonzero's row count, ...): an int each, or the
+        # error of the op that should have made it. Kept for the actor's life, as the
+        # controller keeps the symbols: autograd may use a size long after its tensor.
+        self.sizes: dict[str, Any] = {}
         self.fused = 0  # reductions that shared a collective with the one before
         self.overlapped = 0  # reductions started on a side stream, finished when read
         self.token = token  # names the controller's engine: mesh tensors it pickled resolve here
@@ -319,10 +341,31 @@ class TensorWorker(Actor):
                 if isinstance(value, DeferredError):
                     failed.append(value)
                 return value
+            if type(x) is SizeExpr:
+                return self._size(x, failed)
             return x
 
         resolved = tree_map(resolve, tree)
         return resolved, (failed[0] if failed else None)
+
+    def _size(self, size: SizeExpr, failed: list[DeferredError]) -> int:
+        values = {name: self.sizes.get(name) for name in size.names}
+        for name, value in values.items():
+            if isinstance(value, DeferredError):
+                failed.append(value)
+                return 0
+            if value is None:
+                failed.append(self._error("size", "", LookupError(f"no size named {name}")))
+                return 0
+        return int(eval(size.expr, {"__builtins__": {}}, values))  # the controller's own text
+
+    def _sizes(self, entries: dict[str, tuple[int, int]]) -> None:
+        for name, (ref, dim) in entries.items():
+            value = self.refs.get(ref, _MISSING)
+            if isinstance(value, DeferredError):
+                self.sizes[name] = value
+            elif value is not _MISSING:
+                self.sizes[name] = int(value.shape[dim])
 
     def _const(self, out, tensor) -> None:
         self.refs[out] = tensor.to(self.device)
