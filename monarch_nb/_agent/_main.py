@@ -260,7 +260,7 @@ class Agent:
 
     def _from_controller(self) -> None:
         while True:
-            frames = receive(self.up)
+            frames = receive(self.up, self.signer.stats)
             if frames is None:
                 return
             envelope = frames[0].bytes
@@ -316,7 +316,7 @@ class Agent:
 
     def _from_workers(self) -> None:
         while True:
-            frames = receive(self.down)
+            frames = receive(self.down, self.signer.stats)
             if frames is None:
                 return
             child = self.children.get(frames[0].bytes)

@@ -91,6 +91,14 @@ SETTINGS: dict[str, Setting] = {
             (("monarch_nb._common._peer", "MAX_TCP_FRAME_BYTES"),),
         ),
         Setting(
+            "max_message_frames",
+            int,
+            1 << 16,
+            "frames in one message (one per tensor or array over 4 KiB): senders refuse "
+            "more, receivers drop such a message unread",
+            (("monarch_nb._common._wire", "MAX_FRAMES_PER_MESSAGE"),),
+        ),
+        Setting(
             "deterministic",
             bool,
             False,

@@ -412,7 +412,7 @@ class PeerNode:
         with self.lock:
             if self._closing:
                 return None
-            return receive(sock)
+            return receive(sock, self.stats)
 
     def _drain_inbox(self, inbox: zmq.Socket) -> None:
         while (frames := self._take(inbox)) is not None:

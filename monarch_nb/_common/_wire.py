@@ -79,6 +79,11 @@ KEY_BYTES = 32
 # them (ZMQ_MAXMSGSIZE): an unauthenticated peer cannot make us hold more. A
 # legitimate frame is one tensor argument or value: send larger ones by RDMABuffer.
 MAX_FRAME_BYTES = int(os.environ.get("MONARCH_NB_MAX_FRAME_BYTES", str(1 << 30)))
+# Frames in one message: a header, a body and one frame per out-of-band buffer (a
+# tensor or array over 4 KiB). Receivers drop a message with more as it arrives,
+# keeping none of it, so nobody can make them build millions of frame objects;
+# senders refuse to make one (see Signer.encode), so no reply is lost to the cap.
+MAX_FRAMES_PER_MESSAGE = int(os.environ.get("MONARCH_NB_MAX_MESSAGE_FRAMES", str(1 << 16)))
 # Envelopes on a host agent's link (a frame before the message): relay it to the
 # workers named after RELAY, or a message for/from the agent itself.
 RELAY = b"R"
@@ -150,6 +155,7 @@ class WireStats:
     dropped_misdirected: int = 0  # sealed by another sender, sent the other way, or
     # with bulk frames left to a transport this link does not trust
     dropped_unknown_peer: int = 0  # identity not of any mesh we run
+    dropped_oversized: int = 0  # more than MAX_FRAMES_PER_MESSAGE frames: not kept
     unknown_messages: int = 0  # signed by a peer, but of a kind we do not know (reported)
     bytes_in_band: int = 0  # pickle bytes encoded
     bytes_out_of_band: int = 0  # buffer bytes encoded as their own frames
@@ -213,20 +219,68 @@ class Encoded:
             send(frame, _SNDMORE if i < last else 0, copy=copy)
 
 
-def receive(socket: zmq.Socket) -> list[zmq.Frame] | None:
+def receive(socket: zmq.Socket, stats: WireStats | None = None) -> list[zmq.Frame] | None:
     """One whole multipart message without blocking, or None if none is waiting.
 
     Asks ``ZMQ_EVENTS`` first: ending every batch on a ``zmq.Again`` exception
-    costs more than a no-op call's whole handling.
+    costs more than a no-op call's whole handling. A message of more than
+    :data:`MAX_FRAMES_PER_MESSAGE` frames is dropped (counted in ``stats``) and the
+    next one returned.
     """
-    if not int(socket.getsockopt(_EVENTS)) & _POLLIN:
-        return None
-    frame = socket.recv(copy=False)
-    frames = [frame]
-    while frame.more:
-        frame = socket.recv(copy=False)
-        frames.append(frame)
-    return frames
+    receiver = Receiver(socket, stats)
+    while True:
+        messages, more = receiver.take(frames=MAX_FRAMES_PER_MESSAGE + 1, messages=1)
+        if messages:
+            return messages[0]
+        if not more:
+            return None
+
+
+class Receiver:
+    """Whole messages from one socket, a bounded number of frames per :meth:`take`.
+
+    The controller receives under the lock its callers send under (a zmq socket
+    is one thread's at a time); taking a few thousand frames at a time lets it
+    release the lock between takes however many frames a peer piles into one
+    message, and a message over :data:`MAX_FRAMES_PER_MESSAGE` frames is dropped
+    frame by frame as it arrives (counted), never held whole.
+    """
+
+    __slots__ = ("_dropping", "_partial", "socket", "stats")
+
+    def __init__(self, socket: zmq.Socket, stats: WireStats | None = None) -> None:
+        self.socket = socket
+        self.stats = stats
+        self._partial: list[zmq.Frame] | None = None  # a message begun in an earlier take
+        self._dropping = False
+
+    def take(self, frames: int = 4096, messages: int = 64) -> tuple[list[list[zmq.Frame]], bool]:
+        """Up to ``messages`` whole messages, reading at most ``frames`` frames; and
+        whether the socket may hold more (False: it said it had nothing waiting)."""
+        socket = self.socket
+        done: list[list[zmq.Frame]] = []
+        while frames > 0 and len(done) < messages:
+            if self._partial is None:
+                if not int(socket.getsockopt(_EVENTS)) & _POLLIN:
+                    return done, False
+                self._partial = []
+            frame = socket.recv(copy=False)
+            frames -= 1
+            if not self._dropping:
+                self._partial.append(frame)
+                if len(self._partial) > MAX_FRAMES_PER_MESSAGE:
+                    self._partial.clear()
+                    self._dropping = True
+            if frame.more:
+                continue
+            if self._dropping:
+                self._dropping = False
+                if self.stats is not None:
+                    self.stats.dropped_oversized += 1
+            else:
+                done.append(self._partial)
+            self._partial = None
+        return done, True
 
 
 def forward(socket: zmq.Socket, frames: Sequence[Any], identity: bytes | None = None) -> None:
@@ -292,6 +346,12 @@ class Signer:
         buffers: list[pickle.PickleBuffer] = []
         if payload is not None:
             payload_bytes, buffers = dumps(payload, by_value=by_value)
+        if len(buffers) > MAX_FRAMES_PER_MESSAGE - 4:  # header, body, identity, envelope
+            raise pickle.PicklingError(
+                f"this value holds {len(buffers):,} tensors or arrays over 4 KiB, each its own "
+                f"frame, and one message carries at most {MAX_FRAMES_PER_MESSAGE - 4:,}: send "
+                "fewer, larger ones (torch.cat, or a flat buffer), or move them with RDMABuffer"
+            )
         raw = [b.raw() for b in buffers]  # zero-copy: see the module docstring
         body = b"".join(
             (len(meta_bytes).to_bytes(_META_LEN_BYTES, "little"), meta_bytes, payload_bytes)

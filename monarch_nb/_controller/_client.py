@@ -45,10 +45,10 @@ from .._common._wire import (
     OWN,
     RELAY,
     Encoded,
+    Receiver,
     ReplayWindow,
     WireStats,
     decode_payload,
-    receive,
     sender_tag,
 )
 from ._calls import PendingCall
@@ -116,6 +116,7 @@ class Controller:
         self._lock = threading.Lock()
         self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
         self.host_meshes: weakref.WeakSet[Any] = weakref.WeakSet()  # _hosts.HostAgents
+        self._receivers: dict[zmq.Socket, Receiver] = {}  # per socket: I/O thread only
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -475,15 +476,17 @@ class Controller:
             self._drain(self._hosts_router, from_hosts=True)
 
     def _drain(self, router: zmq.Socket, *, from_hosts: bool) -> None:
+        receiver = self._receivers.get(router)
+        if receiver is None:
+            receiver = self._receivers[router] = Receiver(router, self.stats)
         while True:
-            with self._lock:  # receive under the lock, handle outside it
-                batch: list[list[Any]] = []
-                while len(batch) < 64 and (frames := receive(router)) is not None:
-                    batch.append(frames)
-            if not batch:
-                return
+            # Receive under the lock, a bounded number of frames; handle outside it.
+            with self._lock:
+                batch, more = receiver.take()
             for frames in batch:
                 self._dispatch(frames, from_hosts)
+            if not more:
+                return
 
     def _dispatch(self, frames: list[Any], from_hosts: bool) -> None:
         sender = frames[0].bytes

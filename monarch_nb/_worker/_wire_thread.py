@@ -146,7 +146,7 @@ class WireThread:
     def _drain(self) -> None:
         while True:
             with self.lock:
-                frames = receive(self.socket)
+                frames = receive(self.socket, self.signer.stats)
             if frames is None:
                 return
             try:

@@ -13,6 +13,13 @@ import pytest
 
 ATTACKER_PREFIX = "mnbattk"
 
+# Workers import the actor classes of these tests by reference, as for tests/
+# (tests/conftest.py): this directory goes on their path too.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_HERE, os.environ.get("PYTHONPATH", "")) if p
+)
+
 
 class Attacker:
     """Runs Python code as another user of this machine (no access to our files)."""
