@@ -9,6 +9,7 @@ from ._common._public import rename
 from ._controller._events import (
     CallFinished,
     CallStarted,
+    CommMessage,
     DisplayData,
     Event,
     EventLog,
@@ -27,6 +28,7 @@ from ._controller._events import (
 __all__ = [
     "CallFinished",
     "CallStarted",
+    "CommMessage",
     "DisplayData",
     "Event",
     "EventLog",

@@ -107,8 +107,14 @@ class Kernel:
             return msg_id
         return self.collect(msg_id, timeout)
 
-    def collect(self, msg_id: str, timeout: float = 60) -> Reply:
-        deadline = time.monotonic() + timeout
+    def collect(
+        self, msg_id: str, timeout: float = 60, *, every: list[tuple[float, Any]] | None = None
+    ) -> Reply:
+        """The Reply to ``msg_id`` once the kernel is idle again; ``every`` also gets
+        each iopub message seen meanwhile, whatever its parent (comm messages sent
+        from other threads), with the seconds since this call."""
+        start = time.monotonic()
+        deadline = start + timeout
         outputs: list[dict[str, Any]] = []
         reply = None
         idle = False
@@ -127,6 +133,8 @@ class Kernel:
                 msg = self.client.get_iopub_msg(timeout=min(left, 0.05))
             except queue.Empty:
                 continue
+            if every is not None:
+                every.append((time.monotonic() - start, msg))
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind = msg["msg_type"]

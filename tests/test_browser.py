@@ -127,3 +127,49 @@ def test_figures_and_a_live_failure_in_jupyterlab(rich_notebook: tuple[str, Path
     assert "CellError: %%mesh cell [5] failed on rank(s) 1" in text
     assert bar_texts == ["[0] 100%|##########| 10/10", "[1] 100%|##########| 10/10"]
     assert "[0] 'rank 0 finished'" in text  # the value of the rank that succeeded
+
+
+WIDGET_CELLS = [
+    "%load_ext monarch_nb",
+    "%mesh start --procs 2 --no-dashboard",
+    "%%mesh\nfrom tqdm.notebook import tqdm\nfor _ in tqdm(range(4), desc=f'rank {rank}'):\n"
+    "    pass",
+    "%%mesh\nimport ipywidgets\n"
+    "slider = ipywidgets.IntSlider(value=10 + rank, description=f'rank {rank}')\n"
+    "display(slider)",
+    "%%mesh\nprint('slider at', slider.value)",
+    "%mesh stop",
+]
+
+
+@pytest.fixture
+def widget_notebook(tmp_path: Path) -> Iterator[str]:
+    with served_notebook(tmp_path, WIDGET_CELLS, name="widgets.ipynb") as url:
+        yield url
+
+
+def test_widgets_made_on_ranks_render_and_answer_in_jupyterlab(widget_notebook: str) -> None:
+    wait = {"timeout": 90_000}
+    with notebook_page(widget_notebook, height=1200) as page:
+        page.keyboard.press("Shift+Enter")  # %mesh start
+        page.keyboard.press("Shift+Enter")  # the tqdm.notebook bars
+        page.keyboard.press("Shift+Enter")  # the sliders
+        # Real widgets, drawn by JupyterLab's widget manager from the ranks' models.
+        page.wait_for_selector(".jp-OutputArea-output .widget-hprogress >> nth=1", **wait)
+        page.wait_for_selector("text=rank 0: 100%", **wait)
+        page.wait_for_selector("text=rank 1: 100%", **wait)
+        sliders = page.locator(".jp-OutputArea-output .widget-slider")
+        sliders.nth(1).wait_for(**wait)
+        readouts = page.locator(".jp-OutputArea-output .widget-readout")
+        assert readouts.all_inner_texts() == ["10", "11"]
+        # The user moves rank 0's slider one step; rank 0 sees it, rank 1 does not.
+        page.locator(".jp-OutputArea-output .noUi-handle").first.focus()
+        page.keyboard.press("ArrowRight")
+        page.wait_for_selector(".widget-readout >> text=11 >> nth=1", **wait)
+        page.locator(".jp-Cell").nth(4).click()  # the print cell
+        page.keyboard.press("Shift+Enter")
+        page.wait_for_selector("text=[0] slider at 11", **wait)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.locator(".jp-Notebook").screenshot(path=str(ARTIFACTS / "rank_widgets.png"))
+        text = page.inner_text(".jp-Notebook")
+    assert "[1] slider at 11" in text

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from kernel_utils import Kernel, wait_gone
+from polling import read_until
 
 from monarch_nb.magics._panel import COMM_TARGET, panel_snapshot, run_action
 from monarch_nb.magics._registry import REGISTRY
@@ -305,11 +306,9 @@ def test_the_mesh_panel_in_jupyterlab(lab: str) -> None:
             # way, and what is shown ends inside the panel.
             assert ranks.nth(1).locator("td.jp-MonarchNb-pid").is_hidden()
             rss = ranks.nth(1).locator("td.jp-MonarchNb-rss")
-            rss.wait_for(state="visible", **wait)  # the panel has just been shown
-            rss_cell = rss.bounding_box()
-            panel_box = panel.bounding_box()
-            assert rss_cell is not None
-            assert panel_box is not None
+            # The panel has just been shown, and may redraw the row meanwhile.
+            rss_cell = read_until(rss.bounding_box, bool, 90, "the rss cell laid out")
+            panel_box = read_until(panel.bounding_box, bool, 90, "the panel laid out")
             assert rss_cell["x"] + rss_cell["width"] <= panel_box["x"] + panel_box["width"]
             assert f"pid {pids[1]}" in (ranks.nth(1).get_attribute("title") or "")
             page.screenshot(path=str(ARTIFACTS / "mesh_panel_side.png"))

@@ -7,10 +7,8 @@ the kernel's main thread.
 
 from __future__ import annotations
 
-import queue
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,37 +34,17 @@ def kernel(kernel_session: Kernel) -> Iterator[Kernel]:
 
 
 def run_collecting_comms(kernel: Kernel, code: str, timeout: float = 30) -> tuple[Any, list]:
-    """Run ``code``; its Reply and every widget update seen on iopub meanwhile,
-    each as ``(seconds since the request, state)``. Updates come from the
+    """Run ``code``; its Reply, its outputs and every widget update seen on iopub
+    meanwhile, each as ``(seconds since the request, state)``. Updates come from the
     dashboard's own thread, so they are matched by type, not by parent."""
-    client = kernel.client
-    start = time.monotonic()
-    msg_id = client.execute(code, store_history=False)
-    updates, outputs, reply, idle = [], [], None, False
-    deadline = start + timeout
-    while not (idle and reply is not None):
-        assert time.monotonic() < deadline, f"no reply within {timeout} s"
-        if reply is None:
-            try:
-                msg = client.get_shell_msg(timeout=0.01)
-                if msg["parent_header"].get("msg_id") == msg_id:
-                    reply = msg
-            except queue.Empty:
-                pass
-        try:
-            msg = client.get_iopub_msg(timeout=0.05)
-        except queue.Empty:
-            continue
-        kind = msg["msg_type"]
-        if kind == "comm_msg" and msg["content"]["data"].get("method") == "update":
-            updates.append((time.monotonic() - start, msg["content"]["data"]["state"]))
-        elif msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        elif kind == "status":
-            idle = msg["content"]["execution_state"] == "idle"
-        elif kind in ("stream", "display_data", "execute_result", "error"):
-            outputs.append(msg)
-    return reply, outputs, updates
+    every: list[tuple[float, Any]] = []
+    reply = kernel.collect(kernel.client.execute(code, store_history=False), timeout, every=every)
+    updates = [
+        (t, m["content"]["data"]["state"])
+        for t, m in every
+        if m["msg_type"] == "comm_msg" and m["content"]["data"].get("method") == "update"
+    ]
+    return reply, reply.outputs, updates
 
 
 def displays(outputs: list) -> list[dict]:
@@ -113,7 +91,7 @@ def test_updates_flow_while_a_cell_runs_with_progress_not_text(kernel: Kernel) -
         "    time.sleep(0.3)\n"
     )
     reply, _, updates = run_collecting_comms(kernel, cell)
-    assert reply["content"]["status"] == "ok"
+    assert reply.status == "ok"
     # HTML values (tiles); the cell's own progress widgets send numbers too.
     values = [state["value"] for _, state in updates if isinstance(state.get("value"), str)]
     busy = [v for v in values if "mnb-busy" in v]
@@ -142,7 +120,7 @@ def test_a_killed_rank_shows_dead_with_its_signal_within_a_second(kernel: Kernel
         "print(d.text())\n"
     )
     reply, outputs, updates = run_collecting_comms(kernel, code)
-    assert reply["content"]["status"] == "ok"
+    assert reply.status == "ok"
     out = plain(
         "".join(
             m["content"]["text"]
@@ -256,7 +234,7 @@ def test_the_dashboard_follows_the_mesh_across_restarts(kernel: Kernel) -> None:
         "print(d.finished)\n"
     )
     reply, outputs, _ = run_collecting_comms(kernel, code, timeout=90)
-    assert reply["content"]["status"] == "ok", outputs
+    assert reply.status == "ok", outputs
     out = "".join(
         m["content"]["text"]
         for m in outputs
@@ -265,5 +243,5 @@ def test_the_dashboard_follows_the_mesh_across_restarts(kernel: Kernel) -> None:
     assert out.split() == ["True", "True", "False"]  # still live, with the new pids
     # %mesh restart shows a live dashboard, not a table.
     reply, outputs, _ = run_collecting_comms(kernel, "%mesh restart", timeout=90)
-    assert reply["content"]["status"] == "ok"
+    assert reply.status == "ok"
     assert any(WIDGET_VIEW in data for data in displays(outputs))

@@ -22,10 +22,11 @@ Controller -> worker::
     StopActor, Shutdown                work too (ordered after the calls before them)
     Interrupt, StatusQuery             control, answered by the wire thread at once
     DebugInput, DebugRefused           control, for a rank stopped in pdb (monarch_nb.debug)
+    CommToRank                         control: the notebook's message to a rank's comm
 
 Worker -> controller::
 
-    Hello, Value, Failure, BroadcastFailure, Display, Supervision,
+    Hello, Value, Failure, BroadcastFailure, Display, CommFromRank, Supervision,
     Heartbeat (with a ResourceSample), StatusReply, ProtocolError,
     DebugPrompt, DebugOutput, DebugEnded
 """
@@ -260,6 +261,18 @@ class Display(Message):
 
 @_message
 @dataclass(frozen=True, slots=True)
+class CommFromRank(Message):
+    """A Jupyter comm a rank opened (ipywidgets), a message on it, or its close
+    (payload: ``{"data", "metadata", "buffers"}``): relayed to the notebook."""
+
+    TAG: ClassVar[int] = 52
+    msg_type: str  # "comm_open", "comm_msg" or "comm_close"
+    comm_id: str
+    target_name: str  # for "comm_open"
+
+
+@_message
+@dataclass(frozen=True, slots=True)
 class Supervision(Message):
     """An actor did not handle the failure of a mesh it spawned."""
 
@@ -335,6 +348,18 @@ class DebugRefused(Message):
 
     TAG: ClassVar[int] = 23
     reason: str
+
+
+@_message
+@dataclass(frozen=True, slots=True)
+class CommToRank(Message):
+    """What the notebook sent to a comm a rank opened (a slider moved), or its close."""
+
+    TAG: ClassVar[int] = 24
+    comm_id: str
+    msg_type: str  # "comm_msg" or "comm_close"
+    data: Any
+    buffers: tuple[bytes, ...]
 
 
 # Worker -> controller.

@@ -21,6 +21,7 @@ Events::
     CallFinished      ... and every rank answered (``error`` is None if all went well)
     Output            a line (or a progress-bar update) a rank wrote
     DisplayData       a rank's ``display(obj)``
+    CommMessage       a Jupyter comm a rank opened (ipywidgets), a message on it, its close
     RankFailed        a rank raised, or its process died (cause, traceback or exit)
     MeshFailed        the mesh can no longer be used (until restart)
     RanksRestarted    some ranks (or all) got fresh processes, by restart() or a RestartPolicy
@@ -106,6 +107,17 @@ class DisplayData(Event):
     rank: int
     data: dict[str, Any]
     metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CommMessage(Event):
+    rank: int
+    msg_type: str  # "comm_open", "comm_msg" or "comm_close"
+    comm_id: str
+    target_name: str  # for "comm_open"
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    buffers: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)

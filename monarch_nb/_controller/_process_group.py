@@ -44,6 +44,8 @@ from .._common._future import Future
 from .._common._hints import restart_hint, restart_ranks_hint
 from .._common._messages import (
     BroadcastFailure,
+    CommFromRank,
+    CommToRank,
     DebugEnded,
     DebugInput,
     DebugOutput,
@@ -696,6 +698,8 @@ class ProcGroup:
                     data, metadata = payload.get("data"), payload.get("metadata") or {}
                     if isinstance(data, dict) and isinstance(metadata, dict):
                         self.events.emit(ev.DisplayData(self.name, rank, data, metadata))
+            case CommFromRank(msg_type, comm_id, target_name):
+                self._on_comm(rank, msg_type, comm_id, target_name, frames)
             case StatusReply():
                 self._on_status_reply(rank, message)
             case Supervision(text):
@@ -740,6 +744,27 @@ class ProcGroup:
                 self.paused.discard(rank)
                 self.events.emit(ev.DebuggerResumed(self.name, rank, how))
                 self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.BUSY, how))
+
+    def _on_comm(
+        self, rank: int, msg_type: str, comm_id: str, target_name: str, frames: list[Any]
+    ) -> None:
+        if not (self.events and self.events.wants(ev.CommMessage)):
+            return  # nobody relays comms (a script): the rank's widget talks to nobody
+        try:
+            payload = decode_payload(frames)
+            data, metadata = dict(payload["data"]), dict(payload["metadata"])
+            buffers = tuple(bytes(b) for b in payload["buffers"])
+        except Exception as exc:
+            _log.error("monarch_nb: rank %d of %r sent a comm message: %r", rank, self.name, exc)
+            return
+        self.events.emit(
+            ev.CommMessage(self.name, rank, msg_type, comm_id, target_name, data, metadata, buffers)
+        )
+
+    def send_comm(self, rank: int, message: CommToRank) -> None:
+        """Hand the notebook's message to a comm that ``rank`` opened (any thread)."""
+        if self.workers[rank].returncode is None:
+            self.controller.send(self, (rank,), self.encode(message))
 
     def send_debug(self, rank: int, message: DebugInput | DebugRefused) -> None:
         """Answer ``rank``'s pdb prompt (any thread); sent even to a failed mesh, whose

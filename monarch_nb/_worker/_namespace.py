@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._common._cell_source import CO_COROUTINE, cache_source, compile_cell
 from .._common._context import Context
 from .._common._messages import Display
-from . import _rich
+from . import _comms, _rich
 
 if TYPE_CHECKING:
     from ._main import Worker
@@ -34,6 +34,7 @@ class RankNamespace:
         self.globals: dict[str, Any] = {"__name__": "__main__", "display": self.display}
         self.renumber()
         _rich.install(self)
+        _comms.install(worker)  # ipywidgets made in cells reach the notebook
 
     def renumber(self) -> None:
         """Take the worker's rank and shape (at start, and after a resize)."""

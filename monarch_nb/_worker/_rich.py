@@ -23,6 +23,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, Protocol
 
 BACKEND = "module://monarch_nb._worker._mpl_backend"
@@ -56,10 +57,18 @@ def install(target: Sink) -> None:
     matplotlib = sys.modules.get("matplotlib")
     if matplotlib is not None and matplotlib.get_backend().lower().endswith(("agg", "inline")):
         matplotlib.use(BACKEND)  # imported before the first cell, by an actor
-    module = sys.modules.get(_DISPLAY_MODULE)
+    when_imported(_DISPLAY_MODULE, _patch_display)
+
+
+def when_imported(name: str, patch: Callable[[Any], None]) -> None:
+    """Call ``patch(module)`` on module ``name`` now if it is loaded, or as it loads
+    (so ``from package import name`` done later gets the patched object)."""
+    module = sys.modules.get(name)
     if module is not None:
-        _patch_display(module)
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        patch(module)
+        return
+    _PATCHES[name] = patch
+    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
 
 
@@ -137,27 +146,34 @@ def _patch_display(module: Any) -> None:
     module.display = display
 
 
+# Module name -> the patch to apply as it loads (see when_imported).
+_PATCHES: dict[str, Callable[[Any], None]] = {}
+
+
 class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches ``IPython.core.display_functions.display`` as the module is loaded, so
-    ``from IPython.display import display`` (which re-exports it) gets the patch."""
+    """Patches modules of ``_PATCHES`` as they load: e.g. ``IPython.display``
+    re-exports ``display`` from ``IPython.core.display_functions``, so that one is
+    patched before anything can import it."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _DISPLAY_MODULE:
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _PatchingLoader(spec.loader)
+        spec.loader = _PatchingLoader(spec.loader, patch)
         return spec
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, patch: Callable[[Any], None]) -> None:
         self.loader = loader
+        self.patch = patch
 
     def create_module(self, spec: Any) -> Any:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:
         self.loader.exec_module(module)
-        _patch_display(module)
+        self.patch(module)

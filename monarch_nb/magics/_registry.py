@@ -40,6 +40,7 @@ from .._controller._interrupt import wait_for
 from .._controller._proc_mesh import HostMesh, ProcMesh, this_host
 from ..widgets._model import FailureLog
 from . import _render
+from ._comms import CommRelay
 from ._output import CellOutput, MapProgress, OutputRouter
 from ._selection import select
 
@@ -131,6 +132,7 @@ class NotebookMesh:
         # Kept from the start, so a dashboard opened after a crash still lists it.
         self.failures = FailureLog()
         self._failure_subscription = procs.events.subscribe(self.failures, kinds=(RankFailed,))
+        self._comms = CommRelay(procs)  # widgets made on ranks show in the notebook
         self._dashboards: list[Any] = []
         # After ranks get new processes (restart(ranks=...), a RestartPolicy), the
         # process group is set up again on every rank: the old one included the dead.
@@ -279,6 +281,7 @@ class NotebookMesh:
         finally:
             self._subscription.close()
             self._failure_subscription.close()
+            self._comms.close()
             for dashboard in self._dashboards:
                 dashboard.finish()  # its last picture: every rank stopped
             self._dashboards.clear()
@@ -313,6 +316,8 @@ class NotebookMesh:
         # failures were numbered by the old ranks, so they are forgotten.
         self.procs = procs
         self.failures.clear()
+        self._comms.close()  # the old ranks' widgets went with them
+        self._comms = CommRelay(procs)
         self._setup_dist(again=True)
         return procs
 
