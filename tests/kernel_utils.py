@@ -36,6 +36,10 @@ class Reply:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # iopub messages, in order
 
     def stream(self, name: str | None = None) -> str:
+        """What the streams showed, as text (rank prefixes' colours taken off)."""
+        return plain(self.raw_stream(name))
+
+    def raw_stream(self, name: str | None = None) -> str:
         return "".join(
             m["content"]["text"]
             for m in self.outputs

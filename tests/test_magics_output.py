@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kernel_utils import Kernel
+from kernel_utils import Kernel, plain
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,6 +40,9 @@ def test_output_streams_while_the_cell_runs(kernel, tmp_path: Path):
     reply = kernel.collect(msg_id)
     assert reply.status == "ok"
     assert sorted(reply.stream().splitlines()) == ["[0] done 0", "[1] done 1"]
+    # Live lines interleave: each rank's prefix has a colour of its own.
+    raw = reply.raw_stream().splitlines()
+    assert sorted(raw, key=plain) == ["\x1b[36m[0]\x1b[0m done 0", "\x1b[35m[1]\x1b[0m done 1"]
 
 
 def test_a_failing_rank_is_named_in_the_cell_while_the_others_run(kernel, tmp_path: Path):
@@ -71,7 +74,7 @@ def test_ordered_mode_is_deterministic(kernel):
     cell = "%%mesh --ordered\nimport sys, time\ntime.sleep(0.05 * (1 - rank))\n"
     cell += "print('a', rank)\nprint('e', rank, file=sys.stderr)\nprint('b', rank)"
     reply = kernel.ok(cell)
-    assert reply.stream("stdout") == "[0] a 0\n[0] b 0\n[1] a 1\n[1] b 1\n"
+    assert reply.raw_stream("stdout") == "[0] a 0\n[0] b 0\n[1] a 1\n[1] b 1\n"  # plain
     assert reply.stream("stderr") == "[0] e 0\n[1] e 1\n"
     assert kernel.ok(cell.replace("--ordered", "--group-by-rank")).stream() == reply.stream()
 
@@ -105,7 +108,7 @@ def test_non_blocking_cell_writes_into_its_own_cell(kernel):
     assert other.stream() == "other\n"
     late = kernel.iopub_for(first, lambda ms: any(m["msg_type"] == "display_data" for m in ms))
     text = "".join(m["content"].get("text", "") for m in late if m["msg_type"] == "stream")
-    assert sorted(text.splitlines()) == ["[0] late 0", "[1] late 1"]
+    assert sorted(plain(text).splitlines()) == ["[0] late 0", "[1] late 1"]
     assert late[-1]["content"]["data"]["text/plain"] == "[0] 0\n[1] 1"
     assert kernel.ok("print(late.values())").stream() == "[0, 1]\n"
 

@@ -160,7 +160,10 @@ class CellOutput:
         if self._folder is not None:
             self._folder(Output(self.mesh, rank, stream, text, end))
             return
-        self.frontend.write(self.parent, stream, _render.rank_prefix(rank, text))
+        # Live lines of many ranks interleave: each rank's prefix in its colour (in
+        # Jupyter; ordered output, as nbval compares it, stays plain).
+        line = _render.rank_prefix(rank, text, colour=self.frontend.live_updates)
+        self.frontend.write(self.parent, stream, line)
 
     def _update_progress(self, rank: int, text: str, *, final: bool) -> None:
         if not self.frontend.live_updates:

@@ -28,11 +28,20 @@ def all_none(values: ValueMesh[Any]) -> bool:
     return all(v is None for v in values.values())
 
 
-def rank_prefix(rank: int, text: str) -> str:
-    """``[1] epoch 3``; a progress line keeps only what a terminal would show last."""
+# ANSI colours for rank prefixes, in turn (no red: that reads as an error). Jupyter
+# draws them with its theme's own ANSI palette, so they stay readable in dark themes.
+_RANK_COLOURS = (36, 35, 34, 32, 33, 96, 95, 94, 92, 93)
+
+
+def rank_prefix(rank: int, text: str, *, colour: bool = False) -> str:
+    """``[1] epoch 3``; a progress line keeps only what a terminal would show last.
+    ``colour``: the prefix in the rank's colour, so interleaved live lines part by eye."""
     if "\r" in text:
         segments = [s for s in text.split("\r") if s.strip()]
         text = segments[-1] if segments else ""
+    if colour:
+        code = _RANK_COLOURS[rank % len(_RANK_COLOURS)]
+        return f"\x1b[{code}m[{rank}]\x1b[0m {text}\n"
     return f"[{rank}] {text}\n"
 
 
