@@ -55,12 +55,17 @@ def symbols_exist() -> bool:
 _FAKE_CACHE_ENTRIES = 4096
 
 
-def new_symbol() -> Any:
-    """A fresh size (>= 0) that only the ranks know."""
+def _bounded_shape_env() -> Any:
+    """The ShapeEnv, its fake-kernel cache emptied once past _FAKE_CACHE_ENTRIES."""
     shape_env = fake_mode().shape_env
     if len(shape_env.fake_tensor_cache) > _FAKE_CACHE_ENTRIES:
         shape_env.fake_tensor_cache.clear()
-    size = shape_env.create_unbacked_symint()
+    return shape_env
+
+
+def new_symbol() -> Any:
+    """A fresh size (>= 0) that only the ranks know."""
+    size = _bounded_shape_env().create_unbacked_symint()
     try:  # a size's range (>= 0), set directly: torch._check(size >= 0) costs 2 ms
         from torch.fx.experimental.symbolic_shapes import _constrain_range_for_size
 
@@ -107,9 +112,7 @@ def new_symbols(shape: Sequence[Any]) -> dict[str, int]:
     """``{symbol name: dim}`` for the dims of ``shape`` that are a bare symbol (the
     output of a value-dependent op): the ranks record their values by name."""
     found: dict[str, int] = {}
-    cache = fake_mode().shape_env.fake_tensor_cache
-    if len(cache) > _FAKE_CACHE_ENTRIES:  # see new_symbol
-        cache.clear()
+    _bounded_shape_env()
     for dim, size in enumerate(shape):
         if is_symbolic(size) and size.node.expr.is_Symbol:
             found.setdefault(str(size.node.expr), dim)
