@@ -104,3 +104,73 @@ def test_tqdm_notebook_bars_from_ranks_are_progress_widgets(kernel: Kernel) -> N
             if "value" in state:
                 finished[content["comm_id"]] = state["value"]
     assert sorted(finished.values()) == [5, 5], finished  # every bar reached the end
+
+
+def sliders_made(kernel: Kernel, name: str) -> dict[int, str]:
+    """A slider ``name`` made and shown on each rank: {rank: its comm id}."""
+    messages = run(
+        kernel,
+        f"%%mesh\nimport ipywidgets\n{name} = ipywidgets.IntSlider(value=50 + rank)\n"
+        f"display({name})",
+    )
+    return {
+        s["data"]["state"]["value"] - 50: s["comm_id"] for s in opened(messages, "IntSliderModel")
+    }
+
+
+def send_from_notebook(kernel: Kernel, msg_type: str, content: dict) -> None:
+    client = kernel.client
+    client.shell_channel.send(client.session.msg(msg_type, content))
+
+
+def test_what_an_observer_raises_is_printed_in_the_ranks_output(kernel: Kernel) -> None:
+    ids = sliders_made(kernel, "watched")
+    kernel.ok("%%mesh --ranks 0\nwatched.observe(lambda change: 1 / 0, names='value')")
+    update = {"method": "update", "state": {"value": 5}, "buffer_paths": []}
+    send_from_notebook(kernel, "comm_msg", {"comm_id": ids[0], "data": update})
+    # The rank handles it between cells: the traceback is in its output.
+    code = (
+        "import time\nfrom monarch_nb import current_mesh\n"
+        "deadline = time.monotonic() + 60\n"
+        "def tail():\n"
+        "    return '\\n'.join(o.line for o in current_mesh().procs.output_tail(0))\n"
+        "while 'ZeroDivisionError' not in tail():\n"
+        "    assert time.monotonic() < deadline, 'no traceback in the output of rank 0'\n"
+        "    time.sleep(0.2)\n"
+        "print('division by zero' in tail(), '<lambda>' in tail())"
+    )
+    # (The kernel shows it in the cell running meanwhile, here the one that waits.)
+    assert kernel.ok(code, timeout=90).stream().endswith("True True\n")
+    reply = kernel.ok("%%mesh\nprint('value', watched.value)")  # the rank goes on
+    assert "[0] value 5" in reply.text()
+    assert "[1] value 51" in reply.text()
+
+
+def test_a_comm_the_notebook_closes_is_closed_on_the_rank(kernel: Kernel) -> None:
+    ids = sliders_made(kernel, "closing")
+    send_from_notebook(kernel, "comm_close", {"comm_id": ids[1], "data": {}})
+    reply = kernel.ok(
+        "%%mesh\nimport comm\n"
+        "print('closed', comm.get_comm_manager().get_comm(closing.comm.comm_id) is None)"
+    )
+    assert "[1] closed True" in reply.text()
+    assert "[0] closed False" in reply.text()
+    # A change on the rank whose comm is closed sends nothing; the other's still does.
+    messages = run(kernel, "%%mesh\nclosing.value = 1")
+    updated = {m["content"]["comm_id"] for m in messages if m["msg_type"] == "comm_msg"}
+    assert ids[0] in updated
+    assert ids[1] not in updated
+
+
+def test_a_restart_drops_the_old_ranks_widgets(kernel: Kernel) -> None:  # last: it restarts
+    ids = sliders_made(kernel, "old")
+    messages = run(kernel, "%mesh restart --mesh widgets --ranks 1")
+    closed = {m["content"]["comm_id"] for m in messages if m["msg_type"] == "comm_close"}
+    assert ids[1] in closed
+    assert ids[0] not in closed  # rank 0 kept its process, and its widget
+    messages = run(kernel, "%mesh restart --mesh widgets")
+    closed = {m["content"]["comm_id"] for m in messages if m["msg_type"] == "comm_close"}
+    assert ids[0] in closed
+    # The new ranks make widgets of their own, relayed as before.
+    assert len(sliders_made(kernel, "new")) == 2
+    kernel.ok("%mesh stop --all")  # the processes this test started end with it

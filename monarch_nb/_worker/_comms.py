@@ -15,6 +15,8 @@ never loads them.
 
 from __future__ import annotations
 
+import logging
+import sys
 import traceback
 from typing import Any
 
@@ -41,6 +43,29 @@ def _patch(module: Any) -> None:
 
     create_comm._monarch_nb = True  # type: ignore[attr-defined]
     module.create_comm = create_comm
+    # ipywidgets catches what a widget's handler (an observer) raises and, with
+    # no IPython shell to show it, logs it with its traceback on traitlets'
+    # logger, which has only a NullHandler: without this it would vanish.
+    logger = logging.getLogger("traitlets")
+    if not any(isinstance(h, _CurrentStderr) for h in logger.handlers):
+        logger.addHandler(_CurrentStderr(logging.WARNING))
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time: a cell's output, or the
+    rank's own output (its log) between cells."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.setLevel(level)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always the current sys.stderr
 
 
 _RankComm: Any = None

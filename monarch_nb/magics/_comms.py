@@ -20,7 +20,7 @@ import threading
 from typing import Any
 
 from .._common._messages import CommToRank
-from .._controller._events import CommMessage
+from .._controller._events import CommMessage, RanksRestarted
 
 _log = logging.getLogger(__name__)
 
@@ -31,24 +31,38 @@ class CommRelay:
     def __init__(self, procs: Any) -> None:
         self._group = procs._group
         self._lock = threading.Lock()
-        self._comms: dict[str, Any] = {}  # comm id -> this kernel's comm
-        self.subscription = procs.events.subscribe(self.on_event, kinds=(CommMessage,))
+        self._comms: dict[str, tuple[int, Any]] = {}  # comm id -> (rank, this kernel's comm)
+        self.subscription = procs.events.subscribe(
+            self.on_event, kinds=(CommMessage, RanksRestarted)
+        )
 
     def close(self) -> None:
         """Stop relaying, and close the comms a rank left open (their widgets go)."""
         self.subscription.close()
         with self._lock:
             comms, self._comms = list(self._comms.values()), {}
+        for _, comm in comms:
+            comm.close()
+
+    def drop(self, ranks: set[int]) -> None:
+        """Close the comms of ``ranks``: their processes were replaced, and the
+        new ones know nothing of those widgets."""
+        with self._lock:
+            gone = [cid for cid, (rank, _) in self._comms.items() if rank in ranks]
+            comms = [self._comms.pop(cid)[1] for cid in gone]
         for comm in comms:
             comm.close()
 
     # -- I/O thread -----------------------------------------------------------------
 
-    def on_event(self, event: CommMessage) -> None:
+    def on_event(self, event: CommMessage | RanksRestarted) -> None:
         try:
+            if isinstance(event, RanksRestarted):
+                self.drop(set(event.ranks))
+                return
             self._relay(event)
         except Exception:  # a frontend that cannot take it: the rank carries on
-            _log.exception("monarch_nb: could not relay rank %d's comm message", event.rank)
+            _log.exception("monarch_nb: could not relay a rank's comm message")
 
     def _relay(self, event: CommMessage) -> None:
         buffers = list(event.buffers) or None
@@ -56,11 +70,12 @@ class CommRelay:
             self._open(event, buffers)
             return
         with self._lock:
-            comm = self._comms.get(event.comm_id)
+            known = self._comms.get(event.comm_id)
             if event.msg_type == "comm_close":
                 self._comms.pop(event.comm_id, None)
-        if comm is None:
+        if known is None:
             return
+        comm = known[1]
         if event.msg_type == "comm_close":
             comm.close(event.data, event.metadata, buffers)
         else:
@@ -92,4 +107,4 @@ class CommRelay:
         opened.on_msg(to_rank)
         opened.on_close(closed)
         with self._lock:
-            self._comms[comm_id] = opened
+            self._comms[comm_id] = (rank, opened)
