@@ -103,13 +103,19 @@ def test_ssh_job_starts_detached_agents_through_ssh(tmp_path):
     home.mkdir()
     fake.write_text(f'#!/bin/sh\nshift 3\ncd {home} && exec sh -c "$1"\n')
     fake.chmod(0o755)
-    job = SSHJob(ssh=[str(fake), "-T", "-o"])  # Monarch's form: meshes added by name
+    setup = tmp_path / "env.sh"
+    setup.write_text("export MNB_FROM_ENV_SETUP=loaded\n")
+    # Monarch's form: meshes added by name; env_setup runs before the agent.
+    job = SSHJob(ssh=[str(fake), "-T", "-o"], env_setup=f". {setup}")
     job.add_mesh("hosts", ["127.0.0.1"])
     path = str(tmp_path / "job.json")
     try:
         state = job.state(cached_path=path)
         with state.hosts.spawn_procs(per_host={"procs": 2}) as procs:
             assert procs.run("rank").values() == [0, 1]
+            seen = procs.run("import os\nos.environ['MNB_FROM_ENV_SETUP']").values()
+            assert seen == ["loaded", "loaded"]
+        assert job_load(path).env_setup == f". {setup}"  # saved with the spec
         pid = job._running["pids"]["127.0.0.1"]
         assert _alive(pid)
         (remote_key,) = (home / ".monarch_nb").iterdir()
@@ -194,3 +200,14 @@ def _free_port() -> int:
     from monarch_nb._controller._jobs import _free_port as free
 
     return free()
+
+
+def test_ssh_job_names_an_env_setup_that_fails(tmp_path):
+    fake = tmp_path / "ssh"
+    fake.write_text(f'#!/bin/sh\nshift 3\ncd {tmp_path} && exec sh -c "$1"\n')
+    fake.chmod(0o755)
+    job = SSHJob(hosts=["127.0.0.1"], ssh=[str(fake), "-T", "-o"], env_setup="false")
+    failed = r"on '127.0.0.1' failed \(97\).*env_setup failed: false"
+    with pytest.raises(MeshUsageError, match=failed):
+        job.apply(cached_path=str(tmp_path / "job.json"))
+    assert not (tmp_path / ".monarch_nb").exists()  # the key was never written there

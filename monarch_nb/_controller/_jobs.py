@@ -30,7 +30,7 @@ from typing import Any
 
 from .._common import _keys
 from .._common._errors import MeshUsageError
-from ._launchers import attach
+from ._launchers import attach, host_prelude
 from ._proc_mesh import HostMesh, this_host
 from ._process_group import START_TIMEOUT_S
 
@@ -256,7 +256,10 @@ class SSHJob(JobTrait):
     Monarch's form works too: ``SSHJob(python_exe=, ssh_args=)`` then
     ``job.add_mesh("trainers", ["node1", "node2"])``. The key file reaches
     each host on ssh's stdin (written there mode 0600, removed by ``kill()``);
-    each agent listens on its host's name as ssh was given it.
+    each agent listens on its host's name as ssh was given it. ``python`` (an
+    interpreter or a venv's directory on the hosts) and ``env_setup`` (shell
+    commands run before the agent, e.g. ``"source /opt/env.sh"``) as for
+    :func:`~monarch_nb.ssh_hosts`.
     """
 
     kind = "ssh"
@@ -267,6 +270,7 @@ class SSHJob(JobTrait):
         meshes: Mapping[str, int] | None = None,
         *,
         python: str | None = None,
+        env_setup: str | None = None,
         ssh: Sequence[str] = ("ssh", "-T", "-o", "BatchMode=yes"),
         ssh_options: Sequence[str] = (),
         python_exe: str | None = None,
@@ -285,6 +289,7 @@ class SSHJob(JobTrait):
                 f"hosts= names {len(self.hosts)}"
             )
         self.python = python or python_exe or sys.executable
+        self.env_setup = env_setup
         self.ssh = list(ssh)
         self.ssh_options = [*ssh_options, *ssh_args]
 
@@ -300,19 +305,21 @@ class SSHJob(JobTrait):
             "hosts": self.hosts,
             "meshes": self.meshes,
             "python": self.python,
+            "env_setup": self.env_setup,
             "ssh": self.ssh,
             "ssh_options": self.ssh_options,
         }
 
     def _remote_start(self, host: str, index: int, remote_key: str) -> str:
         name = host.rpartition("@")[2]
-        python = shlex.quote(self.python)
         free = 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
-        port = f"$({python} -c {shlex.quote(free)})"
         listen = f"tcp://{name}:$PORT"
+        # env_setup first: if it fails, the key (on stdin) is never written there.
         return (
-            f"umask 077; mkdir -p $(dirname {remote_key}); cat > {remote_key}; PORT={port}; "
-            f"setsid nohup {python} -m monarch_nb.agent --listen {listen} "
+            host_prelude(self.python, self.env_setup)
+            + f"umask 077; mkdir -p $(dirname {remote_key}); cat > {remote_key}; "
+            + f'PORT=$("$p" -c {shlex.quote(free)}); '
+            f'setsid nohup "$p" -m monarch_nb.agent --listen {listen} '
             f"--key-file {remote_key} --host-index {index} </dev/null >/dev/null 2>&1 & "
             'echo "$PORT $!"'
         )

@@ -76,18 +76,22 @@ def ssh_hosts(
 
 
 def agent_command(python: str | None, env_setup: str | None) -> str:
-    """The remote shell command that starts a host's agent: ``python`` may name an
-    interpreter or a virtual environment's directory on that host; ``env_setup``
-    runs first, in the same shell, and its failure stops the start (saying so)."""
+    """The remote shell command that starts a host's agent (see :func:`host_prelude`)."""
+    return host_prelude(python, env_setup) + 'exec "$p" -m monarch_nb.agent'
+
+
+def host_prelude(python: str | None, env_setup: str | None) -> str:
+    """Shell lines run on a host before its agent: ``env_setup`` first (what it
+    exports, the agent and its workers inherit; its failure stops the start,
+    saying so), then ``$p`` set to the interpreter: ``python`` may name one or a
+    virtual environment's directory on that host (default: this one's path, as
+    on a shared file system). Every launcher starts its agents after these."""
     interpreter = shlex.quote(python or sys.executable)
-    start = (
-        f'p={interpreter}; if [ -d "$p" ]; then p="$p/bin/python"; fi; '
-        'exec "$p" -m monarch_nb.agent'
-    )
+    pick = f'p={interpreter}; if [ -d "$p" ]; then p="$p/bin/python"; fi\n'
     if not env_setup:
-        return start
+        return pick
     failed = shlex.quote(f"monarch_nb: env_setup failed: {env_setup}")
-    return f"{env_setup} || {{ echo {failed} >&2; exit 97; }}\n{start}"
+    return f"{env_setup} || {{ echo {failed} >&2; exit 97; }}\n{pick}"
 
 
 def slurm_hosts(
@@ -100,6 +104,7 @@ def slurm_hosts(
     srun: Sequence[str] = ("srun",),
     srun_args: Sequence[str] = (),
     python: str | None = None,
+    env_setup: str | None = None,
     bind: str | None = None,
     heartbeat_timeout: float = HOST_TIMEOUT_S,
     timeout: float = START_TIMEOUT_S,
@@ -110,8 +115,9 @@ def slurm_hosts(
     Inside an allocation (``salloc``, ``sbatch``) srun uses it; outside, srun
     asks for one (``partition``, ``gpus_per_node``, ``time_limit``, ``account``,
     anything else in ``srun_args``) and waits for it, up to ``timeout`` s. The
-    keys go to every agent on srun's stdin. ``bind``: this machine's address
-    the nodes connect back to (default: the address of its default route).
+    keys go to every agent on srun's stdin. ``python`` and ``env_setup`` as for
+    :func:`ssh_hosts`, on every node. ``bind``: this machine's address the nodes
+    connect back to (default: the address of its default route).
     """
     if not isinstance(nodes, int) or nodes < 1:
         raise MeshUsageError(f"slurm_hosts(nodes=...) needs a positive int, got {nodes!r}")
@@ -139,7 +145,7 @@ def slurm_hosts(
     ):
         if value is not None:
             argv.append(f"{flag}={value}")
-    argv += [*srun_args, python or sys.executable, "-m", "monarch_nb.agent"]
+    argv += [*srun_args, "sh", "-c", agent_command(python, env_setup)]
     boot = json.dumps(agents.bootstrap(endpoint, None)).encode() + b"\n"
     every = agents.agents
     return _started(agents, lambda: agents.start_process("srun", argv, [boot], every), timeout)

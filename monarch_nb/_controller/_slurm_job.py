@@ -20,6 +20,7 @@ from typing import Any
 
 from .._common._errors import MeshFailure, MeshUsageError
 from ._jobs import JobTrait, _attach_when_listening, _meshes
+from ._launchers import host_prelude
 from ._proc_mesh import HostMesh
 
 _ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
@@ -41,6 +42,7 @@ class SlurmJob(JobTrait):
         account: str | None = None,
         sbatch_args: Sequence[str] = (),
         python: str | None = None,
+        env_setup: str | None = None,
         port: int | None = None,
     ) -> None:
         super().__init__()
@@ -49,6 +51,7 @@ class SlurmJob(JobTrait):
         self.time_limit, self.account = time_limit, account
         self.sbatch_args = list(sbatch_args)
         self.python = python or sys.executable
+        self.env_setup = env_setup
         # One port for every agent of the job; the node picks none, so it is saved.
         self.port = port or random.randrange(20000, 40000)
 
@@ -61,6 +64,7 @@ class SlurmJob(JobTrait):
             "account": self.account,
             "sbatch_args": self.sbatch_args,
             "python": self.python,
+            "env_setup": self.env_setup,
             "port": self.port,
         }
 
@@ -79,8 +83,8 @@ class SlurmJob(JobTrait):
             if value is not None:
                 lines.append(f"#SBATCH {flag}={value}")
         lines += [f"#SBATCH {arg}" for arg in self.sbatch_args]
-        agent = (
-            f"exec {shlex.quote(self.python)} -m monarch_nb.agent "
+        agent = host_prelude(self.python, self.env_setup) + (
+            'exec "$p" -m monarch_nb.agent '
             f"--listen tcp://0.0.0.0:{self.port} --key-file {shlex.quote(key_file)} "
             "--host-index $SLURM_NODEID"
         )

@@ -8,7 +8,10 @@ They skip, saying why, where the machine cannot provide them (not root, no
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from cluster import NetnsCluster, unavailable_reason
@@ -84,3 +87,24 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     _require_slurm()
     with NetnsCluster(2) as hosts, SlurmCluster(hosts) as slurm:
         yield slurm
+
+
+@pytest.fixture
+def host_venv(tmp_path) -> Path:
+    """A virtual environment with this interpreter's packages (monarch_nb among
+    them), for ``python=`` on the hosts, which share this file system."""
+    venv = tmp_path / "venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    return venv
+
+
+@pytest.fixture
+def env_script(tmp_path) -> Path:
+    """A shell file for ``env_setup`` that exports MNB_FROM_ENV_SETUP=loaded."""
+    setup = tmp_path / "env.sh"
+    setup.write_text("export MNB_FROM_ENV_SETUP=loaded\n")
+    return setup

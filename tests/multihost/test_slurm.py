@@ -38,14 +38,18 @@ def test_slurm_mesh_ranks_run_on_their_nodes(
     for name, value in slurm_cluster.env.items():
         monkeypatch.setenv(name, value)  # what srun needs to find the cluster
     hosts = slurm_hosts(
-        2, partition=slurm_cluster.partition, bind=slurm_cluster.hosts.controller_address
+        2,
+        partition=slurm_cluster.partition,
+        bind=slurm_cluster.hosts.controller_address,
+        env_setup="export MNB_FROM_ENV_SETUP=node-$SLURM_NODEID",  # runs on each node
     )
     try:
         with hosts.spawn_procs({"procs": 1}) as procs:
             found = procs.run(
-                "import os, socket; (socket.gethostname(), os.environ['SLURM_NODEID'])"
+                "import os, socket\nenv = os.environ\n"
+                "(socket.gethostname(), env['SLURM_NODEID'], env['MNB_FROM_ENV_SETUP'])"
             )
-            assert list(found.values()) == [("host0", "0"), ("host1", "1")]
+            assert list(found.values()) == [("host0", "0", "node-0"), ("host1", "1", "node-1")]
     finally:
         hosts.shutdown()
     # The job ended with the mesh: no agent or worker is left on the nodes

@@ -24,9 +24,14 @@ def test_apply_returns_while_queued_and_state_attaches_once_running(
         ["sbatch", "--parsable", "--exclusive", "-N2", "-o", "/dev/null", "--wrap", "sleep 600"],
         check=True,
     ).stdout.strip()
-    job = SlurmJob(meshes={"trainers": 2}, partition=slurm_cluster.partition)
+    job = SlurmJob(
+        meshes={"trainers": 2},
+        partition=slurm_cluster.partition,
+        env_setup="export MNB_FROM_ENV_SETUP=loaded",
+    )
     assert "#SBATCH --nodes=2" in job.script()
     assert "-m monarch_nb.agent --listen tcp://0.0.0.0:" in job.script()
+    assert "export MNB_FROM_ENV_SETUP=loaded ||" in job.script()  # shown before sbatch
     path = str(tmp_path / "job.json")
     try:
         started = time.monotonic()
@@ -39,8 +44,10 @@ def test_apply_returns_while_queued_and_state_attaches_once_running(
         slurm_cluster.run(["scancel", holder], check=True)
         state = job.state(cached_path=path, timeout=120)
         with state.trainers.spawn_procs(per_host={"procs": 1}) as procs:
-            found = procs.run("import socket; socket.gethostname()")
-            assert sorted(found.values()) == ["host0", "host1"]
+            found = procs.run(
+                "import os, socket\n(socket.gethostname(), os.environ['MNB_FROM_ENV_SETUP'])"
+            )
+            assert sorted(found.values()) == [("host0", "loaded"), ("host1", "loaded")]
     finally:
         slurm_cluster.run(["scancel", holder])
         job.kill()

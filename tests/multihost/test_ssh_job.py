@@ -47,3 +47,22 @@ def test_ssh_job_meshes_reattach_and_kill(cluster2, monkeypatch, tmp_path) -> No
         time.sleep(0.1)
         left = [p for i in (0, 1) for p in cluster2.pids(i) if p in pids.values()]
     assert left == []
+
+
+def test_ssh_job_runs_env_setup_and_a_venv_on_each_host(
+    cluster2, monkeypatch, tmp_path, host_venv, env_script
+) -> None:
+    monkeypatch.setenv("MONARCH_NB_BIND", cluster2.controller_address)
+    job = SSHJob(
+        hosts=cluster2.hosts,
+        python=str(host_venv),
+        env_setup=f". {env_script}",
+        ssh_options=cluster2.ssh_options,
+    )
+    try:
+        state = job.state(cached_path=str(tmp_path / "job.json"), timeout=180)
+        with state.hosts.spawn_procs(per_host={"procs": 1}) as procs:
+            seen = procs.run("import os, sys\n(os.environ['MNB_FROM_ENV_SETUP'], sys.prefix)")
+        assert list(seen.values()) == [("loaded", str(host_venv))] * 2
+    finally:
+        job.kill()

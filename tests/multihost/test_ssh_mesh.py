@@ -253,22 +253,14 @@ def test_sync_workspace_says_what_it_cannot_send(hosts, tmp_path):
         hosts.sync_workspace(str(tmp_path / "missing"))
 
 
-def test_env_setup_runs_before_the_agent_and_python_may_name_a_venv(cluster2, tmp_path):
-    import subprocess
-
-    venv = tmp_path / "venv"  # with this interpreter's packages (monarch_nb among them)
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True,
-        timeout=120,
-    )
-    setup = tmp_path / "env.sh"
-    setup.write_text("export MNB_FROM_ENV_SETUP=loaded\n")
-    hosts = start_hosts(cluster2, python=str(venv), env_setup=f"source {setup}")
+def test_env_setup_runs_before_the_agent_and_python_may_name_a_venv(
+    cluster2, host_venv, env_script
+):
+    hosts = start_hosts(cluster2, python=str(host_venv), env_setup=f"source {env_script}")
     try:
         with hosts.spawn_procs({"procs": 1}) as procs:
             seen = procs.run("import os, sys\n(os.environ['MNB_FROM_ENV_SETUP'], sys.prefix)")
-        assert list(seen.values()) == [("loaded", str(venv))] * 2
+        assert list(seen.values()) == [("loaded", str(host_venv))] * 2
     finally:
         hosts.shutdown()
 
