@@ -14,7 +14,10 @@ used (its I/O thread, the dashboard's thread, ipykernel). Windows:
   (N x 4 output events a second) while a ``%%mesh`` cell holds the kernel.
 
 Each window is measured first without a dashboard (the baseline: the same
-mesh, the same cell), then with one, and printed as a ratio.
+mesh, the same cell), then with one, and printed as a ratio. The dashboard
+draws its history too: a CPU sparkline per tile and the chart of the 8
+busiest ranks, refreshed each second from the telemetry the controller keeps
+(the ranks have heartbeated for a while when the windows start).
 """
 
 from __future__ import annotations
@@ -103,11 +106,15 @@ def measure(ranks: int = 256, seconds: float = 5.0) -> list[Row]:
     rows: list[Row] = []
     try:
         kernel.run("%load_ext monarch_nb")
-        kernel.run(f"%mesh start --procs {ranks} --no-dashboard")
+        kernel.run(f"%mesh start --procs {ranks} --no-dashboard --force")
         kernel.run("%%mesh\n1")  # every rank up and answering
         for dashboard in (False, True):
             if dashboard:
-                kernel.run("%mesh dashboard")
+                # Shown, and its chart made (bqplot imported) before a window starts.
+                kernel.run(
+                    "from monarch_nb import current_mesh\nd = current_mesh().dashboard()\n"
+                    "display(d)\nassert d.wait_until(lambda d: d.chart is not None, 120)"
+                )
             for window, template in WINDOWS.items():
                 code = template.format(seconds=seconds, ticks=int(seconds * 4))
                 comms, size, wall, cpu = kernel.run(code)

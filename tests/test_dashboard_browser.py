@@ -76,3 +76,51 @@ def test_dashboard_shows_a_killed_rank_dead_with_its_signal(
     assert len(set(heights)) == 1  # a dead tile is as tall as an idle one
     assert "rank 0 failed" in survivor  # its last cell raised; its process lives on
     assert "dead" not in survivor
+
+
+SPINNING = [
+    "%load_ext monarch_nb",
+    "%mesh start --procs 2",
+    # Rank 1 spins for a while; rank 0 sleeps: the cell keeps the kernel busy.
+    "%%mesh\nimport time\nend = time.monotonic() + 90\n"
+    "while rank == 1 and time.monotonic() < end:\n    pass\ntime.sleep(0 if rank == 1 else 90)",
+    "%mesh stop",
+]
+_SPARK = ".mnb-dashboard .mnb-tile[data-rank='{}'] .mnb-spark"
+_LEVEL = """sel => {
+    const spark = document.querySelector(sel);
+    if (!spark) return -1;
+    return Math.max(...[...spark.innerText].map(c => '▁▂▃▄▅▆▇█'.indexOf(c)));
+}"""
+
+
+def test_sparklines_and_the_chart_move_while_a_cell_runs(tmp_path: Path) -> None:
+    wait = {"timeout": 90_000}
+    served = served_notebook(tmp_path, SPINNING, name="sparklines.ipynb")
+    with served as url, notebook_page(url) as page:
+        page.keyboard.press("Shift+Enter")  # %mesh start: the dashboard
+        page.wait_for_selector(_SPARK.format(1), **wait)  # two heartbeats in
+        before = page.inner_text(_SPARK.format(1))
+        page.keyboard.press("Shift+Enter")  # the spinning cell
+        page.wait_for_selector(".jp-Cell .jp-InputPrompt:has-text('[*]')", **wait)
+        # Rank 1's sparkline climbs while rank 0's stays low, and the chart
+        # (bqplot, in its own SVG) draws a line per rank.
+        page.wait_for_function(
+            f"() => ({_LEVEL})(`{_SPARK.format(1)}`) >= 2"
+            f" && ({_LEVEL})(`{_SPARK.format(1)}`) > ({_LEVEL})(`{_SPARK.format(0)}`)",
+            **wait,
+        )
+        page.wait_for_selector(".mnb-dashboard .mnb-chart svg .curve path.line", **wait)
+        during = page.inner_text(_SPARK.format(1))
+        still_running = page.locator(".jp-Cell .jp-InputPrompt:has-text('[*]')").count()
+        lines = page.locator(".mnb-dashboard .mnb-chart svg .curve path.line").count()
+        legend = page.text_content(".mnb-dashboard .mnb-chart svg .g_legend") or ""
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = tmp_path / "sparklines.png"
+        page.locator(".mnb-dashboard").screenshot(path=str(shot))
+        shutil.copy(shot, ARTIFACTS / "sparklines.png")
+    assert during != before
+    assert still_running == 1  # it moved while the cell held the kernel
+    assert lines >= 2
+    assert "rank 0" in legend
+    assert "rank 1" in legend

@@ -267,3 +267,13 @@ def test_plain_terminal_ipython_shows_text(tmp_path):
     assert re.search(r"CellError: %%mesh cell \[[\d.]+\] failed on rank\(s\) 1", text)
     assert "    1 / (rank - 1)" in text  # the cell's own source line, from the rank
     assert "mesh 'mesh' stopped" in text
+
+
+def test_too_many_ranks_per_cpu_say_how_to_mean_it(kernel):
+    before = sorted(kernel.worker_pids())
+    reply = kernel.execute("%mesh start --procs 100000 --name toomany")
+    assert reply.status == "error"
+    assert "starts 100000 processes per host, more than 64 per CPU" in reply.text()
+    assert "%mesh start --force" in reply.text()
+    assert sorted(kernel.worker_pids()) == before  # nothing was started
+    assert "--force" in kernel.ok("%mesh?").content["payload"][0]["data"]["text/plain"]

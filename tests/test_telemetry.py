@@ -134,3 +134,24 @@ def test_without_pandas_the_error_says_what_to_do(procs2, monkeypatch) -> None:
     with pytest.raises(ImportError, match=r"pip install pandas.*records=True"):
         procs2.telemetry()
     assert isinstance(procs2.telemetry(records=True), list)
+
+
+def test_series_are_each_ranks_newest_points_and_metrics_are_listed(procs2) -> None:
+    procs2.run(LOG_FIVE_STEPS, timeout=60)
+    series = read_until(
+        lambda: procs2.telemetry_series("loss", points=3),
+        lambda s: all(len(rows) == 3 for rows in s.values()),
+        60,
+        "three loss points of each rank",
+    )
+    assert sorted(series) == [0, 1]
+    assert [r.step for r in series[1]] == [2, 3, 4]  # the newest three, oldest first
+    assert [r.value for r in series[1]] == pytest.approx([1 / 4, 1 / 5, 1 / 6])
+    assert list(procs2.slice(procs=1).telemetry_series("loss", 2)) == [1]
+    assert procs2.telemetry_series("loss", 2, ranks=[0])[0][-1].step == 4
+    names = procs2.telemetry_metrics()
+    assert names.index("rss_bytes") < names.index("loss")  # resources first
+    with pytest.raises(ValueError, match=r"\[7\] not in this mesh \(its ranks: 0-1\)"):
+        procs2.telemetry_series("loss", ranks=[0, 7])
+    with pytest.raises(ValueError, match=r"telemetry_series\(points=0\)"):
+        procs2.telemetry_series("loss", points=0)

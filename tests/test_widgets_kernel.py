@@ -245,3 +245,39 @@ def test_the_dashboard_follows_the_mesh_across_restarts(kernel: Kernel) -> None:
     reply, outputs, _ = run_collecting_comms(kernel, "%mesh restart", timeout=90)
     assert reply.status == "ok"
     assert any(WIDGET_VIEW in data for data in displays(outputs))
+
+
+def test_tiles_draw_a_sparkline_and_the_chart_a_line_per_rank(kernel: Kernel) -> None:
+    kernel.ok("%mesh start --procs 3 --name history")
+    kernel.ok("from monarch_nb import current_mesh\nd = current_mesh().dashboard()")
+    # Rank 1 spins for a few heartbeats; the others sleep; then each logs a loss.
+    kernel.ok(
+        "%%mesh\nimport time, monarch_nb\nend = time.monotonic() + 4\n"
+        "while rank == 1 and time.monotonic() < end:\n    pass\n"
+        "time.sleep(0 if rank == 1 else 4)\n"
+        "for step in range(6):\n    monarch_nb.log_metric('loss', 1 / (step + 1 + rank), step=step)"
+    )
+    code = (
+        "import re\n"
+        "def level(rank):  # the highest block of the rank's cpu sparkline, 0-7\n"
+        "    found = re.search(r'mnb-spark[^>]*>cpu ([^<]*)<', d.grid.tile(rank))\n"
+        "    return max('▁▂▃▄▅▆▇█'.find(c) for c in found.group(1)) if found else -1\n"
+        "busy = lambda d: level(1) >= 2 and 0 <= level(0) < level(1)\n"
+        "print(d.wait_until(lambda d: busy(d) and d.chart and d.chart.sent, timeout=30))\n"
+        "print(d.chart.lines.labels, d.chart.value_axis.label)\n"
+        "print(d.wait_until(lambda d: 'loss' in d.metric_picker.options, timeout=30))\n"
+        "d.metric_picker.value = 'loss'\n"
+        "print(d.wait_until(lambda d: all('loss ' in d.grid.tile(r) for r in range(3))\n"
+        "                   and len(d.chart.lines.labels) == 3, timeout=30))\n"
+        "print(d.chart.lines.x.tolist()[0], d.chart.lines.y[2].round(3).tolist())\n"
+        "print(d.chart.value_axis.label, d.grid.tile(0).count('mnb-spark'))\n"
+        "d.close()"
+    )
+    lines = plain(kernel.ok(code, timeout=120).stream("stdout")).splitlines()
+    assert lines[0] == "True"
+    assert lines[1] == "['rank 0', 'rank 1', 'rank 2'] cpu_percent"
+    assert lines[2] == "True"
+    assert lines[3] == "True"
+    # A logged metric is drawn along its steps, a line per rank.
+    assert lines[4] == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0] [0.333, 0.25, 0.2, 0.167, 0.143, 0.125]"
+    assert lines[5] == "loss 1"

@@ -22,7 +22,9 @@ from monarch_nb.events import (
     RankStateChanged,
 )
 from monarch_nb.magics._render import NotebookMeshStatus, render_status
+from monarch_nb.widgets._chart import chart_ranks
 from monarch_nb.widgets._model import DashboardFeed, FailureLog, Throttle, parse_progress
+from monarch_nb.widgets._sparks import spark_html, sparkline
 from monarch_nb.widgets._text import failures_html, render_text, tile_html
 
 pytestmark = pytest.mark.timeout(10)
@@ -284,5 +286,23 @@ def test_every_tile_has_the_same_fixed_height() -> None:
         tile_html(rank_status(1, RankState.DEAD, returncode=-9, failure="killed " * 40)),
     ]
     heights = {tile.split("height:calc(", 1)[1].split(")", 1)[0] for tile in tiles}
-    assert heights == {"7 * 1.3em + 6px"}
+    assert heights == {"8 * 1.3em + 6px"}
     assert all("overflow:hidden" in tile for tile in tiles)
+
+
+def test_sparklines_draw_resources_from_zero_and_logged_metrics_in_their_range() -> None:
+    assert sparkline("cpu_percent", [0.4, 0.6, 0.5]) == "▁▁▁"  # idle: low, and stable
+    assert sparkline("cpu_percent", [0.0, 50.0, 100.0])[-1] == "█"
+    assert sparkline("rss_bytes", [40e6, 40.1e6]) == "██"  # flat memory is not a wave
+    assert sparkline("loss", [2.0, 1.0, 0.5]) == "█▃▁"  # a loss: its own range
+    assert sparkline("loss", [1.0]) == ""  # nothing to draw from one point
+    row = spark_html("my <metric>", [1.0, 2.0])
+    assert 'data-metric="my &lt;metric&gt;"' in row
+    assert row.endswith(">my &lt;metr ▁█</span>")  # the name is escaped and cut to 8
+    assert 'class="mnb-spark"' in tile_html(rank_status(0), spark=spark_html("loss", [1, 2]))
+
+
+def test_the_chart_draws_every_rank_up_to_its_limit_then_the_highest() -> None:
+    assert chart_ranks({2: 1.0, 0: 5.0, 1: 3.0}) == [0, 1, 2]
+    latest = {rank: float(rank % 5) for rank in range(20)}  # 4 at ranks 4, 9, 14, 19
+    assert chart_ranks(latest, limit=6) == [3, 4, 8, 9, 14, 19]

@@ -18,6 +18,7 @@ from .._common import _logs, _refs, _workspace
 from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
+from .._common._fold import format_ranks
 from .._common._future import Future, completed
 from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
@@ -261,6 +262,32 @@ class ProcMesh(MeshShape):
             self._shape.ranks, time.time() - 60.0 * minutes, metrics
         )
         return rows if records else _telemetry.as_dataframe(rows)
+
+    def telemetry_series(
+        self, metric: str, points: int = 24, *, ranks: Iterable[int] | None = None
+    ) -> dict[int, list[TelemetrySample]]:
+        """The last ``points`` values of ``metric`` of each rank (of ``ranks``, mesh
+        ranks, if given), oldest first.
+
+        Cheap enough to poll every second on hundreds of ranks (it reads each
+        rank's newest rows only): what the dashboard's sparklines and chart draw.
+        """
+        if points <= 0:
+            raise ValueError(f"telemetry_series(points={points!r}): give a positive count")
+        history = self._group.telemetry
+        wanted = self._shape.ranks if ranks is None else list(ranks)
+        unknown = sorted(set(wanted) - set(self._shape.ranks))
+        if unknown:
+            raise ValueError(
+                f"telemetry_series(ranks=...): {unknown} not in this mesh "
+                f"(its ranks: {format_ranks(self._shape.ranks)})"
+            )
+        return {rank: history.recent(rank, metric, points) for rank in wanted}
+
+    def telemetry_metrics(self) -> list[str]:
+        """The metric names some rank has reported: resources first, then the ones
+        ranks logged with ``monarch_nb.log_metric``."""
+        return self._group.telemetry.metric_names()
 
     def output_tail(self, rank: int) -> list[Output]:
         """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""
@@ -709,7 +736,7 @@ class HostMesh:
             raise MeshUsageError(
                 f"spawn_procs(per_host={per_host!r}) starts {per_host_total} processes per "
                 f"host, more than {MAX_PROCS_PER_CPU} per CPU here ({limit}); if you mean "
-                "it, pass force=True"
+                "it, pass force=True (in a notebook: %mesh start --force)"
             )
         if not isinstance(name, str) or not name:
             raise MeshUsageError(f"name must be a non-empty str, got {name!r}")

@@ -33,6 +33,10 @@ class TelemetrySample(NamedTuple):
     step: int | None  # the step given to log_metric, None for resources
 
 
+# What every heartbeat carries (GPU ones only from ranks that use a GPU).
+RESOURCES = ("cpu_percent", "rss_bytes", "gpu_memory_allocated", "gpu_utilization")
+
+
 def window_minutes() -> float:
     """``MONARCH_NB_TELEMETRY_MINUTES`` (``configure(telemetry_minutes=30)``), at
     least a few seconds."""
@@ -46,6 +50,7 @@ class TelemetryHistory:
         self.minutes = window_minutes() if minutes is None else minutes
         self._lock = threading.Lock()
         self._rows: dict[int, deque[TelemetrySample]] = {}
+        self._names: set[str] = set()  # every metric seen, kept as rows come and go
 
     def add_heartbeat(
         self,
@@ -75,6 +80,7 @@ class TelemetryHistory:
             if kept is None:
                 kept = self._rows[rank] = deque(maxlen=MAX_ROWS_PER_RANK)
             kept.extend(rows)
+            self._names.update(row.metric for row in rows)
             while kept and kept[0].time < horizon:
                 kept.popleft()
 
@@ -93,6 +99,27 @@ class TelemetryHistory:
             ]
         rows.sort(key=lambda row: (row.time, row.rank))
         return rows
+
+    def recent(self, rank: int, metric: str, count: int) -> list[TelemetrySample]:
+        """The last ``count`` rows of one metric of one rank, oldest first.
+
+        Reads from the newest end, so a dashboard asking every second for a few
+        points of each of 256 ranks costs a few rows per point, not the window."""
+        found: list[TelemetrySample] = []
+        with self._lock:
+            for row in reversed(self._rows.get(rank, ())):
+                if row.metric == metric:
+                    found.append(row)
+                    if len(found) >= count:
+                        break
+        found.reverse()
+        return found
+
+    def metric_names(self) -> list[str]:
+        """Every metric name some rank has had a row of, resources first."""
+        with self._lock:
+            names = set(self._names)
+        return [n for n in RESOURCES if n in names] + sorted(names - set(RESOURCES))
 
 
 def as_dataframe(rows: list[TelemetrySample]) -> Any:

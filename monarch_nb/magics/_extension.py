@@ -130,6 +130,7 @@ class MeshMagics(Magics):
             env=_options.parse_env(args.env),
             ordered=args.ordered,
             hosts=_options.hosts_starter(args),
+            force=args.force,
         )
         if args.no_dashboard:
             display(_render.StatusView([mesh.status()]))

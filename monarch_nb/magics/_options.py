@@ -43,6 +43,11 @@ def _selection_options(func: Any) -> Any:
 )
 @argument("--ordered", action="store_true", help="order every cell's output by rank")
 @argument(
+    "--force",
+    action="store_true",
+    help="start more than 64 ranks per CPU on a host (a benchmark of many light ranks)",
+)
+@argument(
     "--env", metavar="K=V", nargs="+", default=[], help="extra environment variables of the ranks"
 )
 @argument("--name", metavar="NAME", help="name of the mesh (default: mesh, mesh2, ...)")

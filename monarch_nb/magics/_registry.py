@@ -415,9 +415,11 @@ class MeshRegistry:
         env: Mapping[str, str] | None = None,
         ordered: bool = False,
         hosts: Callable[[], HostMesh] | None = None,
+        force: bool = False,
     ) -> NotebookMesh:
         """Start a mesh of ``procs`` CPU ranks or ``gpus`` GPU ranks on this host, or
-        per host of what ``hosts()`` starts (``--ssh``, ``--slurm``, ``--attach``)."""
+        per host of what ``hosts()`` starts (``--ssh``, ``--slurm``, ``--attach``);
+        ``force``: past the sanity limit of ranks per CPU (``--force``)."""
         if procs is not None and gpus is not None:
             raise MeshUsageError("give procs or gpus, not both")
         if dist is not None and dist not in DIST_BACKENDS:
@@ -433,7 +435,7 @@ class MeshRegistry:
         host_mesh = hosts() if hosts is not None else None
         try:
             procs_mesh = (host_mesh or this_host()).spawn_procs(
-                per_host=per_host, env=dict(env or {}), name=name, echo_output=False
+                per_host=per_host, env=dict(env or {}), name=name, echo_output=False, force=force
             )
         except BaseException:
             if host_mesh is not None:

@@ -31,13 +31,17 @@ from .._controller._events import (
 from .._controller._status import MeshState
 from .._controller._timeline import Straggler
 from ..magics._render import NotebookMeshStatus, render_status_html
+from ._chart import CHART_POINTS, MetricChart, chart_ranks
 from ._model import DashboardFeed, FailureLog, FailureRecord, Progress, Throttle
+from ._sparks import SPARK_POINTS, SPARK_POINTS_COMPACT, spark_html
 from ._text import as_notebook_status, failures_html, render_text
 
 MIN_INTERVAL_S = 0.1  # at most ~10 redraws a second
 REFRESH_S = 1.0  # heartbeat ages and resources, even when no event is urgent
 STRAGGLERS_EVERY_S = 1.0  # the timeline is read this often, not on every redraw
 STRAGGLER_MINUTES = 5.0  # how far back the calls that mark a straggler may lie
+HISTORY_EVERY_S = 1.0  # sparklines and the chart: new points come once a heartbeat
+DEFAULT_METRIC = "cpu_percent"
 _WATCHED = (RankStateChanged, RankFailed, MeshFailed, CallStarted, CallFinished, Output, Heartbeat)
 
 
@@ -97,7 +101,24 @@ class Dashboard:
                 str(line) for line in procs.logs(ranks=[rank], grep=grep, tail=TAIL_LINES)
             ],
         )
-        self.widget = w.VBox([self.header, self.grid.widget, self.failures.widget])
+        # The metric the tiles' sparklines and the chart show; options grow as
+        # ranks log metrics of their own.
+        self.metric = DEFAULT_METRIC
+        self.metric_picker = w.Dropdown(
+            options=[DEFAULT_METRIC, "rss_bytes"],
+            value=DEFAULT_METRIC,
+            description="metric",
+            layout=w.Layout(width="auto"),
+        )
+        self.metric_picker.observe(self._pick_metric, names="value")
+        self.chart: MetricChart | None = None
+        self.chart_box = w.VBox()  # the chart arrives with the first history refresh
+        self.sparks: dict[int, str] = {}
+        self._spark_keys: dict[int, tuple[Any, str]] = {}
+        self._history_at = time.monotonic()  # the first refresh after a heartbeat
+        self.history = w.VBox([self.metric_picker, self.chart_box])
+        self.history.add_class("mnb-history")
+        self.widget = w.VBox(self._sections())
         self.widget.add_class("mnb-dashboard")
         self.draws = 0
         self.status: NotebookMeshStatus | None = None
@@ -113,6 +134,9 @@ class Dashboard:
             target=self._run, name=f"monarch_nb dashboard {procs.name}", daemon=True
         )
         self._thread.start()
+
+    def _sections(self) -> list[Any]:
+        return [self.header, self.grid.widget, self.history, self.failures.widget]
 
     # -- what it shows ------------------------------------------------------------------
 
@@ -156,7 +180,8 @@ class Dashboard:
         with self.widget.hold_sync():
             if self.header.value != headline:
                 self.header.value = headline
-            self.grid.update(status.ranks, progress, self._stragglers())
+            self._refresh_history()
+            self.grid.update(status.ranks, progress, self._stragglers(), self.sparks)
             self.failures.update(failures)
         with self._drawn:
             self.status, self.progress, self.failure_records = status, progress, failures
@@ -177,6 +202,58 @@ class Dashboard:
                 self.stragglers = {}
         return self.stragglers
 
+    def _pick_metric(self, change: dict[str, Any]) -> None:
+        self.metric = change["new"]
+        self._history_at = 0.0  # redraw sparklines and chart with the next draw
+        self.feed.wake.set()
+
+    def _refresh_history(self) -> None:
+        """Sparklines of every rank and the chart, from the telemetry kept on the
+        controller: at most every HISTORY_EVERY_S, on the dashboard's thread."""
+        now = time.monotonic()
+        if now - self._history_at < HISTORY_EVERY_S:
+            return
+        self._history_at = now
+        procs = self.mesh.procs
+        try:
+            points = SPARK_POINTS_COMPACT if self.grid.compact else SPARK_POINTS
+            series = procs.telemetry_series(self.metric, points)
+            names = procs.telemetry_metrics()
+        except Exception:  # a stopped or replaced mesh: keep what is shown
+            return
+        sparks = {}
+        for rank, rows in series.items():
+            # A rank with no new point since the last refresh keeps its line.
+            key = (self.metric, len(rows), rows[-1].time if rows else 0.0)
+            drawn = self._spark_keys.get(rank)
+            if drawn is not None and drawn[0] == key:
+                sparks[rank] = drawn[1]
+            else:
+                sparks[rank] = spark_html(self.metric, [row.value for row in rows])
+                self._spark_keys[rank] = (key, sparks[rank])
+        self.sparks = sparks
+        options = list(dict.fromkeys([*self.metric_picker.options, *names]))
+        if options != list(self.metric_picker.options):
+            self.metric_picker.options = options
+        self._draw_chart(procs, series)
+
+    def _draw_chart(self, procs: Any, series: dict[int, list[Any]]) -> None:
+        if self.chart is None:
+            if self.chart_box.children:  # the note that bqplot is missing
+                return
+            try:
+                self.chart = MetricChart()
+            except ImportError:
+                import ipywidgets as w
+
+                note = "pip install bqplot (or monarch_nb[notebook]) to chart a metric across ranks"
+                self.chart_box.children = [w.HTML(f"<small>{note}</small>")]
+                return
+            self.chart_box.children = [self.chart.widget]
+        latest = {rank: rows[-1].value for rank, rows in series.items() if rows}
+        ranks = chart_ranks(latest)
+        self.chart.draw(self.metric, procs.telemetry_series(self.metric, CHART_POINTS, ranks=ranks))
+
     def _reshape(self, shape: Shape) -> None:
         """The mesh was resized: tiles for its new ranks, and a rank picker of them."""
         from ._tiles import TileGrid
@@ -184,7 +261,9 @@ class Dashboard:
         old, self.grid = self.grid, TileGrid(shape, heartbeat_s=_heartbeat_s())
         self.shape = shape
         self.failures.set_ranks(shape.ranks)
-        self.widget.children = [self.header, self.grid.widget, self.failures.widget]
+        self.sparks, self._spark_keys = {}, {}
+        self._history_at = 0.0
+        self.widget.children = self._sections()
         old.close()
 
     def _run(self) -> None:
@@ -229,6 +308,11 @@ class Dashboard:
         self._subscription.close()
         self.failures.close()
         self.grid.close()
+        if self.chart is not None:
+            self.chart.close()
+        self.metric_picker.close()
+        self.chart_box.close()
+        self.history.close()
         self.header.close()
         self.widget.close()
 

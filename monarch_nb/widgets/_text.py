@@ -117,10 +117,10 @@ def _gpu(rank: RankStatus) -> str:
     return " ".join(parts)
 
 
-# Rows a tile can hold: rank and state, host and pid, work, cpu and rss, GPU,
-# progress or failure, heartbeat or returncode (fewer when compact). Every tile
+# Rows a tile can hold: rank and state, host and pid, work, cpu and rss, the
+# sparkline, GPU, progress or failure, heartbeat or returncode (fewer when compact). Every tile
 # is this tall whatever it shows, so the grid does not jump as bars come and go.
-TILE_ROWS = 7
+TILE_ROWS = 8
 TILE_ROWS_COMPACT = 5
 _BAR_PX = 6
 _ROW = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis"
@@ -133,9 +133,11 @@ def tile_html(
     heartbeat_s: float = 1.0,
     compact: bool = False,
     straggler: Straggler | None = None,
+    spark: str = "",
 ) -> str:
     """One rank's tile, of a fixed height (long rows are cut with an ellipsis);
-    ``straggler``: the rank was much slower than the others on a recent call.
+    ``straggler``: the rank was much slower than the others on a recent call;
+    ``spark``: its sparkline row (HTML, from ``_sparks.spark_html``).
 
     Numbers are rounded so that an idle rank's tile stays the same string from
     one refresh to the next (an unchanged tile sends nothing)."""
@@ -162,6 +164,8 @@ def tile_html(
         rows.append(f"{html.escape(rank.host)} · pid {rank.pid}")
     rows.append(html.escape(_work(rank)))
     rows.append(f"cpu {cpu} · rss {megabytes(rank.rss_bytes)}")
+    if spark:
+        rows.append(spark)
     gpu = _gpu(rank)
     if gpu:
         rows.append(html.escape(gpu))

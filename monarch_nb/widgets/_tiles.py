@@ -64,9 +64,12 @@ class TileGrid:
         ranks: tuple[RankStatus, ...],
         progress: Mapping[int, Progress],
         stragglers: Mapping[int, Straggler] | None = None,
+        sparks: Mapping[int, str] | None = None,
     ) -> None:
+        """Redraw the tiles of ``ranks``; ``sparks``: each rank's sparkline row."""
         changed: set[int] = set()
         stragglers = stragglers or {}
+        sparks = sparks or {}
         for status in ranks:
             row = self._row_of.get(status.rank)
             if row is None:
@@ -77,6 +80,7 @@ class TileGrid:
                 heartbeat_s=self.heartbeat_s,
                 compact=self.compact,
                 straggler=stragglers.get(status.rank),
+                spark=sparks.get(status.rank, ""),
             )
             if self._tiles.get(status.rank) != html:
                 self._tiles[status.rank] = html
