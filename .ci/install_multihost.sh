@@ -15,6 +15,7 @@ declare -A marker=(
     [munge]=/usr/sbin/munged
     [iproute2]=/usr/sbin/ip
     [procps]=/usr/bin/pgrep
+    [rsync]=/usr/bin/rsync  # sync_workspace(transport="rsync") between the hosts
 )
 missing=()
 for pkg in "${!marker[@]}"; do

@@ -44,7 +44,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -361,8 +360,10 @@ class Agent:
         def run() -> None:
             try:
                 path, files, nbytes = _workspace.unpack(request.archive, request.dest)
-            except (OSError, ValueError, tarfile.TarError) as exc:
-                reply = WorkspaceSynced(request.request_id, request.dest, 0, 0, str(exc))
+            except Exception as exc:  # a full disk, no memory: said, not a silent timeout
+                reply = WorkspaceSynced(
+                    request.request_id, request.dest, 0, 0, f"{type(exc).__name__}: {exc}"
+                )
             else:
                 if request.on_path and path not in self.workspaces:
                     self.workspaces.append(path)

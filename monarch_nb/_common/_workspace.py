@@ -75,7 +75,7 @@ def pack(paths: Sequence[str], *, compress: bool = False) -> Packed:
     if len(archive) > MAX_ARCHIVE_BYTES:
         raise ValueError(
             f"sync_workspace: the archive of {list(paths)!r} is {len(archive) >> 20} MiB, "
-            "over the {MAX_ARCHIVE_BYTES >> 20} MiB one message may carry; "
+            f"over the {MAX_ARCHIVE_BYTES >> 20} MiB one message may carry; "
             "sync fewer or smaller paths (data sets belong on the hosts' own storage)"
         )
     return Packed(archive, files, nbytes)

@@ -170,6 +170,8 @@ class HostAgents:
         # bootstrap can connect first under an agent's name. A predictable one let
         # a local user make libzmq abort the controller as it attached.
         self.identity_prefix = f"agent-{secrets.token_hex(16)}-"
+        # ssh_hosts: how ssh reaches each host (by its label), for rsync
+        self.ssh_command: list[str] | None = None
         self.controller = controller
         self.keys = keys or _keys.new_keys()
         # An agent that served an earlier controller (attach: the same key file)

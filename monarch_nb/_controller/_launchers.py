@@ -63,6 +63,7 @@ def ssh_hosts(
     controller = controller or Controller.get()
     bind = bind or _network.source_address_towards(f"tcp://{_hostname(hosts[0])}:22")
     agents = HostAgents(controller, hosts, timeout_s=heartbeat_timeout)
+    agents.ssh_command = [*ssh, *ssh_options]  # sync_workspace's rsync goes the same way
     endpoint = agents.listen(bind)
     remote = agent_command(python, env_setup)
 

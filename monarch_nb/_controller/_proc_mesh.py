@@ -8,6 +8,7 @@ import importlib
 import itertools
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -24,7 +25,7 @@ from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._value_mesh import ValueMesh
-from . import _cells, _data_parallel, _diagnose, _stacks, _telemetry
+from . import _cells, _data_parallel, _diagnose, _rsync, _stacks, _telemetry
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from ._hosts import HostAgents
 
 A = TypeVar("A", bound=Actor)
+_log = logging.getLogger("monarch_nb")
 _actor_ids = itertools.count(1)
 # A sanity limit on processes per host: far beyond it is a typo, not a plan.
 MAX_PROCS_PER_CPU = 64
@@ -645,8 +647,9 @@ class WorkspaceCopy:
 
     host: str
     path: str
-    files: int
+    files: int  # sent this time (rsync sends only what changed)
     nbytes: int
+    transport: str = "agent"  # "agent" (the archive over its link) or "rsync"
 
 
 class HostMesh:
@@ -782,6 +785,7 @@ class HostMesh:
         dest: str | None = None,
         on_path: bool = True,
         compress: bool = False,
+        transport: str = "auto",
         timeout: float = 300.0,
     ) -> list[WorkspaceCopy]:
         """Copy a workspace to every host, for hosts that share no file system
@@ -795,11 +799,20 @@ class HostMesh:
         directory import there. Sync before ``spawn_procs``, and again whenever
         the files change (running processes see the new files; a module they
         already imported needs ``importlib.reload``). ``.git``, ``__pycache__``
-        and ``.ipynb_checkpoints`` are left out; the archive goes over the
-        agents' encrypted link, at most 512 MiB (``compress=True`` gzips it,
-        for slow links: on a fast one compressing costs more than it saves).
-        On ``this_host()`` there is nothing to copy: returns ``[]``.
+        and ``.ipynb_checkpoints`` are left out.
+
+        ``transport``: ``"rsync"`` over the ssh that started the hosts
+        (:func:`~monarch_nb.ssh_hosts`; sends only what changed since the last
+        sync), ``"agent"`` (one archive over the agents' encrypted link, at most
+        512 MiB; ``compress=True`` gzips it, for slow links), or ``"auto"``:
+        rsync where the hosts came from ssh_hosts and rsync is installed here,
+        the agent otherwise or where rsync fails (e.g. a host without it). On ``this_host()``
+        there is nothing to copy: returns ``[]``.
         """
+        if transport not in ("auto", "rsync", "agent"):
+            raise MeshUsageError(
+                f"sync_workspace(transport={transport!r}): use 'auto', 'rsync' or 'agent'"
+            )
         if self._agents is None:
             return []
         if isinstance(paths, str):
@@ -807,12 +820,57 @@ class HostMesh:
         paths = list(paths) if paths is not None else [os.getcwd()]
         if not paths:
             raise MeshUsageError("sync_workspace(paths=[]): name at least one file or directory")
-        packed = _workspace.pack(paths, compress=compress)
         target = dest or _workspace.default_dest(paths)
+        ssh = self._agents.ssh_command
+        if transport == "rsync" and (ssh is None or shutil.which("rsync") is None):
+            raise MeshUsageError(
+                "sync_workspace(transport='rsync') needs hosts started by ssh_hosts() and "
+                "rsync installed here; transport='agent' needs neither"
+            )
+        if transport != "agent" and ssh is not None and shutil.which("rsync") is not None:
+            copies = self._rsync_workspace(ssh, paths, target, on_path, transport, timeout)
+            if copies is not None:
+                return copies
+        packed = _workspace.pack(paths, compress=compress)
         answers = self._agents.sync_workspace(packed.archive, target, on_path, timeout)
         return [
             WorkspaceCopy(host, answer.path, answer.files, answer.nbytes)
             for host, answer in answers
+        ]
+
+    def _rsync_workspace(
+        self,
+        ssh: list[str],
+        paths: list[str],
+        target: str,
+        on_path: bool,
+        transport: str,
+        timeout: float,
+    ) -> list[WorkspaceCopy] | None:
+        """rsync to every host, then tell each agent where the files are (an empty
+        archive); None where "auto" should fall back to the agent."""
+        assert self._agents is not None
+        hosts = [agent.label for agent in self._agents.agents]
+        copied = _rsync.copy_to_hosts(ssh, hosts, paths, target, timeout)
+        failed = [c for c in copied if c.returncode]
+        if failed and transport == "auto":
+            # No rsync on a host, an ssh that cannot carry it: the agents' link
+            # always can (and says what is wrong if the copy itself cannot be made).
+            _log.info(
+                "sync_workspace: rsync failed (%s); sending the archive through the agents",
+                "; ".join(f"{c.host}: {c.error}" for c in failed),
+            )
+            return None
+        if failed:
+            raise OSError(
+                "sync_workspace failed on "
+                + "; ".join(f"{c.host}: rsync exited {c.returncode}: {c.error}" for c in failed)
+            )
+        empty = _workspace.pack([]).archive
+        answers = self._agents.sync_workspace(empty, target, on_path, timeout)
+        return [
+            WorkspaceCopy(host, answer.path, c.files, c.nbytes, "rsync")
+            for (host, answer), c in zip(answers, copied, strict=True)
         ]
 
     def shutdown(self) -> Future[None]:

@@ -12,7 +12,7 @@ import time
 import pytest
 from process_checks import wait_for_exit
 
-from monarch_nb import MeshFailure, RankState, ssh_hosts
+from monarch_nb import MeshFailure, MeshUsageError, RankState, ssh_hosts
 
 HEARTBEAT_TIMEOUT_S = 2.0
 
@@ -217,35 +217,47 @@ def test_actors_on_different_hosts_call_each_other(hosts, request) -> None:
         assert sorted(receiver.recv().get(timeout=120) for _ in range(2)) == [0, 1]
 
 
+@pytest.mark.parametrize("transport", ["rsync", "agent"])
 def test_sync_workspace_ships_a_notebooks_code_to_hosts_without_a_shared_file_system(
-    hosts, cluster2, tmp_path
+    hosts, cluster2, tmp_path, transport
 ):
     project = tmp_path / "project"
+    module = f"shipped_{transport}"  # each its own: both workspaces stay on the path
     (project / "data").mkdir(parents=True)
-    (project / "shipped_helpers.py").write_text("GREETING = 'from the notebook'\n")
+    (project / f"{module}.py").write_text("GREETING = 'from the notebook'\n")
     (project / "data" / "table.csv").write_text("a,b\n1,2\n")
     (project / ".git").mkdir()
     (project / ".git" / "HEAD").write_text("left out\n")
     # Each host sees its own empty tmpfs at private_dir (no shared file system there).
-    dest = os.path.join(cluster2.private_dir, "project")
-    copies = hosts.sync_workspace(str(project), dest=dest)
-    assert [(c.host, c.path, c.files) for c in copies] == [(h, dest, 2) for h in hosts.hosts]
+    dest = os.path.join(cluster2.private_dir, f"project-{transport}")
+    copies = hosts.sync_workspace(str(project), dest=dest, transport=transport)
+    assert [(c.host, c.path, c.files, c.transport) for c in copies] == [
+        (h, dest, 2, transport) for h in hosts.hosts
+    ]
     assert not os.path.exists(dest)  # not on this machine: on each host's own file system
     with hosts.spawn_procs({"procs": 1}) as procs:
         seen = procs.run(
-            "import os, shipped_helpers\n"
-            f"(shipped_helpers.GREETING, open({dest!r} + '/data/table.csv').read(),"
+            f"import os, {module}\n"
+            f"({module}.GREETING, open({dest!r} + '/data/table.csv').read(),"
             f" os.path.exists({dest!r} + '/.git'))"
         )
         assert list(seen.values()) == [("from the notebook", "a,b\n1,2\n", False)] * 2
     # A second sync after an edit: the running mesh's next processes see it.
-    (project / "shipped_helpers.py").write_text("GREETING = 'edited'\n")
-    hosts.sync_workspace(str(project), dest=dest)
+    (project / f"{module}.py").write_text("GREETING = 'edited'\n")
+    again = hosts.sync_workspace(str(project), dest=dest, transport=transport)
+    # rsync sends only the file that changed; the agent sends the whole archive.
+    assert [c.files for c in again] == ([1, 1] if transport == "rsync" else [2, 2])
     with hosts.spawn_procs({"procs": 1}) as procs:
-        assert (
-            list(procs.run("import shipped_helpers\nshipped_helpers.GREETING").values())
-            == ["edited"] * 2
-        )
+        assert list(procs.run(f"import {module}\n{module}.GREETING").values()) == ["edited"] * 2
+
+
+def test_sync_workspace_goes_by_rsync_where_it_can(hosts, cluster2, tmp_path):
+    (tmp_path / "one.py").write_text("X = 1\n")
+    dest = os.path.join(cluster2.private_dir, "auto")
+    copies = hosts.sync_workspace(str(tmp_path / "one.py"), dest=dest)  # transport="auto"
+    assert [c.transport for c in copies] == ["rsync", "rsync"]  # rsync is installed here
+    with pytest.raises(MeshUsageError, match=r"transport='scp'\): use 'auto', 'rsync' or"):
+        hosts.sync_workspace(str(tmp_path), transport="scp")
 
 
 def test_sync_workspace_says_what_it_cannot_send(hosts, tmp_path):
