@@ -80,6 +80,7 @@ def test_slurm_spec_parses_to_launcher_arguments():
         ("--attach tcp://h:1", "--attach needs --key-file"),
         ("--key-file k", "--key-file goes with --attach"),
         ("--ssh-option=-v", "--ssh-option goes with --ssh"),
+        ("--reverse", "--reverse goes with --ssh"),
     ],
 )
 def test_host_options_that_do_not_go_together(line, match):

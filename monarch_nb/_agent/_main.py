@@ -93,6 +93,16 @@ _CHUNK = 65536
 _SEND_TIMEOUT_MS = 0
 
 
+def _own_address(config: dict[str, Any]) -> str:
+    """Where the other hosts reach this one: the address it reaches the controller
+    from; behind ``ssh -R`` (``reverse``) that is loopback, so the address ssh
+    reached this host at (``SSH_CONNECTION``), else the default route's."""
+    if not config.get("reverse"):
+        return _network.source_address_towards(config["controller"])
+    fields = os.environ.get("SSH_CONNECTION", "").split()
+    return fields[2] if len(fields) == 4 else _network.default_address()
+
+
 @dataclass
 class _Child:
     identity: bytes
@@ -207,7 +217,7 @@ class Agent:
 
     def run(self) -> None:
         if self.listen is None:
-            self.hello(_network.source_address_towards(self.config["controller"]))
+            self.hello(_own_address(self.config))
         if self.config.get("watch_stdin"):
             self.poller.register(sys.stdin.fileno(), zmq.POLLIN)
         next_beat = time.monotonic() + self.heartbeat_s
@@ -393,6 +403,8 @@ class Agent:
     def _launch(self, identity: str, env: dict[str, str], bootstrap: dict[str, Any]) -> None:
         full_env = dict(os.environ)
         full_env.update(_network.worker_env(self.address, env))
+        if self.config.get("reverse"):  # the controller is on our loopback (ssh -R)
+            full_env["MONARCH_NB_REVERSE_TUNNEL"] = "1"
         full_env[_rundir.TREE_ROOT_ENV] = str(os.getpid())  # this host's tree is ours
         if self.workspaces:  # synced here (sync_workspace): importable by the workers
             paths = [*self.workspaces, full_env.get("PYTHONPATH", "")]

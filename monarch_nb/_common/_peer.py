@@ -243,6 +243,16 @@ class PeerNode:
         self._tcp_hosts.add(host)
         self.tcp_addresses.append(f"tcp://{host}:{port}")
 
+    def tcp_port(self, host: str) -> int:
+        """The port this inbox listens on at ``host``, listening there first if it
+        did not (an ssh tunnel to it needs the number before anything connects)."""
+        self.listen_tcp(host)
+        with self.lock:
+            for address in self.tcp_addresses:
+                if address.startswith(f"tcp://{host}:"):
+                    return int(address.rpartition(":")[2])
+        raise RuntimeError(f"the peer inbox does not listen on {host}")  # not reached
+
     @property
     def tcp_address(self) -> str:
         """Where other hosts reach this inbox ("" if it does not listen for them)."""

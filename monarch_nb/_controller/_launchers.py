@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-from .._common import _keys, _network
+from .._common import _keys, _network, _peer
 from .._common._errors import MeshUsageError
 from .._common._messages import AgentAttach
 from .._common._public import publish
@@ -43,6 +43,7 @@ def ssh_hosts(
     ssh: Sequence[str] = DEFAULT_SSH,
     ssh_options: Sequence[str] = (),
     bind: str | None = None,
+    reverse: bool = False,
     heartbeat_timeout: float = HOST_TIMEOUT_S,
     timeout: float = START_TIMEOUT_S,
     controller: Controller | None = None,
@@ -57,23 +58,50 @@ def ssh_hosts(
     ``bind``: this machine's address the hosts connect back to (default: the one
     it reaches the first host from); ``heartbeat_timeout``: seconds of silence
     after which a host counts as lost (default 5, or ``MONARCH_NB_HOST_TIMEOUT``).
+    ``reverse``: the hosts cannot reach this machine (a laptop behind NAT): the
+    controller listens on loopback only and each ssh carries the way back
+    (``ssh -R``), so agents and ranks dial ``127.0.0.1`` on their own host;
+    ranks reach each other on the address ssh reached their host at.
     Blocks until every agent reported, or raises naming the host and what ssh said.
     """
     hosts = _host_list(hosts, "ssh_hosts")
     controller = controller or Controller.get()
+    if reverse:
+        if bind is not None and not bind.startswith("127."):
+            raise MeshUsageError(
+                f"ssh_hosts(reverse=True, bind={bind!r}): with reverse the controller "
+                "listens on loopback only (the hosts come back through ssh); leave bind out"
+            )
+        bind = bind or "127.0.0.1"
     bind = bind or _network.source_address_towards(f"tcp://{_hostname(hosts[0])}:22")
     agents = HostAgents(controller, hosts, timeout_s=heartbeat_timeout)
     agents.ssh_command = [*ssh, *ssh_options]  # sync_workspace's rsync goes the same way
     endpoint = agents.listen(bind)
     remote = agent_command(python, env_setup)
+    tunnels = _reverse_tunnels(endpoint, bind) if reverse else []
 
     def start() -> None:
         for agent in agents.agents:
-            boot = json.dumps(agents.bootstrap(endpoint, agent)).encode() + b"\n"
-            argv = [*ssh, *ssh_options, agent.label, remote]
-            agents.start_process(f"ssh to {agent.label}", argv, [boot], [agent])
+            boot = agents.bootstrap(endpoint, agent)
+            boot["reverse"] = reverse
+            line = json.dumps(boot).encode() + b"\n"
+            argv = [*ssh, *ssh_options, *tunnels, agent.label, remote]
+            agents.start_process(f"ssh to {agent.label}", argv, [line], [agent])
 
     return _started(agents, start, timeout)
+
+
+def _reverse_tunnels(endpoint: str, bind: str) -> list[str]:
+    """ssh options that open, on each host's loopback, the same ports this
+    controller listens on at ``bind``: its agents' endpoint and the inbox where
+    ranks' actors answer it. The same numbers on both sides, so every address
+    the hosts are given works there as here; a port taken on a host fails that
+    ssh at once (ExitOnForwardFailure), naming it."""
+    ports = [urlsplit(endpoint).port, _peer.local_node().tcp_port(bind)]
+    options = ["-o", "ExitOnForwardFailure=yes"]
+    for port in ports:
+        options += ["-R", f"127.0.0.1:{port}:{bind}:{port}"]
+    return options
 
 
 def agent_command(python: str | None, env_setup: str | None) -> str:

@@ -78,6 +78,11 @@ def _selection_options(func: Any) -> Any:
     default=[],
     help="an argument for ssh, e.g. --ssh-option=-F --ssh-option=cluster.conf (repeatable)",
 )
+@argument(
+    "--reverse",
+    action="store_true",
+    help="with --ssh: the hosts cannot reach this machine (NAT); they dial back through ssh -R",
+)
 @argument("--ssh", metavar="HOSTS", help="start agents over ssh on these hosts: node1,node2")
 @argument_group("size (default: --procs 2)")
 @argument("--gpus", type=int, metavar="N", help="N ranks, one GPU each")
@@ -451,9 +456,11 @@ def hosts_starter(args: Any) -> Callable[[], Any] | None:
         raise UsageError("--key-file goes with --attach")
     if args.ssh_option and not args.ssh:
         raise UsageError("--ssh-option goes with --ssh")
+    if args.reverse and not args.ssh:
+        raise UsageError("--reverse goes with --ssh")
     if args.ssh:
-        hosts, options = args.ssh, list(args.ssh_option)
-        return lambda: _launchers.ssh_hosts(hosts, ssh_options=options)
+        hosts, options, reverse = args.ssh, list(args.ssh_option), args.reverse
+        return lambda: _launchers.ssh_hosts(hosts, ssh_options=options, reverse=reverse)
     if args.slurm:
         kwargs = parse_slurm(args.slurm)
         return lambda: _launchers.slurm_hosts(**kwargs)

@@ -142,14 +142,16 @@ def test_a_killed_host_fails_its_ranks_at_once(netns_cluster) -> None:
         hosts.shutdown()
 
 
-def test_notebook_start_over_ssh(cluster2) -> None:
+@pytest.mark.parametrize("reverse", ["", "--reverse"])
+def test_notebook_start_over_ssh(cluster2, reverse) -> None:
     from kernel_utils import Kernel, plain
 
     with Kernel() as kernel:
         kernel.ok("%load_ext monarch_nb")
         options = " ".join(f"--ssh-option={o}" for o in cluster2.ssh_options)
         kernel.ok(
-            f"%mesh start --ssh {','.join(cluster2.hosts)} {options} --procs 1 --no-dashboard",
+            f"%mesh start --ssh {','.join(cluster2.hosts)} {options} {reverse} --procs 1 "
+            "--no-dashboard",
             timeout=120,
         )
         reply = kernel.ok("%%mesh\nimport socket\nsocket.gethostname()")
@@ -280,3 +282,35 @@ def test_env_setup_runs_before_the_agent_and_python_may_name_a_venv(
 def test_a_failing_env_setup_is_named(cluster2):
     with pytest.raises(MeshFailure, match=r"env_setup failed: source /nonexistent/env\.sh"):
         start_hosts(cluster2, env_setup="source /nonexistent/env.sh", timeout=60)
+
+
+def test_reverse_tunnels_reach_a_controller_the_hosts_cannot_route_to(cluster2, request) -> None:
+    import actor_hosts
+    import cloudpickle
+    from actor_hosts import Caller, Leaf
+
+    from monarch_nb import Channel
+
+    cloudpickle.register_pickle_by_value(actor_hosts)
+    request.addfinalizer(lambda: cloudpickle.unregister_pickle_by_value(actor_hosts))
+    # The controller listens on loopback only: no host can route to it, only
+    # through the ssh that started its agent (a laptop behind NAT).
+    hosts = ssh_hosts(cluster2.hosts, ssh_options=cluster2.ssh_options, reverse=True)
+    try:
+        assert hosts._agents.endpoint.startswith("tcp://127.0.0.1:")
+        # Each agent names its host by the address ssh reached it at, not loopback.
+        assert [a.address for a in hosts._agents.agents] == cluster2.hosts
+        with hosts.spawn_procs({"procs": 1}) as procs:
+            seen = procs.run("import os, socket\n(socket.gethostname(), os.environ['MASTER_ADDR'])")
+            assert list(seen.values()) == [(name, cluster2.hosts[0]) for name in cluster2.hostnames]
+            leaves = procs.spawn("leaves", Leaf)
+            callers = procs.spawn("callers", Caller, leaves)
+            got = callers.call_all.call(3).get(timeout=120)  # host to host
+            assert [sorted(v) for v in got.values()] == [[(0, 3), (1, 3)]] * 2
+            port, receiver = Channel.open()  # ranks to this controller, through the tunnel
+            callers.send_to.call(port).get(timeout=120)
+            assert sorted(receiver.recv().get(timeout=120) for _ in range(2)) == [0, 1]
+    finally:
+        hosts.shutdown()
+    with pytest.raises(MeshUsageError, match=r"reverse=True, bind='10\.0\.0\.1'.*leave bind out"):
+        ssh_hosts(cluster2.hosts, reverse=True, bind="10.0.0.1")
