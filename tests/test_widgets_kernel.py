@@ -7,6 +7,7 @@ the kernel's main thread.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -96,7 +97,8 @@ def test_updates_flow_while_a_cell_runs_with_progress_not_text(kernel: Kernel) -
     values = [state["value"] for _, state in updates if isinstance(state.get("value"), str)]
     busy = [v for v in values if "mnb-busy" in v]
     assert busy, f"no busy tile was sent while the cell ran: {values!r}"
-    assert any("| 3/5" in v or "width:60%" in v for v in busy)  # progress in the tile
+    # Progress in the tile (at whichever steps a loaded machine let it draw).
+    assert any(re.search(r"\| [1-5]/5|mnb-bar", v) for v in busy), busy
     # Throttled: a few redraws a second, not one per event.
     elapsed = max(t for t, _ in updates) - min(t for t, _ in updates) + 0.1
     assert len(updates) / elapsed < 40

@@ -7,6 +7,8 @@ per rank, so a redraw is one comm message whatever the number of lines.
 
 from __future__ import annotations
 
+import importlib
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +16,35 @@ from .._controller._telemetry import RESOURCES, TelemetrySample
 
 CHART_POINTS = 300  # the last five minutes at one heartbeat a second
 MAX_LINES = 8  # more lines than this stop being readable: the highest are drawn
+
+
+_library_loaded = threading.Event()
+_library_missing = False
+_library_lock = threading.Lock()
+_library_loading = False
+
+
+def load_library() -> bool | None:
+    """Whether bqplot can be used: True or False once known, None while a
+    background thread still imports it. Its import takes 0.3-1 s (more on a busy
+    machine): on the dashboard's own thread it would stall the tiles."""
+    global _library_loading
+    with _library_lock:
+        if not _library_loading:
+            _library_loading = True
+            threading.Thread(target=_import_library, name="monarch_nb bqplot", daemon=True).start()
+    if not _library_loaded.is_set():
+        return None
+    return not _library_missing
+
+
+def _import_library() -> None:
+    global _library_missing
+    try:
+        importlib.import_module("bqplot")
+    except ImportError:
+        _library_missing = True
+    _library_loaded.set()
 
 
 def chart_ranks(latest: Mapping[int, float], limit: int = MAX_LINES) -> list[int]:

@@ -31,7 +31,7 @@ from .._controller._events import (
 from .._controller._status import MeshState
 from .._controller._timeline import Straggler
 from ..magics._render import NotebookMeshStatus, render_status_html
-from ._chart import CHART_POINTS, MetricChart, chart_ranks
+from ._chart import CHART_POINTS, MetricChart, chart_ranks, load_library
 from ._model import DashboardFeed, FailureLog, FailureRecord, Progress, Throttle
 from ._sparks import SPARK_POINTS, SPARK_POINTS_COMPACT, spark_html
 from ._text import as_notebook_status, failures_html, render_text
@@ -116,6 +116,7 @@ class Dashboard:
         self.sparks: dict[int, str] = {}
         self._spark_keys: dict[int, tuple[Any, str]] = {}
         self._history_at = time.monotonic()  # the first refresh after a heartbeat
+        load_library()  # bqplot's import starts now, off the dashboard's thread
         self.history = w.VBox([self.metric_picker, self.chart_box])
         self.history.add_class("mnb-history")
         self.widget = w.VBox(self._sections())
@@ -241,14 +242,16 @@ class Dashboard:
         if self.chart is None:
             if self.chart_box.children:  # the note that bqplot is missing
                 return
-            try:
-                self.chart = MetricChart()
-            except ImportError:
+            usable = load_library()
+            if usable is None:
+                return  # still importing, on its own thread: the next refresh
+            if not usable:
                 import ipywidgets as w
 
                 note = "pip install bqplot (or monarch_nb[notebook]) to chart a metric across ranks"
                 self.chart_box.children = [w.HTML(f"<small>{note}</small>")]
                 return
+            self.chart = MetricChart()
             self.chart_box.children = [self.chart.widget]
         latest = {rank: rows[-1].value for rank, rows in series.items() if rows}
         ranks = chart_ranks(latest)
