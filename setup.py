@@ -169,9 +169,11 @@ setup(
     ext_modules=[
         Extension(
             "monarch_nb.native._memory",
-            sources=["monarch_nb/native/_memory.c"],
+            # _cuda.c opens the CUDA runtime at run time (dlopen): no CUDA to build.
+            sources=["monarch_nb/native/_memory.c", "monarch_nb/native/_cuda.c"],
+            depends=["monarch_nb/native/_cuda.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-            extra_link_args=["-pthread"],
+            extra_link_args=["-pthread", "-ldl"],
             optional=True,
         )
     ],

@@ -21,6 +21,21 @@ _before_notebook: set[int] = set()
 
 _DETERMINISTIC = "MONARCH_NB_DETERMINISTIC"
 
+# Notebooks that need a CUDA device: skipped (with the reason) where there is none.
+_GPU_NOTEBOOKS = {"08_gpu.ipynb"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.path.name in _GPU_NOTEBOOKS]
+    if not gpu_items:
+        return
+    import torch
+
+    for item in gpu_items:
+        item.add_marker(pytest.mark.gpu)
+        if not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (a GPU notebook)"))
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:

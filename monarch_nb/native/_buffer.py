@@ -67,6 +67,7 @@ import weakref
 from typing import Any
 
 from monarch_nb._common._future import Future
+from monarch_nb.native import _cudart
 from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError, RDMATransferError
 from monarch_nb.native._handle import Handle, host_key, layout
 from monarch_nb.native._loader import load_extension
@@ -124,12 +125,16 @@ def _unregister(region: int, keepalive: Any) -> None:
 
 
 class RDMABuffer:
-    """A registered region of CPU memory that other processes can read and write.
+    """A registered region of memory that other processes can read and write.
 
     Args:
-        obj: a contiguous CPU ``torch.Tensor`` (any dtype or shape), a C-contiguous
-            ``numpy.ndarray``, a ``bytearray`` or a writable ``memoryview``; read-only
-            buffers (``bytes``) are registered read-only.
+        obj: a contiguous ``torch.Tensor`` on the CPU or a CUDA device (any dtype or
+            shape), a C-contiguous ``numpy.ndarray``, a ``bytearray`` or a writable
+            ``memoryview``; read-only buffers (``bytes``) are registered read-only.
+            A CUDA tensor is read and written by CUDA IPC from processes on its host
+            that use CUDA, through page-locked staging in the owner otherwise (other
+            hosts, CPU-only readers); copies see the work queued on its device
+            before they start.
 
         lifetime: ``"process"`` (the default, as Monarch): the region stays
             registered until ``drop()`` or the owner process exits, whatever
@@ -155,9 +160,16 @@ class RDMABuffer:
             )
         memory = load_extension()
         ref = describe(obj, "the registered object", need_writable=False)
+        ipc = None
+        if ref.device >= 0:
+            memory = _cudart.load()
+            exported, code = memory.cuda_ipc_export(ref.device, ref.address)
+            ipc = exported  # None: readers on this host go by TCP as well
+            if exported is None:
+                log.debug("no CUDA IPC handle (%s): TCP only", memory.cuda_error(code))
         server = start_server()
         token = secrets.token_bytes(memory.TOKEN_SIZE)
-        region = memory.register(ref.address, ref.nbytes, token, ref.writable)
+        region = memory.register(ref.address, ref.nbytes, token, ref.writable, ref.device)
         self._handle = Handle(
             host_key=host_key(),
             hostname=socket.gethostname(),
@@ -170,6 +182,8 @@ class RDMABuffer:
             writable=ref.writable,
             server=server,
             token=token,
+            device=ref.device,
+            ipc=ipc,
         )
         self._dropped = False
         self._release: Any = None  # in the owner: what unregisters the region

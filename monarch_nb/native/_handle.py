@@ -28,12 +28,18 @@ class Handle:
     writable: bool
     server: tuple[str, int]
     token: bytes = field(repr=False)
+    #: The owner's CUDA device holding the region, -1 for host memory.
+    device: int = -1
+    #: A CUDA region's IPC handle and the region's offset in that allocation
+    #: (None: not exportable, e.g. expandable segments; readers then go by TCP).
+    ipc: tuple[bytes, int] | None = field(default=None, repr=False)
 
     def describe(self) -> str:
         """Name the buffer and its owner for error messages."""
         host, port = self.server
+        where = f" on cuda:{self.device}" if self.device >= 0 else ""
         return (
-            f"buffer #{self.region} ({self.size} bytes, {layout(self.dtype, self.shape)}) "
+            f"buffer #{self.region} ({self.size} bytes, {layout(self.dtype, self.shape)}{where}) "
             f"owned by pid {self.pid} on {self.hostname} (server {host}:{port})"
         )
 

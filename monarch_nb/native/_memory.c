@@ -63,6 +63,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "_cuda.h"
+
 #ifndef PR_SET_PTRACER
 #define PR_SET_PTRACER 0x59616d61
 #endif
@@ -83,6 +85,8 @@
 #define PREAUTH_TIMEOUT_S 10
 #define MAX_STREAMS 16
 #define IO_CHUNK ((size_t)64 << 20)
+/* A CUDA region is served through a page-locked buffer of this size per connection. */
+#define STAGE_CHUNK ((size_t)8 << 20)
 
 enum {
     OP_READ = 1,
@@ -106,6 +110,7 @@ enum {
     ST_OUT_OF_RANGE = 7,
     ST_READ_ONLY = 8,
     ST_BUSY = 9,
+    ST_DEVICE_ERROR = 10, /* a CUDA call failed; the value is its error code */
     /* seen by the client */
     ST_IO_ERROR = 100,
     ST_EOF = 101,
@@ -130,6 +135,7 @@ typedef struct region {
     uint64_t size;
     unsigned char token[TOKEN_SIZE];
     int writable;
+    int device; /* the CUDA device holding it, or -1 for host memory */
     int revoked;
     int orphan; /* unregister gave up waiting: the last user frees the record */
     int users;
@@ -142,6 +148,7 @@ typedef struct conn {
     int lease;
     int verified; /* it has shown a live region's token */
     int evicted;  /* shut down to make room for a newer unverified connection */
+    void *stage;  /* page-locked staging for CUDA regions, made on first use */
     struct conn *prev, *next;
 } conn_t;
 
@@ -359,6 +366,66 @@ static uint32_t serve_drop(conn_t *c, const request_t *q) {
     return st;
 }
 
+/* A READ of a CUDA region: device -> page-locked staging -> socket, a chunk at a
+ * time. The first chunk is staged before the reply, so a failing device is
+ * answered with its error rather than a broken stream. Returns 0 or an errno
+ * value (-1 for a device error mid-stream: the connection is closed). */
+static int send_device(conn_t *c, region_t *r, const request_t *q) {
+    if (c->stage == NULL) {
+        int rc = cuda_host_alloc(&c->stage, STAGE_CHUNK);
+        if (rc != 0) {
+            c->stage = NULL;
+            send_reply(c->fd, ST_DEVICE_ERROR, (uint64_t)(unsigned)rc);
+            return -1;
+        }
+    }
+    const char *src = (const char *)r->addr + q->offset;
+    uint64_t done = 0;
+    int header_sent = 0;
+    int rc = cuda_sync(r->device); /* what any stream queued before the read lands first */
+    if (rc != 0) {
+        send_reply(c->fd, ST_DEVICE_ERROR, (uint64_t)(unsigned)rc);
+        return -1;
+    }
+    do {
+        size_t n = q->length - done < STAGE_CHUNK ? (size_t)(q->length - done) : STAGE_CHUNK;
+        rc = n > 0 ? cuda_copy(r->device, c->stage, src + done, n) : 0;
+        if (rc != 0) {
+            if (!header_sent) send_reply(c->fd, ST_DEVICE_ERROR, (uint64_t)(unsigned)rc);
+            return -1;
+        }
+        if (!header_sent) {
+            int err = send_reply(c->fd, ST_OK, q->length);
+            if (err != 0) return err;
+            header_sent = 1;
+        }
+        int err = send_all(c->fd, c->stage, n);
+        if (err != 0) return err;
+        done += n;
+    } while (done < q->length);
+    return 0;
+}
+
+/* A WRITE to a CUDA region: socket -> staging -> device. A device error is kept
+ * in *cuda_rc while the rest of the stream is drained, so the writer reads a
+ * reply naming it. Returns 0, or an errno value / -1 if the stream broke. */
+static int recv_device(conn_t *c, region_t *r, const request_t *q, int *cuda_rc) {
+    if (c->stage == NULL && (*cuda_rc = cuda_host_alloc(&c->stage, STAGE_CHUNK)) != 0) {
+        c->stage = NULL;
+        send_reply(c->fd, ST_DEVICE_ERROR, (uint64_t)(unsigned)*cuda_rc);
+        return -1;
+    }
+    int err = send_reply(c->fd, ST_OK, q->length);
+    char *dst = (char *)r->addr + q->offset;
+    for (uint64_t done = 0; err == 0 && done < q->length;) {
+        size_t n = q->length - done < STAGE_CHUNK ? (size_t)(q->length - done) : STAGE_CHUNK;
+        err = recv_all(c->fd, c->stage, n);
+        if (err == 0 && *cuda_rc == 0) *cuda_rc = cuda_copy(r->device, dst + done, c->stage, n);
+        done += n;
+    }
+    return err;
+}
+
 /* Serve one request; returns 1 to keep the connection, 0 to close it. */
 static int serve_one(conn_t *c, const request_t *q) {
     region_t *r = NULL;
@@ -379,6 +446,11 @@ static int serve_one(conn_t *c, const request_t *q) {
             send_reply(c->fd, st, 0);
             return 0;
         }
+        if (r->device >= 0) {
+            err = send_device(c, r, q);
+            release(c);
+            return err == 0;
+        }
         err = send_reply(c->fd, ST_OK, q->length);
         if (err == 0) err = send_all(c->fd, (const char *)r->addr + q->offset, q->length);
         release(c);
@@ -388,6 +460,14 @@ static int serve_one(conn_t *c, const request_t *q) {
         if (st != ST_OK) {
             send_reply(c->fd, st, 0);
             return 0;
+        }
+        if (r->device >= 0) {
+            int cuda_rc = 0;
+            err = recv_device(c, r, q, &cuda_rc);
+            release(c);
+            if (err != 0) return 0;
+            if (cuda_rc != 0) return send_reply(c->fd, ST_DEVICE_ERROR, (uint64_t)cuda_rc) == 0;
+            return send_reply(c->fd, ST_OK, q->length) == 0;
         }
         err = send_reply(c->fd, ST_OK, q->length);
         if (err == 0) err = recv_all(c->fd, (char *)r->addr + q->offset, q->length);
@@ -402,6 +482,16 @@ static int serve_one(conn_t *c, const request_t *q) {
         if (st != ST_OK) {
             send_reply(c->fd, st, 0);
             return 0;
+        }
+        /* A CUDA region is leased once the work queued on its device is done:
+         * the reader copies in another context, which is not ordered after ours. */
+        if (r->device >= 0) {
+            int rc = cuda_sync(r->device);
+            if (rc != 0) {
+                release(c);
+                send_reply(c->fd, ST_DEVICE_ERROR, (uint64_t)(unsigned)rc);
+                return 0;
+            }
         }
         /* The reader copies now; we only wait for it to say it has stopped. */
         err = send_reply(c->fd, ST_OK, (uint64_t)r->addr);
@@ -473,6 +563,7 @@ static void *conn_main(void *arg) {
     unlink_conn_locked(c);
     pthread_mutex_unlock(&g_lock);
     close(c->fd);
+    cuda_host_free(c->stage);
     free(c);
     return NULL;
 }
@@ -562,7 +653,7 @@ static int exchange(int fd, const request_t *q, uint32_t *status, uint64_t *valu
     }
     *status = get_u32(b + 4);
     *value = get_u64(b + 8);
-    *err = 0;
+    *err = *status == ST_DEVICE_ERROR ? (int)*value : 0;
     return *status == ST_OK ? 0 : -1;
 }
 
@@ -632,8 +723,13 @@ static PyObject *py_register(PyObject *self, PyObject *args) {
     unsigned long long addr, size;
     const char *token;
     Py_ssize_t token_len;
-    int writable;
-    if (!PyArg_ParseTuple(args, "KKy#p", &addr, &size, &token, &token_len, &writable)) return NULL;
+    int writable, device = -1;
+    if (!PyArg_ParseTuple(args, "KKy#p|i", &addr, &size, &token, &token_len, &writable, &device))
+        return NULL;
+    if (device >= 0 && !cuda_loaded()) {
+        PyErr_SetString(PyExc_RuntimeError, "register a CUDA region only after cuda_load()");
+        return NULL;
+    }
     if (token_len != TOKEN_SIZE) {
         PyErr_Format(PyExc_ValueError, "token must be %d bytes, got %zd", TOKEN_SIZE, token_len);
         return NULL;
@@ -643,6 +739,7 @@ static PyObject *py_register(PyObject *self, PyObject *args) {
     r->addr = (uintptr_t)addr;
     r->size = size;
     r->writable = writable;
+    r->device = device < 0 ? -1 : device;
     memcpy(r->token, token, TOKEN_SIZE);
     pthread_mutex_lock(&g_lock);
     r->id = g_next_id++;
@@ -877,6 +974,22 @@ static void *vm_copy(void *arg) {
     return NULL;
 }
 
+/* Send RELEASE for a lease: the owner counts the region in use until it arrives.
+ * A copy that went well fails if the owner cannot confirm (it revoked the lease
+ * or died meanwhile). GIL released. */
+static void end_lease(int fd, uint64_t region, const unsigned char *token, uint32_t *status,
+                      int *err) {
+    request_t q;
+    uint32_t end_status = ST_OK;
+    uint64_t ignored;
+    int end_err = 0;
+    make_request(&q, OP_RELEASE, region, token, 0, 0);
+    if (exchange(fd, &q, &end_status, &ignored, &end_err) != 0 && *status == ST_OK) {
+        *status = (end_status == ST_EOF || end_status == ST_IO_ERROR) ? ST_REVOKED : end_status;
+        *err = end_err;
+    }
+}
+
 static PyObject *py_local_copy(PyObject *self, PyObject *args) {
     int fd, pid, is_write, nthreads = 1;
     unsigned long long region, offset, local, length, chunk;
@@ -925,17 +1038,116 @@ static PyObject *py_local_copy(PyObject *self, PyObject *args) {
             }
         }
         /* Always say we stopped: the owner keeps the region pinned until then. */
-        uint32_t end_status = ST_OK;
-        uint64_t ignored;
-        int end_err = 0;
-        make_request(&q, OP_RELEASE, region, token, 0, 0);
-        if (exchange(fd, &q, &end_status, &ignored, &end_err) != 0 && status == ST_OK) {
-            status = (end_status == ST_EOF || end_status == ST_IO_ERROR) ? ST_REVOKED : end_status;
-            err = end_err;
-        }
+        end_lease(fd, region, token, &status, &err);
     }
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(Ii)", status, err);
+}
+
+/* The lease-and-copy of py_local_copy for a CUDA region on this host: the
+ * region is mapped with CUDA IPC (or used directly in its own process), copied
+ * with cudaMemcpy in chunks while the lease is polled for revocation, unmapped,
+ * and only then released. */
+static PyObject *py_cuda_local_copy(PyObject *self, PyObject *args) {
+    int fd, is_write, device;
+    unsigned long long region, offset, local, length, chunk, ipc_offset;
+    PyObject *tok;
+    const char *ipc;
+    Py_ssize_t ipc_len;
+    unsigned char token[TOKEN_SIZE];
+    if (!PyArg_ParseTuple(args, "ipKSKKKKiy#K", &fd, &is_write, &region, &tok, &offset, &local,
+                          &length, &chunk, &device, &ipc, &ipc_len, &ipc_offset))
+        return NULL;
+    if (parse_token(tok, token) != 0) return NULL;
+    if (ipc_len != 0 && ipc_len != CUDA_IPC_HANDLE_SIZE) {
+        PyErr_Format(PyExc_ValueError, "an IPC handle has %d bytes, got %zd",
+                     CUDA_IPC_HANDLE_SIZE, ipc_len);
+        return NULL;
+    }
+    if (!cuda_loaded()) {
+        PyErr_SetString(PyExc_RuntimeError, "cuda_local_copy needs cuda_load() first");
+        return NULL;
+    }
+    if (chunk == 0) chunk = 16 << 20;
+    uint32_t status = ST_OK;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    request_t q;
+    uint64_t base = 0;
+    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, offset, length);
+    int granted = exchange(fd, &q, &status, &base, &err) == 0;
+    if (!granted && ipc_len != 0 && (status == ST_DROPPED || status == ST_UNKNOWN_REGION))
+        cuda_ipc_forget(device, (const unsigned char *)ipc);
+    if (granted) {
+        void *mapped = NULL;
+        int slot = -1;
+        char *remote = (char *)(uintptr_t)base; /* in the owner's own process */
+        if (ipc_len != 0) {
+            int rc = cuda_ipc_map(device, (const unsigned char *)ipc, &mapped, &slot);
+            if (rc != 0) {
+                status = ST_DEVICE_ERROR;
+                err = rc;
+            } else {
+                remote = (char *)mapped + ipc_offset;
+            }
+        }
+        for (uint64_t done = 0; status == ST_OK && done < length;) {
+            size_t n = (size_t)(length - done < chunk ? length - done : chunk);
+            char *there = remote + offset + done, *here = (char *)(uintptr_t)(local + done);
+            int rc = is_write ? cuda_copy(device, there, here, n) : cuda_copy(device, here, there, n);
+            if (rc != 0) {
+                status = ST_DEVICE_ERROR;
+                err = rc;
+                break;
+            }
+            done += n;
+            struct pollfd p = {fd, POLLIN, 0};
+            if (done < length && poll(&p, 1, 0) > 0) status = ST_REVOKED;
+        }
+        /* Device-to-device copies return before they finish: every copy is over
+         * before the lease ends (the owner may free the memory after it). */
+        int rc = cuda_stream_sync(device);
+        if (rc != 0 && status == ST_OK) {
+            status = ST_DEVICE_ERROR;
+            err = rc;
+        }
+        if (mapped != NULL) cuda_ipc_done(device, mapped, slot);
+        end_lease(fd, region, token, &status, &err);
+    }
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(Ii)", status, err);
+}
+
+static PyObject *py_cuda_load(PyObject *self, PyObject *args) {
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path)) return NULL;
+    char why[512] = "";
+    if (cuda_load(path, why, sizeof why) != 0) {
+        PyErr_SetString(PyExc_OSError, why);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_cuda_ipc_export(PyObject *self, PyObject *args) {
+    int device;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "iK", &device, &ptr)) return NULL;
+    unsigned char handle[CUDA_IPC_HANDLE_SIZE];
+    uint64_t offset = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cuda_ipc_export(device, (uintptr_t)ptr, handle, &offset);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return Py_BuildValue("(Oi)", Py_None, rc);
+    return Py_BuildValue("((y#K)i)", (const char *)handle, (Py_ssize_t)CUDA_IPC_HANDLE_SIZE,
+                         (unsigned long long)offset, 0);
+}
+
+static PyObject *py_cuda_error(PyObject *self, PyObject *args) {
+    int code;
+    if (!PyArg_ParseTuple(args, "i", &code)) return NULL;
+    return PyUnicode_FromString(cuda_error(code));
 }
 
 static void atfork_child(void) {
@@ -975,6 +1187,14 @@ static PyMethodDef methods[] = {
     {"local_copy", py_local_copy, METH_VARARGS,
      "local_copy(fd, pid, write, region, token, offset, address, length, chunk, threads=1)"
      " -> (status, errno)"},
+    {"cuda_local_copy", py_cuda_local_copy, METH_VARARGS,
+     "cuda_local_copy(fd, write, region, token, offset, address, length, chunk, device, "
+     "ipc_handle, ipc_offset) -> (status, errno or CUDA error)"},
+    {"cuda_load", py_cuda_load, METH_VARARGS,
+     "cuda_load(cudart_path): open the CUDA runtime torch loaded (OSError if it cannot)"},
+    {"cuda_ipc_export", py_cuda_ipc_export, METH_VARARGS,
+     "cuda_ipc_export(device, pointer) -> ((ipc_handle, offset) or None, CUDA error)"},
+    {"cuda_error", py_cuda_error, METH_VARARGS, "cuda_error(code) -> the CUDA error's name"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1018,6 +1238,7 @@ PyMODINIT_FUNC PyInit__memory(void) {
         {"ST_OUT_OF_RANGE", ST_OUT_OF_RANGE},
         {"ST_READ_ONLY", ST_READ_ONLY},
         {"ST_BUSY", ST_BUSY},
+        {"ST_DEVICE_ERROR", ST_DEVICE_ERROR},
         {"ST_IO_ERROR", ST_IO_ERROR},
         {"ST_EOF", ST_EOF},
         {"ST_BAD_REPLY", ST_BAD_REPLY},
@@ -1031,6 +1252,7 @@ PyMODINIT_FUNC PyInit__memory(void) {
         {"TOKEN_SIZE", TOKEN_SIZE},
         {"MAX_STREAMS", MAX_STREAMS},
         {"MAX_CONNECTIONS", MAX_CONNS},
+        {"CUDA_IPC_HANDLE_SIZE", CUDA_IPC_HANDLE_SIZE},
     };
     for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++) {
         if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value) != 0) {

@@ -22,6 +22,7 @@ ST_BAD_TOKEN: int
 ST_OUT_OF_RANGE: int
 ST_READ_ONLY: int
 ST_BUSY: int
+ST_DEVICE_ERROR: int
 ST_IO_ERROR: int
 ST_EOF: int
 ST_BAD_REPLY: int
@@ -36,9 +37,11 @@ REPLY_SIZE: int
 TOKEN_SIZE: int
 MAX_STREAMS: int
 MAX_CONNECTIONS: int
+CUDA_IPC_HANDLE_SIZE: int
 
-def register(address: int, size: int, token: bytes, writable: bool, /) -> int:
-    """Add a region to the table; returns its id (never reused in this process)."""
+def register(address: int, size: int, token: bytes, writable: bool, device: int = -1, /) -> int:
+    """Add a region to the table; returns its id (never reused in this process).
+    ``device`` >= 0: CUDA memory on that device (after ``cuda_load``)."""
 
 def unregister(region: int, timeout_s: float, /) -> int:
     """Revoke a region and wait for its users; returns users left (0: safe to free)."""
@@ -80,3 +83,29 @@ def local_copy(
     /,
 ) -> tuple[int, int]:
     """Lease, cross-memory copy in chunks on ``threads`` threads, release: (status, errno)."""
+
+def cuda_local_copy(
+    fd: int,
+    write: bool,
+    region: int,
+    token: bytes,
+    offset: int,
+    address: int,
+    length: int,
+    chunk: int,
+    device: int,
+    ipc_handle: bytes,
+    ipc_offset: int,
+    /,
+) -> tuple[int, int]:
+    """Lease a CUDA region, map it by IPC (``ipc_handle`` empty: the owner is this
+    process), cudaMemcpy in chunks, unmap, release: (status, errno or CUDA error)."""
+
+def cuda_load(cudart_path: str, /) -> None:
+    """Open the CUDA runtime (and driver); OSError saying why it cannot."""
+
+def cuda_ipc_export(device: int, pointer: int, /) -> tuple[tuple[bytes, int] | None, int]:
+    """((IPC handle, offset of ``pointer`` in its allocation) or None, CUDA error)."""
+
+def cuda_error(code: int, /) -> str:
+    """The name of a CUDA error code."""

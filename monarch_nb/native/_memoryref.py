@@ -1,7 +1,7 @@
 """Find the raw memory behind a tensor, an ndarray or a Python buffer.
 
-Only memory that is CPU-resident and C-contiguous qualifies: the data plane
-copies one flat byte range. Everything that does not qualify is refused here,
+Only memory that is contiguous qualifies (CPU memory, or a CUDA tensor): the
+data plane copies one flat byte range. Everything that does not qualify is refused here,
 with a message that says how to make it qualify. torch and numpy are never
 imported by this module; an object can only be a tensor if torch is loaded.
 """
@@ -15,11 +15,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class MemoryRef:
-    """One contiguous CPU byte range and what it holds.
+    """One contiguous byte range and what it holds.
 
     ``dtype`` is None for untyped bytes (bytearray, memoryview, bytes), which
     may be copied to or from memory of any dtype. ``keepalive`` holds the
     object (or a memoryview pinning it) for as long as the range is in use.
+    ``device`` is the CUDA device index of a CUDA tensor's memory, -1 for host
+    memory.
     """
 
     address: int
@@ -29,6 +31,7 @@ class MemoryRef:
     writable: bool
     kind: str
     keepalive: Any
+    device: int = -1
 
 
 def describe(obj: Any, role: str, *, need_writable: bool) -> MemoryRef:
@@ -48,20 +51,14 @@ def describe(obj: Any, role: str, *, need_writable: bool) -> MemoryRef:
 
 def _describe_tensor(t: Any, role: str, need_writable: bool) -> MemoryRef:
     device = t.device
-    if device.type == "cuda":
-        raise ValueError(
-            f"RDMABuffer supports CPU memory only in this build; {role} is a CUDA tensor on "
-            f"{device} (dtype {_tensor_dtype(t)}, shape {tuple(t.shape)}). "
-            "Move it with .cpu() first (or pin a CPU copy and register that)."
-        )
     if device.type == "meta":
         raise ValueError(
             f"{role} is a tensor on device 'meta', which holds only a shape and a dtype and "
             "has no memory to copy; create it on the CPU (device='cpu')"
         )
-    if device.type != "cpu":
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(
-            f"RDMABuffer supports CPU memory only in this build; {role} is a tensor on "
+            f"RDMABuffer supports CPU and CUDA memory; {role} is a tensor on "
             f"device {str(device)!r}; move it with .cpu() first"
         )
     if t.layout != sys.modules["torch"].strided:
@@ -79,8 +76,9 @@ def _describe_tensor(t: Any, role: str, need_writable: bool) -> MemoryRef:
         dtype=_tensor_dtype(t),
         shape=tuple(t.shape),
         writable=True,
-        kind="tensor",
+        kind="tensor" if device.type == "cpu" else f"tensor on {device}",
         keepalive=t,
+        device=-1 if device.type == "cpu" else int(device.index or 0),
     )
 
 

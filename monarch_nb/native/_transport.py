@@ -9,12 +9,17 @@ Reader side: copies run on daemon worker threads that call into C with the
 GIL released, over pooled connections to the owner's server. Two transports:
 
 ``local``  the owner grants a lease over TCP, the reader copies with
-           process_vm_readv/writev, then releases the lease;
-``tcp``    the owner's server streams the bytes over one or more connections.
+           process_vm_readv/writev (a CUDA region: maps it with CUDA IPC and
+           copies with cudaMemcpy), then releases the lease;
+``tcp``    the owner's server streams the bytes over one or more connections
+           (a CUDA region through page-locked staging in the owner).
 
 ``MONARCH_NB_RDMA_TRANSPORT`` (or the ``transport=`` argument) picks one;
 ``auto`` (the default) uses ``local`` when the owner shares this kernel and pid
-namespace and cross-memory attach is permitted, ``tcp`` otherwise.
+namespace and cross-memory attach is permitted (for a CUDA region: when this
+process already uses CUDA and the region could be exported), ``tcp`` otherwise.
+CUDA memory on the reader's side is staged through a page-locked host buffer
+where the copy is not device to device.
 
 Native status codes become exceptions in exactly one place: ``_failure``.
 """
@@ -29,13 +34,15 @@ import os
 import queue
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from monarch_nb._common import _rundir
 from monarch_nb._common._future import Future
+from monarch_nb.native import _cudart
 from monarch_nb.native._errors import (
     RDMAAccessError,
     RDMABufferDroppedError,
@@ -62,6 +69,7 @@ REQUEST_FORMAT = "<IHHQ16sQQ"
 REPLY_FORMAT = "<IIQ"
 
 _LOCAL_CHUNK = 16 << 20  # revocation is noticed within one chunk
+_CUDA_CHUNK = 256 << 20  # the same for CUDA copies, which run ~100x faster
 _STREAM_BYTES = 16 << 20  # one more TCP stream per this many bytes
 _MAX_IDLE_PER_OWNER = 8
 _CONNECT_TIMEOUT_S = 10.0
@@ -305,11 +313,24 @@ def resolve_transport(choice: str | None, handle: Handle) -> str:
         )
     if value == "auto" and (not same_host or handle.host_key in _local_refused):
         return "tcp"
+    if handle.device >= 0 and handle.pid != os.getpid():
+        mappable = handle.ipc is not None
+        if value == "local" and not mappable:
+            raise ValueError(
+                f"transport 'local' needs a CUDA IPC handle, and {handle.describe()} could not "
+                "export one (expandable segments?); use transport='tcp' or 'auto'"
+            )
+        if value == "auto" and not (mappable and _cudart.reader_uses_cuda()):
+            return "tcp"  # a CPU-only reader would have to make a CUDA context first
     return value
 
 
 def run(op: CopyOp) -> int:
     """Perform ``op`` on the calling thread; return the number of bytes copied."""
+    if op.handle.device >= 0 and op.transport != "tcp":
+        return _cuda_local(op)
+    if op.local.device >= 0:
+        return _staged(op)
     if op.transport == "tcp":
         return _tcp(op)
     try:
@@ -373,6 +394,68 @@ def _local(op: CopyOp) -> int:
     if status == memory.ST_VM_ERROR and err in (errno.EPERM, errno.ENOSYS):
         raise _LocalRefused
     raise _failure(op, status, err)
+
+
+def _cuda_local(op: CopyOp) -> int:
+    """A CUDA region on this host: lease, map by CUDA IPC, cudaMemcpy, release.
+
+    The local side may be host or device memory (cudaMemcpyDefault); a region
+    that cannot be mapped here falls back to TCP unless ``local`` was asked for.
+    """
+    memory = _cudart.load()
+    h = op.handle
+    same_process = h.pid == os.getpid() and h.host_key == host_key()
+    if same_process:
+        device, ipc, ipc_offset = h.device, b"", 0
+    else:
+        assert h.ipc is not None  # resolve_transport sends unexportable regions by TCP
+        device = op.local.device if op.local.device >= 0 else _cudart.current_device()
+        ipc, ipc_offset = h.ipc
+    status, err = _with_connections(
+        op,
+        1,
+        lambda socks: memory.cuda_local_copy(
+            socks[0].fileno(),
+            op.write,
+            h.region,
+            h.token,
+            op.offset,
+            op.local.address,
+            op.length,
+            _CUDA_CHUNK,
+            device,
+            ipc,
+            ipc_offset,
+        ),
+    )
+    if status == memory.ST_OK:
+        return op.length
+    if status == memory.ST_DEVICE_ERROR and not same_process and op.transport == "auto":
+        log.debug("CUDA IPC of %s failed (%s): by TCP", h.describe(), memory.cuda_error(err))
+        return _staged(replace(op, transport="tcp")) if op.local.device >= 0 else _tcp(op)
+    raise _failure(op, status, err)
+
+
+def _staged(op: CopyOp) -> int:
+    """Copy to or from local CUDA memory through a page-locked host buffer."""
+    torch = sys.modules["torch"]
+    device_bytes = op.local.keepalive.reshape(-1).view(torch.uint8)[: op.length]
+    host = torch.empty(op.length, dtype=torch.uint8, pin_memory=True)
+    if op.write:
+        host.copy_(device_bytes)
+    staging = MemoryRef(
+        address=host.data_ptr(),
+        nbytes=op.length,
+        dtype=None,
+        shape=(op.length,),
+        writable=True,
+        kind="staging",
+        keepalive=host,
+    )
+    copied = run(replace(op, local=staging))
+    if not op.write:
+        device_bytes.copy_(host)
+    return copied
 
 
 def _local_threads(length: int) -> int:
@@ -439,6 +522,10 @@ def _failure(op: CopyOp, status: int, err: int) -> RDMAError:
             f"{what} was refused: the range lies outside the registered region "
             "(the handle's size does not match its owner's)",
             handle=h,
+        )
+    if status == m.ST_DEVICE_ERROR:
+        return RDMATransferError(
+            f"{what} failed on the GPU: CUDA error {err} ({m.cuda_error(err)})", handle=h
         )
     if status == m.ST_BUSY:
         return RDMATransferError(
