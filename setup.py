@@ -170,8 +170,12 @@ setup(
         Extension(
             "monarch_nb.native._memory",
             # _cuda.c opens the CUDA runtime at run time (dlopen): no CUDA to build.
-            sources=["monarch_nb/native/_memory.c", "monarch_nb/native/_cuda.c"],
-            depends=["monarch_nb/native/_cuda.h"],
+            sources=[
+                "monarch_nb/native/_memory.c",
+                "monarch_nb/native/_cuda.c",
+                "monarch_nb/native/_sha256.c",
+            ],
+            depends=["monarch_nb/native/_cuda.h", "monarch_nb/native/_sha256.h"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-ldl"],
             optional=True,

@@ -10,6 +10,7 @@ behind.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import multiprocessing as mp
 import pickle
 import random
@@ -38,7 +39,7 @@ from monarch_nb.native import (
     RDMAUnavailableError,
 )
 from monarch_nb.native import _memory as C
-from monarch_nb.native._transport import REPLY_FORMAT, REQUEST_FORMAT
+from monarch_nb.native._transport import REPLY_FORMAT, read_hello, sign_request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -192,10 +193,18 @@ def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
 # -- raw protocol helpers -----------------------------------------------------
 
 
-def pack(op: int, region: int, token: bytes, offset: int, length: int) -> bytes:
-    return struct.pack(
-        REQUEST_FORMAT, C.REQUEST_MAGIC, C.PROTOCOL_VERSION, op, region, token, offset, length
-    )
+_nonces = itertools.count(1)
+
+
+def pack(challenge: bytes, op: int, region: int, token: bytes, offset: int, length: int) -> bytes:
+    """A request signed for the connection whose hello carried ``challenge``."""
+    return sign_request(challenge, token, op, region, next(_nonces), offset, length)
+
+
+def connect_raw(server: tuple[str, int], timeout: float = 10) -> tuple[socket.socket, bytes]:
+    """A plain connection to a buffer server and the challenge of its hello."""
+    s = socket.create_connection(server, timeout=timeout)
+    return s, read_hello(s)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -411,7 +420,7 @@ def test_drop_breaks_a_stalled_tcp_stream(owner: Owner) -> None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
         s.settimeout(10)
         s.connect(h.server)
-        s.sendall(pack(C.OP_READ, h.region, h.token, 0, h.size))
+        s.sendall(pack(read_hello(s), C.OP_READ, h.region, h.token, 0, h.size))
         assert read_reply(s) == (C.ST_OK, h.size)
         received = len(recv_exact(s, 1 << 16))
         # The server is now blocked in send() on our full window; drop must wake it.
@@ -426,13 +435,14 @@ def test_drop_breaks_a_stalled_tcp_stream(owner: Owner) -> None:
 def test_drop_waits_for_a_local_lease_to_end(owner: Owner) -> None:
     buf = owner.register("leased", "bytearray", None, (1 << 20,))
     h = buf._handle
-    with socket.create_connection(h.server, timeout=10) as s:
-        s.sendall(pack(C.OP_LEASE_WRITE, h.region, h.token, 0, 4096))
+    s, challenge = connect_raw(h.server)
+    with s:
+        s.sendall(pack(challenge, C.OP_LEASE_WRITE, h.region, h.token, 0, 4096))
         assert read_reply(s) == (C.ST_OK, h.address)
         owner.send("drop", "leased")
         assert s.recv(1) == b"", "the owner must tell the lease holder to stop"
         assert not owner.conn.poll(0.2), "drop returned while a reader could still copy"
-        s.sendall(pack(C.OP_RELEASE, h.region, h.token, 0, 0))
+        s.sendall(pack(challenge, C.OP_RELEASE, h.region, h.token, 0, 0))
         assert owner.reply(timeout=10) is True
     with pytest.raises(RDMABufferDroppedError):
         buf.read_into(bytearray(h.size), transport="local").get(timeout=10)
@@ -513,11 +523,16 @@ def test_fuzzed_requests_never_crash_or_escape_the_region(owner: Owner) -> None:
     ops = [C.OP_READ, C.OP_WRITE, C.OP_LEASE_READ, C.OP_LEASE_WRITE, C.OP_RELEASE, C.OP_QUERY]
     edge = [0, 1, size - 1, size, size + 1, 1 << 32, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
 
-    def exchange(payload: bytes, then_close: bool = True) -> bytes:
+    def exchange(request: bytes | tuple, then_close: bool = True, cut: int | None = None) -> bytes:
+        """Send raw bytes, or ``pack``'s arguments signed for this connection (the first
+        ``cut`` bytes of them); return what came back after the hello."""
         out = bytearray()
-        with socket.create_connection(h.server, timeout=5) as s:
+        s, challenge = connect_raw(h.server, timeout=5)
+        with s:
             try:
-                s.sendall(payload)
+                s.sendall(
+                    request if isinstance(request, bytes) else pack(challenge, *request)[:cut]
+                )
                 if then_close:
                     s.shutdown(socket.SHUT_WR)
                 while chunk := s.recv(1 << 16):
@@ -537,7 +552,8 @@ def test_fuzzed_requests_never_crash_or_escape_the_region(owner: Owner) -> None:
         op = rng.choice([*ops, C.OP_DROP, 0, 99, 0xFFFF])
         region = rng.choice([h.region, 0, rng.getrandbits(64)])
         token = rng.randbytes(16)
-        reply = exchange(pack(op, region, token, rng.choice(edge), rng.choice(edge)))
+        offset, length = rng.choice(edge), rng.choice(edge)
+        reply = exchange((op, region, token, offset, length))
         status = struct.unpack(REPLY_FORMAT, reply[: C.REPLY_SIZE])[1]
         assert status != C.ST_OK, (op, region)
 
@@ -546,8 +562,9 @@ def test_fuzzed_requests_never_crash_or_escape_the_region(owner: Owner) -> None:
         offset = rng.choice([*edge, rng.randrange(size)])
         length = rng.choice([*edge, rng.randrange(size)])
         inside = offset <= size and length <= size - offset
-        with socket.create_connection(h.server, timeout=5) as s:
-            s.sendall(pack(op, h.region, h.token, offset, length))
+        s, challenge = connect_raw(h.server, timeout=5)
+        with s:
+            s.sendall(pack(challenge, op, h.region, h.token, offset, length))
             status, value = read_reply(s) or (None, None)
             assert status == (C.ST_OK if inside else C.ST_OUT_OF_RANGE), (op, offset, length)
             if status != C.ST_OK or op == C.OP_QUERY:
@@ -561,11 +578,11 @@ def test_fuzzed_requests_never_crash_or_escape_the_region(owner: Owner) -> None:
                 assert read_reply(s) == (C.ST_OK, length)
 
     for cut in range(1, C.REQUEST_SIZE):  # a valid header cut short
-        assert exchange(pack(C.OP_READ, h.region, h.token, 0, size)[:cut]) == b""
+        assert exchange((C.OP_READ, h.region, h.token, 0, size), cut=cut) == b""
 
     # Leases taken and abandoned without RELEASE do not pin the region forever.
     for op in (C.OP_LEASE_READ, C.OP_LEASE_WRITE):
-        assert exchange(pack(op, h.region, h.token, 0, size), then_close=False)
+        assert exchange((op, h.region, h.token, 0, size), then_close=False)
 
     assert owner.call("bytes", "fuzz") == original, "bytes outside the region changed"
     dst = bytearray(size)

@@ -74,6 +74,7 @@ from monarch_nb.native._loader import load_extension
 from monarch_nb.native._memoryref import describe
 from monarch_nb.native._transport import (
     CopyOp,
+    local_socket,
     request,
     resolve_transport,
     start_server,
@@ -184,6 +185,7 @@ class RDMABuffer:
             token=token,
             device=ref.device,
             ipc=ipc,
+            unix=local_socket(),
         )
         self._dropped = False
         self._release: Any = None  # in the owner: what unregisters the region

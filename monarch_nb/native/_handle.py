@@ -33,6 +33,9 @@ class Handle:
     #: A CUDA region's IPC handle and the region's offset in that allocation
     #: (None: not exportable, e.g. expandable segments; readers then go by TCP).
     ipc: tuple[bytes, int] | None = field(default=None, repr=False)
+    #: The owner's Unix socket (in its tree's private directory), for readers on
+    #: its host; None: TCP only.
+    unix: str | None = field(default=None, repr=False)
 
     def describe(self) -> str:
         """Name the buffer and its owner for error messages."""

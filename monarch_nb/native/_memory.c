@@ -9,13 +9,21 @@
  *      "user" of the region, and unregister() waits for users to reach zero,
  *      so memory is never touched after unregister() returns.
  *
- *   2. A TCP server: one accept thread plus one thread per connection.  A
- *      connection carries a sequence of fixed-size requests (48 bytes):
+ *   2. A TCP server: one accept thread plus one thread per connection.  The
+ *      server opens each connection with a hello (u32 magic "MNBH", u8[16]
+ *      random challenge); the connection then carries a sequence of
+ *      fixed-size requests (56 bytes):
  *
- *          u32 magic "MNBR" | u16 version | u16 op | u64 region
- *          u8[16] token     | u64 offset  | u64 length          (little endian)
+ *          u32 magic "MNBR" | u16 version | u16 op | u64 region | u64 nonce
+ *          u64 offset | u64 length | u8[16] mac                 (little endian)
  *
- *      and every reply starts with a 16-byte header:
+ *      where mac is HMAC-SHA256(region's token, challenge || the first 40
+ *      bytes) cut to 16 bytes, and nonce grows from request to request on a
+ *      connection. The token itself never crosses the wire: a request seen on
+ *      the network can neither be replayed (another connection has another
+ *      challenge; this one wants a larger nonce) nor altered.
+ *
+ *      Every reply starts with a 16-byte header:
  *
  *          u32 magic "MNBA" | u32 status | u64 value
  *
@@ -25,7 +33,7 @@
  *      ended by RELEASE; QUERY and DROP check or revoke a region.  Any
  *      malformed request gets an error status and the connection is closed.
  *      A request is served only if the region is registered and not revoked,
- *      the token matches (constant-time compare) and [offset, offset+length)
+ *      the MAC matches (constant-time compare) and [offset, offset+length)
  *      lies inside the region; nothing else is ever read or written.
  *
  *   3. Client-side copy engines, called with the GIL released: tcp_copy
@@ -64,17 +72,25 @@
 #include <unistd.h>
 
 #include "_cuda.h"
+#include "_sha256.h"
+
+#include <sys/random.h>
 
 #ifndef PR_SET_PTRACER
 #define PR_SET_PTRACER 0x59616d61
 #endif
 
-#define REQ_MAGIC 0x524e424dU /* "MNBR" little endian */
-#define REP_MAGIC 0x414e424dU /* "MNBA" little endian */
-#define PROTO_VERSION 1
-#define REQ_SIZE 48
+#define REQ_MAGIC 0x524e424dU   /* "MNBR" little endian */
+#define REP_MAGIC 0x414e424dU   /* "MNBA" little endian */
+#define HELLO_MAGIC 0x484e424dU /* "MNBH" little endian */
+#define PROTO_VERSION 2
+#define REQ_SIZE 56
+#define REQ_SIGNED 40 /* the bytes the MAC covers, after the challenge */
 #define REP_SIZE 16
+#define HELLO_SIZE 20
 #define TOKEN_SIZE 16
+#define CHALLENGE_SIZE 16
+#define MAC_SIZE 16
 #define NBUCKETS 1024
 #define MAX_CONNS 1024
 /* Connections that have not yet shown a region's token: at most this many (a
@@ -82,6 +98,9 @@
  * real reader sends its request as it connects, so a flood of idle or silent
  * connections can neither fill the table nor keep readers out. */
 #define MAX_UNVERIFIED 64
+/* Of those, at most this many from one peer (address, or uid on a Unix socket):
+ * a flood from one host evicts its own connections, not other hosts'. */
+#define MAX_UNVERIFIED_PER_PEER 16
 #define PREAUTH_TIMEOUT_S 10
 #define MAX_STREAMS 16
 #define IO_CHUNK ((size_t)64 << 20)
@@ -124,9 +143,10 @@ typedef struct {
     uint16_t version;
     uint16_t op;
     uint64_t region;
-    unsigned char token[TOKEN_SIZE];
+    uint64_t nonce;
     uint64_t offset;
     uint64_t length;
+    unsigned char mac[MAC_SIZE];
 } request_t;
 
 typedef struct region {
@@ -149,8 +169,28 @@ typedef struct conn {
     int verified; /* it has shown a live region's token */
     int evicted;  /* shut down to make room for a newer unverified connection */
     void *stage;  /* page-locked staging for CUDA regions, made on first use */
+    unsigned char peer[17]; /* who connected: family byte + address (or uid) */
+    unsigned char challenge[CHALLENGE_SIZE]; /* sent in the hello */
+    uint64_t last_nonce;                     /* of the last request verified */
     struct conn *prev, *next;
 } conn_t;
+
+static int same_peer(const conn_t *a, const unsigned char *peer) {
+    return memcmp(a->peer, peer, sizeof a->peer) == 0;
+}
+
+/* Another host (not loopback, not a Unix socket): only those are held to a
+ * share of the verified places, since every local reader is the same "peer". */
+static int remote_peer(const unsigned char *peer) {
+    if (peer[0] == AF_INET) return peer[1] != 127;
+    if (peer[0] == AF_INET6) {
+        static const unsigned char loopback[16] = {[15] = 1};
+        static const unsigned char mapped127[12] = {[10] = 0xff, [11] = 0xff};
+        if (memcmp(peer + 1, loopback, 16) == 0) return 0;
+        return !(memcmp(peer + 1, mapped127, 12) == 0 && peer[13] == 127);
+    }
+    return 0;
+}
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cond;
@@ -164,6 +204,7 @@ static int g_unverified = 0; /* of them, not yet verified nor evicted */
 static int g_verified = 0;
 static int g_max_verified = MAX_CONNS; /* lowered to a quarter of RLIMIT_NOFILE */
 static int g_listen_fd = -1;
+static int g_unix_fd = -1; /* a Unix socket in the tree's 0700 directory, or -1 */
 static int g_server_started = 0;
 
 /* ---------------------------------------------------------------- encoding */
@@ -200,9 +241,21 @@ static void encode_request(unsigned char *b, const request_t *q) {
     put_u16(b + 4, q->version);
     put_u16(b + 6, q->op);
     put_u64(b + 8, q->region);
-    memcpy(b + 16, q->token, TOKEN_SIZE);
-    put_u64(b + 32, q->offset);
-    put_u64(b + 40, q->length);
+    put_u64(b + 16, q->nonce);
+    put_u64(b + 24, q->offset);
+    put_u64(b + 32, q->length);
+    memcpy(b + REQ_SIGNED, q->mac, MAC_SIZE);
+}
+
+/* The MAC of `q` (its first REQ_SIGNED bytes) under `token` on a connection
+ * whose hello carried `challenge`. */
+static void request_mac(const request_t *q, const unsigned char *token,
+                        const unsigned char *challenge, unsigned char mac[MAC_SIZE]) {
+    unsigned char msg[CHALLENGE_SIZE + REQ_SIZE], full[SHA256_SIZE];
+    memcpy(msg, challenge, CHALLENGE_SIZE);
+    encode_request(msg + CHALLENGE_SIZE, q);
+    hmac_sha256(token, TOKEN_SIZE, msg, CHALLENGE_SIZE + REQ_SIGNED, full);
+    memcpy(mac, full, MAC_SIZE);
 }
 
 static void decode_request(const unsigned char *b, request_t *q) {
@@ -210,9 +263,10 @@ static void decode_request(const unsigned char *b, request_t *q) {
     q->version = get_u16(b + 4);
     q->op = get_u16(b + 6);
     q->region = get_u64(b + 8);
-    memcpy(q->token, b + 16, TOKEN_SIZE);
-    q->offset = get_u64(b + 32);
-    q->length = get_u64(b + 40);
+    q->nonce = get_u64(b + 16);
+    q->offset = get_u64(b + 24);
+    q->length = get_u64(b + 32);
+    memcpy(q->mac, b + REQ_SIGNED, MAC_SIZE);
 }
 
 /* --------------------------------------------------------------------- I/O */
@@ -277,10 +331,15 @@ static void remove_locked(region_t *r) {
     free(r);
 }
 
-static int token_equal(const unsigned char *a, const unsigned char *b) {
-    unsigned char diff = 0;
-    for (int i = 0; i < TOKEN_SIZE; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-    return diff == 0;
+/* `q` was made by a holder of `r`'s token for this connection, and is not a
+ * replay of an earlier request on it (constant-time compare). Lock held. */
+static int request_authentic(conn_t *c, const region_t *r, const request_t *q) {
+    unsigned char want[MAC_SIZE], diff = 0;
+    request_mac(q, r->token, c->challenge, want);
+    for (int i = 0; i < MAC_SIZE; i++) diff |= (unsigned char)(want[i] ^ q->mac[i]);
+    if (diff != 0 || q->nonce <= c->last_nonce) return 0;
+    c->last_nonce = q->nonce;
+    return 1;
 }
 
 /* Validate a request against the table; on success count a use by `c`. */
@@ -296,6 +355,13 @@ static uint32_t no_such_region_locked(const request_t *q) {
 static uint32_t verify_conn_locked(conn_t *c) {
     if (c == NULL || c->verified) return ST_OK;
     if (g_verified >= g_max_verified) return ST_BUSY;
+    /* Another host, even one holding a token, may take at most half the places. */
+    if (remote_peer(c->peer)) {
+        int of_peer = 0;
+        for (conn_t *o = g_conns; o != NULL; o = o->next)
+            if (o->verified && same_peer(o, c->peer)) of_peer++;
+        if (of_peer >= g_max_verified / 2) return ST_BUSY;
+    }
     c->verified = 1;
     g_verified++;
     if (!c->evicted) g_unverified--;
@@ -308,7 +374,7 @@ static uint32_t acquire(conn_t *c, const request_t *q, int want_write, int lease
     uint32_t st = ST_OK;
     pthread_mutex_lock(&g_lock);
     region_t *r = find_locked(q->region);
-    if (r == NULL || !token_equal(r->token, q->token))
+    if (r == NULL || !request_authentic(c, r, q))
         st = no_such_region_locked(q);
     else if ((st = verify_conn_locked(c)) != ST_OK)
         ;
@@ -358,7 +424,7 @@ static uint32_t serve_drop(conn_t *c, const request_t *q) {
     pthread_mutex_lock(&g_lock);
     uint32_t st = ST_OK;
     region_t *r = find_locked(q->region);
-    if (r == NULL || !token_equal(r->token, q->token))
+    if (r == NULL || !request_authentic(c, r, q))
         st = no_such_region_locked(q);
     else if ((st = verify_conn_locked(c)) == ST_OK)
         revoke_locked(r);
@@ -498,6 +564,8 @@ static int serve_one(conn_t *c, const request_t *q) {
         if (err == 0) err = recv_all(c->fd, b, REQ_SIZE);
         release(c);
         if (err != 0) return 0;
+        /* RELEASE only gives the lease up, as closing the connection would: it
+         * needs no MAC. */
         decode_request(b, &end);
         if (end.magic != REQ_MAGIC || end.op != OP_RELEASE) {
             send_reply(c->fd, ST_BAD_OP, 0);
@@ -535,13 +603,25 @@ static void unlink_conn_locked(conn_t *c) {
         g_unverified--;
 }
 
-/* Make room for a new connection: shut the oldest unverified one down (its
+/* Make room for a new connection from `peer`: shut down the oldest unverified
+ * connection of that peer if it holds its share, else the oldest of all (its
  * thread then closes it). New connections go to the head of the list, so the
  * oldest is the last one found. Lock held. */
-static void evict_oldest_unverified_locked(void) {
-    conn_t *oldest = NULL;
-    for (conn_t *c = g_conns; c != NULL; c = c->next)
-        if (!c->verified && !c->evicted) oldest = c;
+static void make_room_locked(const unsigned char *peer) {
+    conn_t *oldest = NULL, *oldest_of_peer = NULL;
+    int of_peer = 0;
+    for (conn_t *c = g_conns; c != NULL; c = c->next) {
+        if (c->verified || c->evicted) continue;
+        oldest = c;
+        if (same_peer(c, peer)) {
+            oldest_of_peer = c;
+            of_peer++;
+        }
+    }
+    if (of_peer >= MAX_UNVERIFIED_PER_PEER)
+        oldest = oldest_of_peer;
+    else if (g_unverified < MAX_UNVERIFIED)
+        return;
     if (oldest == NULL) return;
     oldest->evicted = 1;
     g_unverified--;
@@ -554,7 +634,11 @@ static void *conn_main(void *arg) {
     request_t q;
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    while (recv_all(c->fd, b, REQ_SIZE) == 0) {
+    unsigned char hello[HELLO_SIZE];
+    put_u32(hello, HELLO_MAGIC);
+    memcpy(hello + 4, c->challenge, CHALLENGE_SIZE);
+    int ok = send_all(c->fd, hello, HELLO_SIZE) == 0;
+    while (ok && recv_all(c->fd, b, REQ_SIZE) == 0) {
         decode_request(b, &q);
         if (!serve_one(c, &q)) break;
     }
@@ -568,6 +652,29 @@ static void *conn_main(void *arg) {
     return NULL;
 }
 
+/* The process at the other end of a Unix socket runs as our user. */
+static int same_user(int fd) {
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == geteuid();
+}
+
+/* Name a connection's peer: its IP address, or its uid on a Unix socket. */
+static void peer_of(int fd, const struct sockaddr_storage *addr, unsigned char peer[17]) {
+    memset(peer, 0, 17);
+    peer[0] = (unsigned char)addr->ss_family;
+    if (addr->ss_family == AF_INET) {
+        memcpy(peer + 1, &((const struct sockaddr_in *)addr)->sin_addr, 4);
+    } else if (addr->ss_family == AF_INET6) {
+        memcpy(peer + 1, &((const struct sockaddr_in6 *)addr)->sin6_addr, 16);
+    } else {
+        struct ucred cred;
+        socklen_t len = sizeof cred;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0)
+            memcpy(peer + 1, &cred.uid, sizeof cred.uid);
+    }
+}
+
 static void *accept_main(void *arg) {
     (void)arg;
     pthread_attr_t attr;
@@ -575,8 +682,24 @@ static void *accept_main(void *arg) {
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 256 * 1024);
     for (;;) {
-        int fd = accept4(g_listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        struct pollfd ready[2] = {{g_listen_fd, POLLIN, 0}, {g_unix_fd, POLLIN, 0}};
+        if (poll(ready, g_unix_fd >= 0 ? 2 : 1, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (ready[0].revents & POLLNVAL) break; /* the listening socket is gone */
+        int from = (ready[0].revents & (POLLIN | POLLERR | POLLHUP)) ? g_listen_fd : g_unix_fd;
+        struct sockaddr_storage addr;
+        socklen_t addr_len = sizeof addr;
+        /* The listening sockets are non-blocking (a connection may vanish between
+         * poll and accept); accepted ones are blocking, as on Linux they are. */
+        int fd = accept4(from, (struct sockaddr *)&addr, &addr_len, SOCK_CLOEXEC);
+        if (fd >= 0 && from == g_unix_fd && !same_user(fd)) {
+            close(fd); /* the directory is 0700 already; this is a second lock */
+            continue;
+        }
         if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) continue;
             if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 struct timespec pause = {0, 10 * 1000 * 1000};
@@ -589,13 +712,15 @@ static void *accept_main(void *arg) {
         struct timeval preauth = {PREAUTH_TIMEOUT_S, 0};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &preauth, sizeof preauth);
         conn_t *c = (conn_t *)calloc(1, sizeof *c);
-        if (c == NULL) {
+        if (c == NULL || getrandom(c->challenge, CHALLENGE_SIZE, 0) != CHALLENGE_SIZE) {
             send_reply(fd, ST_BUSY, 0);
             close(fd);
+            free(c);
             continue;
         }
         pthread_mutex_lock(&g_lock);
-        if (g_unverified >= MAX_UNVERIFIED) evict_oldest_unverified_locked();
+        peer_of(fd, &addr, c->peer);
+        make_room_locked(c->peer);
         c->fd = fd;
         c->next = g_conns;
         if (g_conns != NULL) g_conns->prev = c;
@@ -621,6 +746,7 @@ static void *accept_main(void *arg) {
 
 typedef struct {
     int fd;
+    const unsigned char *challenge; /* the connection's hello */
     uint16_t op;
     uint64_t region;
     const unsigned char *token;
@@ -657,15 +783,20 @@ static int exchange(int fd, const request_t *q, uint32_t *status, uint64_t *valu
     return *status == ST_OK ? 0 : -1;
 }
 
+/* Nonces of this process's requests: one counter for every connection, so each
+ * connection sees them grow. */
+static uint64_t g_client_nonce = 0;
+
 static void make_request(request_t *q, uint16_t op, uint64_t region, const unsigned char *token,
-                         uint64_t offset, uint64_t length) {
+                         const unsigned char *challenge, uint64_t offset, uint64_t length) {
     q->magic = REQ_MAGIC;
     q->version = PROTO_VERSION;
     q->op = op;
     q->region = region;
-    memcpy(q->token, token, TOKEN_SIZE);
+    q->nonce = __atomic_add_fetch(&g_client_nonce, 1, __ATOMIC_RELAXED);
     q->offset = offset;
     q->length = length;
+    request_mac(q, token, challenge, q->mac);
 }
 
 /* Run fn over items[0..n): items 1.. on threads of their own, item 0 on the
@@ -690,7 +821,7 @@ static void *tcp_stream(void *arg) {
     xfer_t *x = (xfer_t *)arg;
     request_t q;
     uint64_t value = 0;
-    make_request(&q, x->op, x->region, x->token, x->offset, x->length);
+    make_request(&q, x->op, x->region, x->token, x->challenge, x->offset, x->length);
     if (exchange(x->fd, &q, &x->status, &value, &x->err) != 0) return NULL;
     if (value != x->length) {
         x->status = ST_BAD_REPLY;
@@ -793,8 +924,8 @@ static PyObject *py_set_ptracer(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_server_start(PyObject *self, PyObject *args) {
-    int fd;
-    if (!PyArg_ParseTuple(args, "i", &fd)) return NULL;
+    int fd, unix_fd = -1;
+    if (!PyArg_ParseTuple(args, "i|i", &fd, &unix_fd)) return NULL;
     /* Verified connections stay well under the file limit, so a full table
      * never makes this process's own open() fail with EMFILE. */
     struct rlimit files;
@@ -807,6 +938,7 @@ static PyObject *py_server_start(PyObject *self, PyObject *args) {
     if (!started) {
         g_server_started = 1;
         g_listen_fd = fd;
+        g_unix_fd = unix_fd;
         g_max_verified = cap;
     }
     pthread_mutex_unlock(&g_lock);
@@ -851,30 +983,40 @@ static PyObject *py_address_of(PyObject *self, PyObject *args) {
     return out;
 }
 
-static int parse_token(PyObject *obj, unsigned char *token) {
+/* Copy exactly `size` bytes of the bytes object `obj` to `out`. */
+static int parse_fixed(PyObject *obj, unsigned char *out, Py_ssize_t size, const char *what) {
     char *p;
     Py_ssize_t n;
     if (PyBytes_AsStringAndSize(obj, &p, &n) != 0) return -1;
-    if (n != TOKEN_SIZE) {
-        PyErr_Format(PyExc_ValueError, "token must be %d bytes, got %zd", TOKEN_SIZE, n);
+    if (n != size) {
+        PyErr_Format(PyExc_ValueError, "%s must be %zd bytes, got %zd", what, size, n);
         return -1;
     }
-    memcpy(token, p, TOKEN_SIZE);
+    memcpy(out, p, (size_t)size);
     return 0;
+}
+
+static int parse_token(PyObject *obj, unsigned char *token) {
+    return parse_fixed(obj, token, TOKEN_SIZE, "token");
+}
+
+static int parse_challenge(PyObject *obj, unsigned char *challenge) {
+    return parse_fixed(obj, challenge, CHALLENGE_SIZE, "challenge");
 }
 
 static PyObject *py_request(PyObject *self, PyObject *args) {
     int fd, op;
     unsigned long long region, offset, length;
-    PyObject *tok;
-    unsigned char token[TOKEN_SIZE];
-    if (!PyArg_ParseTuple(args, "iiKSKK", &fd, &op, &region, &tok, &offset, &length)) return NULL;
-    if (parse_token(tok, token) != 0) return NULL;
+    PyObject *tok, *hello;
+    unsigned char token[TOKEN_SIZE], challenge[CHALLENGE_SIZE];
+    if (!PyArg_ParseTuple(args, "iSiKSKK", &fd, &hello, &op, &region, &tok, &offset, &length))
+        return NULL;
+    if (parse_token(tok, token) != 0 || parse_challenge(hello, challenge) != 0) return NULL;
     request_t q;
     uint32_t status = 0;
     uint64_t value = 0;
     int err = 0;
-    make_request(&q, (uint16_t)op, region, token, offset, length);
+    make_request(&q, (uint16_t)op, region, token, challenge, offset, length);
     Py_BEGIN_ALLOW_THREADS
     exchange(fd, &q, &status, &value, &err);
     Py_END_ALLOW_THREADS
@@ -882,11 +1024,12 @@ static PyObject *py_request(PyObject *self, PyObject *args) {
 }
 
 static PyObject *py_tcp_copy(PyObject *self, PyObject *args) {
-    PyObject *fds_obj, *tok;
+    PyObject *fds_obj, *hellos_obj, *tok;
     int op;
     unsigned long long region, offset, addr, length;
-    unsigned char token[TOKEN_SIZE];
-    if (!PyArg_ParseTuple(args, "OiKSKKK", &fds_obj, &op, &region, &tok, &offset, &addr, &length))
+    unsigned char token[TOKEN_SIZE], challenges[MAX_STREAMS][CHALLENGE_SIZE];
+    if (!PyArg_ParseTuple(args, "OOiKSKKK", &fds_obj, &hellos_obj, &op, &region, &tok, &offset,
+                          &addr, &length))
         return NULL;
     if (op != OP_READ && op != OP_WRITE) {
         PyErr_Format(PyExc_ValueError, "op must be READ or WRITE, got %d", op);
@@ -901,6 +1044,22 @@ static PyObject *py_tcp_copy(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "need 1 to %d connections, got %zd", MAX_STREAMS, n);
         return NULL;
     }
+    PyObject *hellos = PySequence_Fast(hellos_obj, "challenges must be a sequence of bytes");
+    if (hellos == NULL || PySequence_Fast_GET_SIZE(hellos) != n) {
+        Py_DECREF(seq);
+        Py_XDECREF(hellos);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "need one challenge per connection");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (parse_challenge(PySequence_Fast_GET_ITEM(hellos, i), challenges[i]) != 0) {
+            Py_DECREF(seq);
+            Py_DECREF(hellos);
+            return NULL;
+        }
+    }
+    Py_DECREF(hellos);
     xfer_t x[MAX_STREAMS];
     uint64_t part = (length + (uint64_t)n - 1) / (uint64_t)n;
     part = (part + 65535) & ~(uint64_t)65535;
@@ -914,8 +1073,8 @@ static PyObject *py_tcp_copy(PyObject *self, PyObject *args) {
         }
         if (i > 0 && pos >= length) break;
         uint64_t len = length - pos < part ? length - pos : part;
-        x[used] = (xfer_t){(int)fd,         (uint16_t)op, region, token, offset + pos,
-                           (char *)(uintptr_t)(addr + pos), len, ST_OK, 0};
+        x[used] = (xfer_t){(int)fd,     challenges[i],  (uint16_t)op, region, token,
+                           offset + pos, (char *)(uintptr_t)(addr + pos), len, ST_OK, 0};
         pos += len;
         used++;
     }
@@ -977,13 +1136,13 @@ static void *vm_copy(void *arg) {
 /* Send RELEASE for a lease: the owner counts the region in use until it arrives.
  * A copy that went well fails if the owner cannot confirm (it revoked the lease
  * or died meanwhile). GIL released. */
-static void end_lease(int fd, uint64_t region, const unsigned char *token, uint32_t *status,
-                      int *err) {
+static void end_lease(int fd, const unsigned char *challenge, uint64_t region,
+                      const unsigned char *token, uint32_t *status, int *err) {
     request_t q;
     uint32_t end_status = ST_OK;
     uint64_t ignored;
     int end_err = 0;
-    make_request(&q, OP_RELEASE, region, token, 0, 0);
+    make_request(&q, OP_RELEASE, region, token, challenge, 0, 0);
     if (exchange(fd, &q, &end_status, &ignored, &end_err) != 0 && *status == ST_OK) {
         *status = (end_status == ST_EOF || end_status == ST_IO_ERROR) ? ST_REVOKED : end_status;
         *err = end_err;
@@ -993,12 +1152,12 @@ static void end_lease(int fd, uint64_t region, const unsigned char *token, uint3
 static PyObject *py_local_copy(PyObject *self, PyObject *args) {
     int fd, pid, is_write, nthreads = 1;
     unsigned long long region, offset, local, length, chunk;
-    PyObject *tok;
-    unsigned char token[TOKEN_SIZE];
-    if (!PyArg_ParseTuple(args, "iipKSKKKK|i", &fd, &pid, &is_write, &region, &tok, &offset,
-                          &local, &length, &chunk, &nthreads))
+    PyObject *tok, *hello;
+    unsigned char token[TOKEN_SIZE], challenge[CHALLENGE_SIZE];
+    if (!PyArg_ParseTuple(args, "iSipKSKKKK|i", &fd, &hello, &pid, &is_write, &region, &tok,
+                          &offset, &local, &length, &chunk, &nthreads))
         return NULL;
-    if (parse_token(tok, token) != 0) return NULL;
+    if (parse_token(tok, token) != 0 || parse_challenge(hello, challenge) != 0) return NULL;
     if (chunk == 0) chunk = 16 << 20;
     if (nthreads < 1) nthreads = 1;
     if (nthreads > MAX_STREAMS) nthreads = MAX_STREAMS;
@@ -1007,7 +1166,8 @@ static PyObject *py_local_copy(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     request_t q;
     uint64_t base = 0;
-    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, offset, length);
+    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, challenge, offset,
+                 length);
     if (exchange(fd, &q, &status, &base, &err) == 0) {
         /* The owner tells us where the region lives: the handle is not trusted for it.
          * Parts run in parallel; only the first polls the lease, the others stop via
@@ -1038,7 +1198,7 @@ static PyObject *py_local_copy(PyObject *self, PyObject *args) {
             }
         }
         /* Always say we stopped: the owner keeps the region pinned until then. */
-        end_lease(fd, region, token, &status, &err);
+        end_lease(fd, challenge, region, token, &status, &err);
     }
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(Ii)", status, err);
@@ -1051,14 +1211,14 @@ static PyObject *py_local_copy(PyObject *self, PyObject *args) {
 static PyObject *py_cuda_local_copy(PyObject *self, PyObject *args) {
     int fd, is_write, device;
     unsigned long long region, offset, local, length, chunk, ipc_offset;
-    PyObject *tok;
+    PyObject *tok, *hello;
     const char *ipc;
     Py_ssize_t ipc_len;
-    unsigned char token[TOKEN_SIZE];
-    if (!PyArg_ParseTuple(args, "ipKSKKKKiy#K", &fd, &is_write, &region, &tok, &offset, &local,
-                          &length, &chunk, &device, &ipc, &ipc_len, &ipc_offset))
+    unsigned char token[TOKEN_SIZE], challenge[CHALLENGE_SIZE];
+    if (!PyArg_ParseTuple(args, "iSpKSKKKKiy#K", &fd, &hello, &is_write, &region, &tok, &offset,
+                          &local, &length, &chunk, &device, &ipc, &ipc_len, &ipc_offset))
         return NULL;
-    if (parse_token(tok, token) != 0) return NULL;
+    if (parse_token(tok, token) != 0 || parse_challenge(hello, challenge) != 0) return NULL;
     if (ipc_len != 0 && ipc_len != CUDA_IPC_HANDLE_SIZE) {
         PyErr_Format(PyExc_ValueError, "an IPC handle has %d bytes, got %zd",
                      CUDA_IPC_HANDLE_SIZE, ipc_len);
@@ -1074,7 +1234,8 @@ static PyObject *py_cuda_local_copy(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     request_t q;
     uint64_t base = 0;
-    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, offset, length);
+    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, challenge, offset,
+                 length);
     int granted = exchange(fd, &q, &status, &base, &err) == 0;
     if (!granted && ipc_len != 0 && (status == ST_DROPPED || status == ST_UNKNOWN_REGION))
         cuda_ipc_forget(device, (const unsigned char *)ipc);
@@ -1112,10 +1273,20 @@ static PyObject *py_cuda_local_copy(PyObject *self, PyObject *args) {
             err = rc;
         }
         if (mapped != NULL) cuda_ipc_done(device, mapped, slot);
-        end_lease(fd, region, token, &status, &err);
+        end_lease(fd, challenge, region, token, &status, &err);
     }
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(Ii)", status, err);
+}
+
+static PyObject *py_hmac_sha256(PyObject *self, PyObject *args) {
+    const char *key, *msg;
+    Py_ssize_t key_len, msg_len;
+    if (!PyArg_ParseTuple(args, "y#y#", &key, &key_len, &msg, &msg_len)) return NULL;
+    unsigned char out[SHA256_SIZE];
+    hmac_sha256((const unsigned char *)key, (size_t)key_len, (const unsigned char *)msg,
+                (size_t)msg_len, out);
+    return PyBytes_FromStringAndSize((const char *)out, SHA256_SIZE);
 }
 
 static PyObject *py_cuda_load(PyObject *self, PyObject *args) {
@@ -1164,7 +1335,9 @@ static void atfork_child(void) {
     g_conns = NULL;
     g_conn_count = 0;
     if (g_listen_fd >= 0) close(g_listen_fd);
+    if (g_unix_fd >= 0) close(g_unix_fd);
     g_listen_fd = -1;
+    g_unix_fd = -1;
     g_server_started = 0;
 }
 
@@ -1176,25 +1349,30 @@ static PyMethodDef methods[] = {
     {"set_ptracer", py_set_ptracer, METH_VARARGS,
      "set_ptracer(pid): prctl(PR_SET_PTRACER, pid) -> 0 or errno"},
     {"server_start", py_server_start, METH_VARARGS,
-     "server_start(listening_fd): serve registered regions on a native thread"},
+     "server_start(tcp_fd, unix_fd=-1): serve registered regions on a native thread "
+     "(non-blocking listening sockets)"},
     {"stats", py_stats, METH_NOARGS, "stats() -> (regions, bytes, connections, server_started)"},
     {"address_of", py_address_of, METH_VARARGS,
      "address_of(obj, writable) -> (address, nbytes) of a C-contiguous buffer"},
     {"request", py_request, METH_VARARGS,
-     "request(fd, op, region, token, offset, length) -> (status, value, errno)"},
+     "request(fd, challenge, op, region, token, offset, length) -> (status, value, errno)"},
     {"tcp_copy", py_tcp_copy, METH_VARARGS,
-     "tcp_copy(fds, op, region, token, offset, address, length) -> (status, errno)"},
+     "tcp_copy(fds, challenges, op, region, token, offset, address, length) -> (status, errno)"},
     {"local_copy", py_local_copy, METH_VARARGS,
-     "local_copy(fd, pid, write, region, token, offset, address, length, chunk, threads=1)"
+     "local_copy(fd, challenge, pid, write, region, token, offset, address, length, chunk, "
+     "threads=1)"
      " -> (status, errno)"},
     {"cuda_local_copy", py_cuda_local_copy, METH_VARARGS,
-     "cuda_local_copy(fd, write, region, token, offset, address, length, chunk, device, "
+     "cuda_local_copy(fd, challenge, write, region, token, offset, address, length, chunk, "
+     "device, "
      "ipc_handle, ipc_offset) -> (status, errno or CUDA error)"},
     {"cuda_load", py_cuda_load, METH_VARARGS,
      "cuda_load(cudart_path): open the CUDA runtime torch loaded (OSError if it cannot)"},
     {"cuda_ipc_export", py_cuda_ipc_export, METH_VARARGS,
      "cuda_ipc_export(device, pointer) -> ((ipc_handle, offset) or None, CUDA error)"},
     {"cuda_error", py_cuda_error, METH_VARARGS, "cuda_error(code) -> the CUDA error's name"},
+    {"hmac_sha256", py_hmac_sha256, METH_VARARGS,
+     "hmac_sha256(key, message) -> the 32-byte MAC requests are signed with"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1250,6 +1428,10 @@ PyMODINIT_FUNC PyInit__memory(void) {
         {"REQUEST_SIZE", REQ_SIZE},
         {"REPLY_SIZE", REP_SIZE},
         {"TOKEN_SIZE", TOKEN_SIZE},
+        {"HELLO_MAGIC", (long)HELLO_MAGIC},
+        {"HELLO_SIZE", HELLO_SIZE},
+        {"CHALLENGE_SIZE", CHALLENGE_SIZE},
+        {"MAC_SIZE", MAC_SIZE},
         {"MAX_STREAMS", MAX_STREAMS},
         {"MAX_CONNECTIONS", MAX_CONNS},
         {"CUDA_IPC_HANDLE_SIZE", CUDA_IPC_HANDLE_SIZE},

@@ -35,6 +35,10 @@ PROTOCOL_VERSION: int
 REQUEST_SIZE: int
 REPLY_SIZE: int
 TOKEN_SIZE: int
+HELLO_MAGIC: int
+HELLO_SIZE: int
+CHALLENGE_SIZE: int
+MAC_SIZE: int
 MAX_STREAMS: int
 MAX_CONNECTIONS: int
 CUDA_IPC_HANDLE_SIZE: int
@@ -60,17 +64,26 @@ def address_of(obj: object, writable: bool, /) -> tuple[int, int]:
     """(address, nbytes) of a C-contiguous buffer-protocol object."""
 
 def request(
-    fd: int, op: int, region: int, token: bytes, offset: int, length: int, /
+    fd: int, challenge: bytes, op: int, region: int, token: bytes, offset: int, length: int, /
 ) -> tuple[int, int, int]:
     """One request/reply exchange: (status, value, errno)."""
 
 def tcp_copy(
-    fds: list[int], op: int, region: int, token: bytes, offset: int, address: int, length: int, /
+    fds: list[int],
+    challenges: list[bytes],
+    op: int,
+    region: int,
+    token: bytes,
+    offset: int,
+    address: int,
+    length: int,
+    /,
 ) -> tuple[int, int]:
     """READ or WRITE ``length`` bytes split over the connections: (status, errno)."""
 
 def local_copy(
     fd: int,
+    challenge: bytes,
     pid: int,
     write: bool,
     region: int,
@@ -86,6 +99,7 @@ def local_copy(
 
 def cuda_local_copy(
     fd: int,
+    challenge: bytes,
     write: bool,
     region: int,
     token: bytes,
@@ -109,3 +123,6 @@ def cuda_ipc_export(device: int, pointer: int, /) -> tuple[tuple[bytes, int] | N
 
 def cuda_error(code: int, /) -> str:
     """The name of a CUDA error code."""
+
+def hmac_sha256(key: bytes, message: bytes, /) -> bytes:
+    """HMAC-SHA256 as the server checks requests with (for tests)."""

@@ -3,7 +3,10 @@
 Owner side: the first registration starts a native server thread (see
 ``_memory.c``) listening on ``MONARCH_NB_RDMA_HOST`` (default 127.0.0.1) and
 ``MONARCH_NB_RDMA_PORT`` (default: any free port); handles advertise
-``MONARCH_NB_RDMA_ADVERTISE`` or the bound address.
+``MONARCH_NB_RDMA_ADVERTISE`` or the bound address. The same server listens
+on a Unix socket in the tree's private run directory (mode 0700; the server
+also checks the peer's uid with SO_PEERCRED): readers on the owner's host
+connect there, where no other user can reach, and TCP is left to other hosts.
 
 Reader side: copies run on daemon worker threads that call into C with the
 GIL released, over pooled connections to the owner's server. Two transports:
@@ -29,6 +32,8 @@ from __future__ import annotations
 import atexit
 import errno
 import functools
+import hashlib
+import hmac
 import logging
 import os
 import queue
@@ -63,10 +68,13 @@ ENV_TIMEOUT = "MONARCH_NB_RDMA_TIMEOUT"
 TRANSPORTS = ("auto", "local", "tcp")
 
 #: Layout of a request on the wire (see _memory.c): magic, version, op, region,
-#: token, offset, length.
-REQUEST_FORMAT = "<IHHQ16sQQ"
+#: nonce, offset, length, MAC (HMAC-SHA256 under the region's token of the
+#: connection's challenge and the fields before it, cut to 16 bytes).
+REQUEST_FORMAT = "<IHHQQQQ16s"
 #: Layout of a reply header: magic, status, value.
 REPLY_FORMAT = "<IIQ"
+#: Layout of the server's hello, the first bytes of every connection: magic, challenge.
+HELLO_FORMAT = "<I16s"
 
 _LOCAL_CHUNK = 16 << 20  # revocation is noticed within one chunk
 _CUDA_CHUNK = 256 << 20  # the same for CUDA copies, which run ~100x faster
@@ -80,7 +88,8 @@ log = logging.getLogger("monarch_nb.native")
 # -- owner side ---------------------------------------------------------------
 
 _server_lock = threading.Lock()
-_server: tuple[int, tuple[str, int], tuple[str, int]] | None = None  # pid, bound, advertised
+# pid, bound, advertised, Unix socket path (None: none could be made)
+_server: tuple[int, tuple[str, int], tuple[str, int], str | None] | None = None
 _ptracer_set_for_pid = 0
 
 
@@ -112,8 +121,10 @@ def start_server(host: str | None = None, port: int | None = None) -> tuple[str,
         advertise = os.environ.get(ENV_ADVERTISE) or (
             socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "") else host
         )
-        memory.server_start(sock.detach())
-        _server = (pid, (bound[0], bound[1]), (advertise, bound[1]))
+        sock.setblocking(False)  # the native accept loop polls; see _memory.c
+        local = _unix_listener()
+        memory.server_start(sock.detach(), local[1] if local else -1)
+        _server = (pid, (bound[0], bound[1]), (advertise, bound[1]), local[0] if local else None)
         if _ptracer_set_for_pid != pid:
             # Under Yama ptrace_scope=1 (Ubuntu's default) a rank may not
             # process_vm_readv its siblings. Name our tree's root on this host as
@@ -123,6 +134,38 @@ def start_server(host: str | None = None, port: int | None = None) -> tuple[str,
             memory.set_ptracer(_rundir.tree_root())
             _ptracer_set_for_pid = pid
         return _server[2]
+
+
+def local_socket() -> str | None:
+    """The Unix socket path of this process's buffer server (None before it starts,
+    or where none could be made)."""
+    return _server[3] if _server is not None and _server[0] == os.getpid() else None
+
+
+def _unix_listener() -> tuple[str, int] | None:
+    """A listening Unix socket in the tree's private directory: (path, fd)."""
+    try:
+        path = os.path.join(_rundir.run_dir(), f"rdma-{os.getpid()}-{os.urandom(4).hex()}.sock")
+        if len(path) >= 100:  # sun_path holds 108 bytes
+            return None
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(128)
+        listener.setblocking(False)
+    except OSError as exc:
+        log.debug("no Unix socket for the buffer server (%s): local readers use TCP", exc)
+        return None
+    atexit.register(_remove_socket, path, os.getpid())
+    return path, listener.detach()
+
+
+def _remove_socket(path: str, owner: int) -> None:
+    if os.getpid() != owner:  # a forked child inherited the handler, not the socket
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)
@@ -145,21 +188,76 @@ def statistics() -> RDMAStatistics:
 # -- reader side: connections -------------------------------------------------
 
 
+@dataclass
+class Connection:
+    """A connection to an owner's server and the challenge its hello carried
+    (every request on it is signed over that challenge)."""
+
+    sock: socket.socket
+    challenge: bytes
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def sign_request(
+    challenge: bytes, token: bytes, op: int, region: int, nonce: int, offset: int, length: int
+) -> bytes:
+    """A request as the C client makes it (tests speak the protocol with this)."""
+    memory = load_extension()
+    fields = struct.pack(
+        REQUEST_FORMAT[:-3],
+        memory.REQUEST_MAGIC,
+        memory.PROTOCOL_VERSION,
+        op,
+        region,
+        nonce,
+        offset,
+        length,
+    )
+    mac = hmac.new(token, challenge + fields, hashlib.sha256).digest()[: memory.MAC_SIZE]
+    return fields + mac
+
+
+def read_hello(sock: socket.socket) -> bytes:
+    """Read a server's hello; return its challenge (ConnectionError if it is none)."""
+    memory = load_extension()
+    data = b""
+    while len(data) < memory.HELLO_SIZE:
+        chunk = sock.recv(memory.HELLO_SIZE - len(data))
+        if not chunk:
+            raise ConnectionError("the server closed the connection before its hello")
+        data += chunk
+    magic, challenge = struct.unpack(HELLO_FORMAT, data)
+    if magic != memory.HELLO_MAGIC:
+        raise ConnectionError("the peer is not a monarch_nb buffer server (no hello)")
+    return challenge
+
+
 class _ConnectionPool:
     """Idle connections to owners' servers, reused across copies."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._idle: dict[tuple[str, int, int], list[socket.socket]] = {}
+        self._idle: dict[tuple[str, int, int], list[Connection]] = {}
 
-    def take(self, handle: Handle, n: int) -> list[socket.socket]:
+    def take(self, handle: Handle, n: int) -> list[Connection]:
         with self._lock:
             if self._pid != os.getpid():  # forked: the parent owns those sockets
                 self._pid, self._idle = os.getpid(), {}
             idle = self._idle.setdefault(_key(handle), [])
             socks = [idle.pop() for _ in range(min(n, len(idle)))]
-        dead = [s for s in socks if not _idle_and_open(s)]
+        dead = [s for s in socks if not _idle_and_open(s.sock)]
         self.discard(dead)
         socks = [s for s in socks if s not in dead]
         try:
@@ -170,7 +268,7 @@ class _ConnectionPool:
             raise
         return socks
 
-    def give(self, handle: Handle, socks: list[socket.socket]) -> None:
+    def give(self, handle: Handle, socks: list[Connection]) -> None:
         with self._lock:
             idle = self._idle.setdefault(_key(handle), [])
             keep = max(0, _MAX_IDLE_PER_OWNER - len(idle))
@@ -178,7 +276,7 @@ class _ConnectionPool:
         self.discard(socks[keep:])
 
     @staticmethod
-    def discard(socks: list[socket.socket]) -> None:
+    def discard(socks: list[Connection]) -> None:
         for s in socks:
             s.close()
 
@@ -210,10 +308,28 @@ _pool = _ConnectionPool()
 atexit.register(_pool.close_all)
 
 
-def connect(handle: Handle) -> socket.socket:
-    """Open a blocking connection to the owner's server (with kernel I/O timeouts)."""
+def _connect_local(handle: Handle) -> socket.socket | None:
+    """The owner's Unix socket, if it shares this host and has one (else None)."""
+    if handle.unix is None or handle.host_key != host_key():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(_CONNECT_TIMEOUT_S)
     try:
-        sock = socket.create_connection(handle.server, timeout=_CONNECT_TIMEOUT_S)
+        sock.connect(handle.unix)
+    except OSError:
+        sock.close()
+        return None  # another tree's directory we cannot enter, or the owner left: TCP
+    return sock
+
+
+def connect(handle: Handle) -> Connection:
+    """Open a blocking connection to the owner's server (with kernel I/O timeouts)
+    and read its hello: over its Unix socket on the same host, TCP otherwise."""
+    sock = _connect_local(handle)
+    try:
+        if sock is None:
+            sock = socket.create_connection(handle.server, timeout=_CONNECT_TIMEOUT_S)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError as exc:
         host, port = handle.server
         raise RDMAOwnerGoneError(
@@ -223,20 +339,29 @@ def connect(handle: Handle) -> socket.socket:
             handle=handle,
         ) from exc
     sock.settimeout(None)  # the C side needs a blocking socket
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     timeout = float(os.environ.get(ENV_TIMEOUT, "120"))
     tv = struct.pack("ll", int(timeout), int((timeout % 1) * 1e6))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-    return sock
+    try:
+        challenge = read_hello(sock)
+    except OSError as exc:
+        sock.close()
+        host, port = handle.server
+        raise RDMAOwnerGoneError(
+            f"cannot reach the owner of {handle.describe()}: {host}:{port} did not greet "
+            f"({exc}); the owning process has exited, or another program listens there",
+            handle=handle,
+        ) from exc
+    return Connection(sock, challenge)
 
 
 def request(handle: Handle, op: int, offset: int = 0, length: int = 0) -> tuple[int, int]:
     """Send one control request (QUERY, DROP) on a fresh connection: (status, value)."""
     memory = load_extension()
-    with connect(handle) as sock:
+    with connect(handle) as conn:
         status, value, _err = memory.request(
-            sock.fileno(), op, handle.region, handle.token, offset, length
+            conn.fileno(), conn.challenge, op, handle.region, handle.token, offset, length
         )
     return status, value
 
@@ -351,7 +476,7 @@ class _LocalRefused(Exception):
 
 
 def _with_connections(
-    op: CopyOp, count: int, copy: Callable[[list[socket.socket]], tuple[int, int]]
+    op: CopyOp, count: int, copy: Callable[[list[Connection]], tuple[int, int]]
 ) -> tuple[int, int]:
     """Run a native copy on ``count`` pooled connections to the owner.
 
@@ -378,6 +503,7 @@ def _local(op: CopyOp) -> int:
         1,
         lambda socks: memory.local_copy(
             socks[0].fileno(),
+            socks[0].challenge,
             op.handle.pid,
             op.write,
             op.handle.region,
@@ -416,6 +542,7 @@ def _cuda_local(op: CopyOp) -> int:
         1,
         lambda socks: memory.cuda_local_copy(
             socks[0].fileno(),
+            socks[0].challenge,
             op.write,
             h.region,
             h.token,
@@ -477,6 +604,7 @@ def _tcp(op: CopyOp) -> int:
         _streams(op.length),
         lambda socks: memory.tcp_copy(
             [s.fileno() for s in socks],
+            [s.challenge for s in socks],
             memory.OP_WRITE if op.write else memory.OP_READ,
             op.handle.region,
             op.handle.token,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Callable
 
 import pytest
 from chaos_actors import Probe
@@ -24,7 +25,7 @@ if not native.native_available():
     pytest.skip("the native extension is not built", allow_module_level=True)
 
 from monarch_nb.native import _memory as C  # noqa: E402
-from monarch_nb.native._transport import REPLY_FORMAT, REQUEST_FORMAT  # noqa: E402
+from monarch_nb.native._transport import REPLY_FORMAT, read_hello, sign_request  # noqa: E402
 
 SIZE = 4096
 U64 = st.integers(0, 2**64 - 1)
@@ -41,11 +42,15 @@ def owner():
     procs.stop()
 
 
-def exchange(server: tuple[str, int], request: bytes) -> tuple[int, int, bytes] | None:
-    """Send one request; the reply's (status, value, data that followed), or None."""
+def exchange(
+    server: tuple[str, int], make: Callable[[bytes], bytes]
+) -> tuple[int, int, bytes] | None:
+    """Send the request ``make(challenge)`` builds for a fresh connection; the reply's
+    (status, value, data that followed), or None."""
     with socket.create_connection(server, timeout=5) as s:
+        challenge = read_hello(s)
         try:
-            s.sendall(request)
+            s.sendall(make(challenge))
             s.shutdown(socket.SHUT_WR)
             data = b""
             while chunk := s.recv(1 << 16):
@@ -75,28 +80,26 @@ def test_hypothesis_requests_never_escape_the_region(owner):
         op=st.one_of(st.sampled_from([C.OP_READ, C.OP_QUERY]), st.integers(8, 0xFFFF)),
         right_token=st.booleans(),
         token=st.binary(min_size=16, max_size=16),
+        nonce=st.one_of(st.just(1), U64),
         offset=st.one_of(edges, U64),
         length=st.one_of(edges, U64),
         trailing=st.binary(max_size=64),
     )
-    def check(op, right_token, token, offset, length, trailing):
-        request = struct.pack(
-            REQUEST_FORMAT,
-            C.REQUEST_MAGIC,
-            C.PROTOCOL_VERSION,
-            op,
-            handle.region,
-            handle.token if right_token else token,
-            offset,
-            length,
-        )
-        reply = exchange(handle.server, request + trailing)
+    def check(op, right_token, token, nonce, offset, length, trailing):
+        key = handle.token if right_token else token
+
+        def make(challenge: bytes) -> bytes:
+            signed = sign_request(challenge, key, op, handle.region, nonce, offset, length)
+            return signed + trailing
+
+        reply = exchange(handle.server, make)
         if reply is None:
             return
         status, value, data = reply
         inside = offset <= SIZE and length <= SIZE - offset
         if status == C.ST_OK:
             assert right_token
+            assert nonce > 0
             assert inside
             assert op in (C.OP_READ, C.OP_QUERY)
             if op == C.OP_READ:
