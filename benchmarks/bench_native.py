@@ -4,6 +4,8 @@
   inside one process (memcpy);
 * the TCP transport on loopback vs a raw Python socket (``sendall`` in the
   owner, ``recv_into`` in the reader) moving the same bytes;
+* the same TCP read sealed (AES-256-GCM, ``RDMABuffer(..., encrypt=True)``) vs
+  plain: what encrypting the bulk stream costs;
 * the same array sent the ordinary way, as an endpoint argument to an actor
   (signed pickle-5 frames over the control wire), vs the same-host read.
 
@@ -18,6 +20,7 @@ call ``run(rows)`` to collect the rows as dicts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing as mp
 import socket
 import statistics
@@ -128,15 +131,24 @@ def _measure(
         lambda: np.copyto(dst, src),
         repeats,
     )
+    # As from another host: TCP, not the owner's Unix socket; then sealed as well.
+    over_tcp = RDMABuffer._from_handle(dataclasses.replace(buf._handle, unix=None))
+    sealed = RDMABuffer._from_handle(dataclasses.replace(buf._handle, unix=None, sealed=True))
     tcp, raw = _compare(
-        lambda: buf.read_into(dst, transport="tcp").get(),
+        lambda: over_tcp.read_into(dst, transport="tcp").get(),
         lambda: raw_read(dst),
         repeats,
+    )
+    sealed_tcp, plain_tcp = _compare(
+        lambda: sealed.read_into(dst, transport="tcp").get(),
+        lambda: over_tcp.read_into(dst, transport="tcp").get(),
+        max(3, repeats // 2),
     )
     assert int(dst[-1]) == 7
     return [
         _row("same-host read (process_vm_readv)", label, n, local, "numpy copy", memcpy),
         _row("TCP transport read (loopback)", label, n, tcp, "raw socket", raw),
+        _row("TCP read, sealed (AES-256-GCM)", label, n, sealed_tcp, "TCP read, plain", plain_tcp),
     ]
 
 

@@ -8,6 +8,7 @@ does. A reader that never touched CUDA is a subprocess of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import pickle
 import subprocess
@@ -122,6 +123,21 @@ def test_a_read_sees_work_queued_before_it(owner: Owner, transport: str) -> None
     out = torch.empty(N)
     owner.buf.read_into(out, transport=transport).get(timeout=60)
     assert bool((out == 7.0).all())
+    owner.ask("reset")
+
+
+def test_sealed_copies_of_cuda_memory_across_the_network(
+    owner: Owner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MONARCH_NB_RDMA_ENCRYPT", "1")  # this reader seals its copies
+    remote = RDMABuffer._from_handle(dataclasses.replace(owner.buf._handle, unix=None))
+    out = torch.empty(N, device="cuda")
+    remote.read_into(out, transport="tcp").get(timeout=60)
+    assert torch.equal(out.cpu(), torch.arange(N, dtype=torch.float32))
+    remote.write_from(torch.full((10,), -3.0, device="cuda"), offset=40, transport="tcp").get(
+        timeout=60
+    )
+    assert owner.ask("slice", 9, 21) == [9.0] + [-3.0] * 10 + [20.0]
     owner.ask("reset")
 
 

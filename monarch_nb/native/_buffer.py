@@ -67,7 +67,7 @@ import weakref
 from typing import Any
 
 from monarch_nb._common._future import Future
-from monarch_nb.native import _cudart
+from monarch_nb.native import _cudart, _sealing
 from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError, RDMATransferError
 from monarch_nb.native._handle import Handle, host_key, layout
 from monarch_nb.native._loader import load_extension
@@ -142,6 +142,13 @@ class RDMABuffer:
             happens to this object; ``"object"``: it is unregistered when this
             object is garbage collected too.
 
+        encrypt: seal every copy that crosses the network (AES-256-GCM under a
+            key of the connection's, made from the token): the owner refuses
+            plain copies of it from other hosts. Copies on the owner's host (its
+            Unix socket, cross-memory attach, CUDA IPC) are never sealed. Default:
+            ``MONARCH_NB_RDMA_ENCRYPT`` (``1`` seals every buffer); a reader that
+            sets it seals its own copies of any buffer.
+
     Raises:
         RDMAUnavailableError: the C extension could not be imported.
         TypeError / ValueError: ``obj`` is not contiguous CPU memory.
@@ -153,7 +160,7 @@ class RDMABuffer:
         buf.read_into(dst).get()               # anywhere the handle went
     """
 
-    def __init__(self, obj: Any, *, lifetime: str = "process") -> None:
+    def __init__(self, obj: Any, *, lifetime: str = "process", encrypt: bool | None = None) -> None:
         if lifetime not in LIFETIMES:
             raise ValueError(
                 f"RDMABuffer(..., lifetime={lifetime!r}): use 'process' (until drop() or "
@@ -168,9 +175,12 @@ class RDMABuffer:
             ipc = exported  # None: readers on this host go by TCP as well
             if exported is None:
                 log.debug("no CUDA IPC handle (%s): TCP only", memory.cuda_error(code))
+        sealed = _sealing.wanted(encrypt)
+        if sealed:
+            _sealing.load()
         server = start_server()
         token = secrets.token_bytes(memory.TOKEN_SIZE)
-        region = memory.register(ref.address, ref.nbytes, token, ref.writable, ref.device)
+        region = memory.register(ref.address, ref.nbytes, token, ref.writable, ref.device, sealed)
         self._handle = Handle(
             host_key=host_key(),
             hostname=socket.gethostname(),
@@ -186,6 +196,7 @@ class RDMABuffer:
             device=ref.device,
             ipc=ipc,
             unix=local_socket(),
+            sealed=sealed,
         )
         self._dropped = False
         self._release: Any = None  # in the owner: what unregisters the region

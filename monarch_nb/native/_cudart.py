@@ -13,7 +13,7 @@ import threading
 from types import ModuleType
 
 from monarch_nb.native._errors import RDMAUnavailableError
-from monarch_nb.native._loader import load_extension
+from monarch_nb.native._loader import load_extension, mapped_libraries, open_first
 
 _lock = threading.Lock()
 _loaded = False
@@ -36,19 +36,14 @@ def load() -> ModuleType:
                 "torch.cuda.is_available() is False here; copy to a CPU destination instead"
             )
         torch.cuda.init()  # maps the runtime library if torch loads it lazily
-        errors = []
-        for path in (*_mapped_runtimes(), *_RUNTIME_NAMES):
-            try:
-                memory.cuda_load(path)
-            except OSError as exc:
-                errors.append(str(exc))
-                continue
+        why = open_first(memory.cuda_load, (*mapped_libraries("libcudart.so"), *_RUNTIME_NAMES))
+        if why is None:
             _loaded = True
             return memory
         raise RDMAUnavailableError(
             "CUDA buffers need the CUDA runtime library (libcudart) that torch uses, and it "
-            f"could not be opened ({'; '.join(errors[:2])}); move the tensor to the CPU "
-            "with .cpu() and register that"
+            f"could not be opened ({why}); move the tensor to the CPU with .cpu() and "
+            "register that"
         )
 
 
@@ -61,17 +56,3 @@ def reader_uses_cuda() -> bool:
 def current_device() -> int:
     """The device this process's CUDA work goes to (where IPC mappings are made)."""
     return int(sys.modules["torch"].cuda.current_device())
-
-
-def _mapped_runtimes() -> list[str]:
-    """Paths of CUDA runtime libraries mapped into this process, torch's first."""
-    found: list[str] = []
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                if "/libcudart.so" in path and path not in found:
-                    found.append(path)
-    except OSError:
-        pass
-    return found

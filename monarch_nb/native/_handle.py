@@ -36,6 +36,8 @@ class Handle:
     #: The owner's Unix socket (in its tree's private directory), for readers on
     #: its host; None: TCP only.
     unix: str | None = field(default=None, repr=False)
+    #: Copies that cross the network are sealed (AES-256-GCM), by the owner's choice.
+    sealed: bool = False
 
     def describe(self) -> str:
         """Name the buffer and its owner for error messages."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from types import ModuleType
 
 from monarch_nb.native._errors import RDMAUnavailableError
@@ -30,3 +31,32 @@ def load_extension() -> ModuleType:
             "`python setup.py build_ext --inplace`) and look for the compiler error"
         )
     return _module
+
+
+def mapped_libraries(name: str) -> list[str]:
+    """Paths of shared libraries whose file name starts with ``name`` (``libcudart.so``)
+    mapped into this process: the ones the process already uses, to open the same."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if f"/{name}" in path and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def open_first(load: Callable[[str], None], candidates: Iterable[str]) -> str | None:
+    """Call ``load`` (an extension function that opens a library) on each candidate
+    path until one succeeds; None on success, else why the first two failed."""
+    errors = []
+    for path in candidates:
+        try:
+            load(path)
+        except OSError as exc:
+            errors.append(str(exc))
+            continue
+        return None
+    return "; ".join(errors[:2]) or "no candidate library found"

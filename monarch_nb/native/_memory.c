@@ -72,6 +72,7 @@
 #include <unistd.h>
 
 #include "_cuda.h"
+#include "_seal.h"
 #include "_sha256.h"
 
 #include <sys/random.h>
@@ -115,6 +116,8 @@ enum {
     OP_RELEASE = 5,
     OP_QUERY = 6,
     OP_DROP = 7,
+    OP_READ_SEALED = 8,  /* READ, the stream in AES-256-GCM chunks (see _seal.h) */
+    OP_WRITE_SEALED = 9, /* WRITE, likewise */
 };
 
 enum {
@@ -130,6 +133,9 @@ enum {
     ST_READ_ONLY = 8,
     ST_BUSY = 9,
     ST_DEVICE_ERROR = 10, /* a CUDA call failed; the value is its error code */
+    ST_SEAL_REQUIRED = 11, /* this region crosses the network only sealed */
+    ST_BAD_SEAL = 12,      /* a sealed chunk failed its tag (or sealing failed) */
+    ST_NO_SEAL = 13,       /* the owner cannot seal (no libcrypto loaded) */
     /* seen by the client */
     ST_IO_ERROR = 100,
     ST_EOF = 101,
@@ -156,6 +162,7 @@ typedef struct region {
     unsigned char token[TOKEN_SIZE];
     int writable;
     int device; /* the CUDA device holding it, or -1 for host memory */
+    int sealed; /* plain READ/WRITE only from this host's Unix socket */
     int revoked;
     int orphan; /* unregister gave up waiting: the last user frees the record */
     int users;
@@ -169,6 +176,7 @@ typedef struct conn {
     int verified; /* it has shown a live region's token */
     int evicted;  /* shut down to make room for a newer unverified connection */
     void *stage;  /* page-locked staging for CUDA regions, made on first use */
+    unsigned char *seal_buf; /* a chunk being sealed or opened, made on first use */
     unsigned char peer[17]; /* who connected: family byte + address (or uid) */
     unsigned char challenge[CHALLENGE_SIZE]; /* sent in the hello */
     uint64_t last_nonce;                     /* of the last request verified */
@@ -492,6 +500,82 @@ static int recv_device(conn_t *c, region_t *r, const request_t *q, int *cuda_rc)
     return err;
 }
 
+/* Where a sealed chunk is made: the CUDA staging buffer for a device region (the
+ * chunk must come to the host anyway), a buffer of the connection's otherwise.
+ * NULL if it cannot be made. */
+static unsigned char *sealing_buffer(conn_t *c, const region_t *r) {
+    if (r->device >= 0) {
+        if (c->stage == NULL && cuda_host_alloc(&c->stage, STAGE_CHUNK) != 0) c->stage = NULL;
+        return (unsigned char *)c->stage;
+    }
+    if (c->seal_buf == NULL) c->seal_buf = (unsigned char *)malloc(SEAL_CHUNK);
+    return c->seal_buf;
+}
+
+/* READ_SEALED: each chunk is copied out of the region (through the staging
+ * buffer for a device region), sealed and sent with its tag. Returns 0, or an
+ * errno value / -1 (the connection is closed). */
+static int send_sealed(conn_t *c, region_t *r, const request_t *q) {
+    unsigned char *buf = sealing_buffer(c, r), key[SEAL_KEY_SIZE], tag[SEAL_TAG_SIZE];
+    if (buf == NULL || (r->device >= 0 && cuda_sync(r->device) != 0)) {
+        send_reply(c->fd, buf == NULL ? ST_BUSY : ST_DEVICE_ERROR, 0);
+        return -1;
+    }
+    seal_key(r->token, TOKEN_SIZE, c->challenge, CHALLENGE_SIZE, key);
+    int err = send_reply(c->fd, ST_OK, q->length);
+    const unsigned char *src = (const unsigned char *)r->addr + q->offset;
+    uint64_t done = 0;
+    for (uint32_t i = 0; err == 0 && done < q->length; i++) {
+        size_t n = q->length - done < SEAL_CHUNK ? (size_t)(q->length - done) : SEAL_CHUNK;
+        const unsigned char *from = src + done;
+        if (r->device >= 0) {
+            if (cuda_copy(r->device, buf, from, n) != 0) return -1;
+            from = buf;
+        }
+        if (seal_chunk(key, q->nonce, i, from, buf, n, tag) != 0) return -1;
+        err = send_all(c->fd, buf, n);
+        if (err == 0) err = send_all(c->fd, tag, SEAL_TAG_SIZE);
+        done += n;
+    }
+    return err;
+}
+
+/* WRITE_SEALED: each chunk is received, opened in the connection's buffer and
+ * only then copied into the region, so a forged chunk never lands. A failed tag
+ * is kept in *seal_st while the rest of the stream is drained. Returns 0, or an
+ * errno value / -1 if the stream broke. */
+static int recv_sealed(conn_t *c, region_t *r, const request_t *q, uint32_t *seal_st) {
+    unsigned char *buf = sealing_buffer(c, r), key[SEAL_KEY_SIZE], tag[SEAL_TAG_SIZE];
+    if (buf == NULL) {
+        send_reply(c->fd, ST_BUSY, 0);
+        return -1;
+    }
+    seal_key(r->token, TOKEN_SIZE, c->challenge, CHALLENGE_SIZE, key);
+    int err = send_reply(c->fd, ST_OK, q->length);
+    unsigned char *dst = (unsigned char *)r->addr + q->offset;
+    uint64_t done = 0;
+    for (uint32_t i = 0; err == 0 && done < q->length; i++) {
+        size_t n = q->length - done < SEAL_CHUNK ? (size_t)(q->length - done) : SEAL_CHUNK;
+        err = recv_all(c->fd, buf, n);
+        if (err == 0) err = recv_all(c->fd, tag, SEAL_TAG_SIZE);
+        if (err == 0 && *seal_st == ST_OK) {
+            if (open_chunk(key, q->nonce, i, buf, buf, n, tag) != 0)
+                *seal_st = ST_BAD_SEAL;
+            else if (r->device >= 0 && cuda_copy(r->device, dst + done, buf, n) != 0)
+                *seal_st = ST_DEVICE_ERROR;
+            else if (r->device < 0)
+                memcpy(dst + done, buf, n);
+        }
+        done += n;
+    }
+    return err;
+}
+
+/* Plain bytes of a sealed region may leave only through the Unix socket. */
+static int needs_seal(const conn_t *c, const region_t *r) {
+    return r->sealed && c->peer[0] != AF_UNIX;
+}
+
 /* Serve one request; returns 1 to keep the connection, 0 to close it. */
 static int serve_one(conn_t *c, const request_t *q) {
     region_t *r = NULL;
@@ -512,6 +596,11 @@ static int serve_one(conn_t *c, const request_t *q) {
             send_reply(c->fd, st, 0);
             return 0;
         }
+        if (needs_seal(c, r)) {
+            release(c);
+            send_reply(c->fd, ST_SEAL_REQUIRED, 0);
+            return 0;
+        }
         if (r->device >= 0) {
             err = send_device(c, r, q);
             release(c);
@@ -527,6 +616,11 @@ static int serve_one(conn_t *c, const request_t *q) {
             send_reply(c->fd, st, 0);
             return 0;
         }
+        if (needs_seal(c, r)) {
+            release(c);
+            send_reply(c->fd, ST_SEAL_REQUIRED, 0);
+            return 0;
+        }
         if (r->device >= 0) {
             int cuda_rc = 0;
             err = recv_device(c, r, q, &cuda_rc);
@@ -540,6 +634,30 @@ static int serve_one(conn_t *c, const request_t *q) {
         release(c);
         if (err != 0) return 0;
         return send_reply(c->fd, ST_OK, q->length) == 0;
+    case OP_READ_SEALED:
+    case OP_WRITE_SEALED: {
+        int write = q->op == OP_WRITE_SEALED;
+        if (!seal_loaded()) {
+            send_reply(c->fd, ST_NO_SEAL, 0);
+            return 0;
+        }
+        st = acquire(c, q, write, 0, &r);
+        if (st != ST_OK) {
+            send_reply(c->fd, st, 0);
+            return 0;
+        }
+        if (!write) {
+            err = send_sealed(c, r, q);
+            release(c);
+            return err == 0;
+        }
+        uint32_t seal_st = ST_OK;
+        err = recv_sealed(c, r, q, &seal_st);
+        release(c);
+        if (err != 0) return 0;
+        return send_reply(c->fd, seal_st, seal_st == ST_OK ? q->length : 0) == 0 &&
+               seal_st == ST_OK;
+    }
     case OP_LEASE_READ:
     case OP_LEASE_WRITE: {
         unsigned char b[REQ_SIZE];
@@ -648,6 +766,7 @@ static void *conn_main(void *arg) {
     pthread_mutex_unlock(&g_lock);
     close(c->fd);
     cuda_host_free(c->stage);
+    free(c->seal_buf);
     free(c);
     return NULL;
 }
@@ -817,6 +936,51 @@ static void run_parallel(void *(*fn)(void *), void *items, size_t item_size, int
     }
 }
 
+/* The reader's side of READ_SEALED / WRITE_SEALED after the owner's ST_OK: open
+ * each chunk in place in the destination, or seal each into a buffer and send
+ * it, then read the owner's verdict. Sets x->status for a bad tag or a refused
+ * write and returns 0; returns an errno value or -1 if the stream broke. */
+static int stream_sealed(xfer_t *x, uint64_t nonce) {
+    unsigned char key[SEAL_KEY_SIZE], tag[SEAL_TAG_SIZE];
+    seal_key(x->token, TOKEN_SIZE, x->challenge, CHALLENGE_SIZE, key);
+    unsigned char *buf = NULL;
+    if (x->op == OP_WRITE_SEALED && (buf = (unsigned char *)malloc(SEAL_CHUNK)) == NULL) {
+        x->status = ST_IO_ERROR;
+        x->err = ENOMEM;
+        return 0;
+    }
+    int e = 0;
+    uint64_t done = 0;
+    for (uint32_t i = 0; e == 0 && done < x->length; i++) {
+        size_t n = x->length - done < SEAL_CHUNK ? (size_t)(x->length - done) : SEAL_CHUNK;
+        unsigned char *here = (unsigned char *)x->addr + done;
+        if (x->op == OP_READ_SEALED) {
+            e = recv_all(x->fd, here, n);
+            if (e == 0) e = recv_all(x->fd, tag, SEAL_TAG_SIZE);
+            if (e == 0 && open_chunk(key, nonce, i, here, here, n, tag) != 0) {
+                x->status = ST_BAD_SEAL;
+                break;
+            }
+        } else {
+            if (seal_chunk(key, nonce, i, here, buf, n, tag) != 0) {
+                x->status = ST_BAD_SEAL;
+                break;
+            }
+            e = send_all(x->fd, buf, n);
+            if (e == 0) e = send_all(x->fd, tag, SEAL_TAG_SIZE);
+        }
+        done += n;
+    }
+    free(buf);
+    if (e == 0 && x->status == ST_OK && x->op == OP_WRITE_SEALED) {
+        unsigned char b[REP_SIZE];
+        e = recv_all(x->fd, b, REP_SIZE);
+        if (e == 0 && (get_u32(b) != REP_MAGIC || get_u32(b + 4) != ST_OK))
+            x->status = get_u32(b) != REP_MAGIC ? ST_BAD_REPLY : get_u32(b + 4);
+    }
+    return e;
+}
+
 static void *tcp_stream(void *arg) {
     xfer_t *x = (xfer_t *)arg;
     request_t q;
@@ -828,6 +992,14 @@ static void *tcp_stream(void *arg) {
         return NULL;
     }
     int e;
+    if (x->op == OP_READ_SEALED || x->op == OP_WRITE_SEALED) {
+        e = stream_sealed(x, q.nonce);
+        if (e > 0 || e == -1) {
+            x->status = e < 0 ? ST_EOF : ST_IO_ERROR;
+            x->err = e < 0 ? 0 : e;
+        }
+        return NULL;
+    }
     if (x->op == OP_READ) {
         e = recv_all(x->fd, x->addr, x->length);
     } else {
@@ -854,8 +1026,9 @@ static PyObject *py_register(PyObject *self, PyObject *args) {
     unsigned long long addr, size;
     const char *token;
     Py_ssize_t token_len;
-    int writable, device = -1;
-    if (!PyArg_ParseTuple(args, "KKy#p|i", &addr, &size, &token, &token_len, &writable, &device))
+    int writable, device = -1, sealed = 0;
+    if (!PyArg_ParseTuple(args, "KKy#p|ip", &addr, &size, &token, &token_len, &writable, &device,
+                          &sealed))
         return NULL;
     if (device >= 0 && !cuda_loaded()) {
         PyErr_SetString(PyExc_RuntimeError, "register a CUDA region only after cuda_load()");
@@ -871,6 +1044,7 @@ static PyObject *py_register(PyObject *self, PyObject *args) {
     r->size = size;
     r->writable = writable;
     r->device = device < 0 ? -1 : device;
+    r->sealed = sealed;
     memcpy(r->token, token, TOKEN_SIZE);
     pthread_mutex_lock(&g_lock);
     r->id = g_next_id++;
@@ -1031,8 +1205,12 @@ static PyObject *py_tcp_copy(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOiKSKKK", &fds_obj, &hellos_obj, &op, &region, &tok, &offset,
                           &addr, &length))
         return NULL;
-    if (op != OP_READ && op != OP_WRITE) {
-        PyErr_Format(PyExc_ValueError, "op must be READ or WRITE, got %d", op);
+    if (op != OP_READ && op != OP_WRITE && op != OP_READ_SEALED && op != OP_WRITE_SEALED) {
+        PyErr_Format(PyExc_ValueError, "op must be READ or WRITE, sealed or not, got %d", op);
+        return NULL;
+    }
+    if ((op == OP_READ_SEALED || op == OP_WRITE_SEALED) && !seal_loaded()) {
+        PyErr_SetString(PyExc_RuntimeError, "sealed copies need seal_load() first");
         return NULL;
     }
     if (parse_token(tok, token) != 0) return NULL;
@@ -1289,16 +1467,21 @@ static PyObject *py_hmac_sha256(PyObject *self, PyObject *args) {
     return PyBytes_FromStringAndSize((const char *)out, SHA256_SIZE);
 }
 
-static PyObject *py_cuda_load(PyObject *self, PyObject *args) {
+/* Open a library at run time with `load` (cuda_load, seal_load); OSError if it cannot. */
+static PyObject *load_library(PyObject *args, int (*load)(const char *, char *, size_t)) {
     const char *path;
     if (!PyArg_ParseTuple(args, "s", &path)) return NULL;
     char why[512] = "";
-    if (cuda_load(path, why, sizeof why) != 0) {
+    if (load(path, why, sizeof why) != 0) {
         PyErr_SetString(PyExc_OSError, why);
         return NULL;
     }
     Py_RETURN_NONE;
 }
+
+static PyObject *py_seal_load(PyObject *self, PyObject *args) { return load_library(args, seal_load); }
+
+static PyObject *py_cuda_load(PyObject *self, PyObject *args) { return load_library(args, cuda_load); }
 
 static PyObject *py_cuda_ipc_export(PyObject *self, PyObject *args) {
     int device;
@@ -1366,6 +1549,8 @@ static PyMethodDef methods[] = {
      "cuda_local_copy(fd, challenge, write, region, token, offset, address, length, chunk, "
      "device, "
      "ipc_handle, ipc_offset) -> (status, errno or CUDA error)"},
+    {"seal_load", py_seal_load, METH_VARARGS,
+     "seal_load(libcrypto_path): open OpenSSL's libcrypto for sealed copies (OSError if not)"},
     {"cuda_load", py_cuda_load, METH_VARARGS,
      "cuda_load(cudart_path): open the CUDA runtime torch loaded (OSError if it cannot)"},
     {"cuda_ipc_export", py_cuda_ipc_export, METH_VARARGS,
@@ -1406,6 +1591,8 @@ PyMODINIT_FUNC PyInit__memory(void) {
         {"OP_RELEASE", OP_RELEASE},
         {"OP_QUERY", OP_QUERY},
         {"OP_DROP", OP_DROP},
+        {"OP_READ_SEALED", OP_READ_SEALED},
+        {"OP_WRITE_SEALED", OP_WRITE_SEALED},
         {"ST_OK", ST_OK},
         {"ST_BAD_MAGIC", ST_BAD_MAGIC},
         {"ST_BAD_VERSION", ST_BAD_VERSION},
@@ -1417,6 +1604,9 @@ PyMODINIT_FUNC PyInit__memory(void) {
         {"ST_READ_ONLY", ST_READ_ONLY},
         {"ST_BUSY", ST_BUSY},
         {"ST_DEVICE_ERROR", ST_DEVICE_ERROR},
+        {"ST_SEAL_REQUIRED", ST_SEAL_REQUIRED},
+        {"ST_BAD_SEAL", ST_BAD_SEAL},
+        {"ST_NO_SEAL", ST_NO_SEAL},
         {"ST_IO_ERROR", ST_IO_ERROR},
         {"ST_EOF", ST_EOF},
         {"ST_BAD_REPLY", ST_BAD_REPLY},
@@ -1433,6 +1623,7 @@ PyMODINIT_FUNC PyInit__memory(void) {
         {"CHALLENGE_SIZE", CHALLENGE_SIZE},
         {"MAC_SIZE", MAC_SIZE},
         {"MAX_STREAMS", MAX_STREAMS},
+        {"SEAL_CHUNK", (long)SEAL_CHUNK},
         {"MAX_CONNECTIONS", MAX_CONNS},
         {"CUDA_IPC_HANDLE_SIZE", CUDA_IPC_HANDLE_SIZE},
     };

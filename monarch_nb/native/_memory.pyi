@@ -11,6 +11,8 @@ OP_LEASE_WRITE: int
 OP_RELEASE: int
 OP_QUERY: int
 OP_DROP: int
+OP_READ_SEALED: int
+OP_WRITE_SEALED: int
 
 ST_OK: int
 ST_BAD_MAGIC: int
@@ -23,6 +25,9 @@ ST_OUT_OF_RANGE: int
 ST_READ_ONLY: int
 ST_BUSY: int
 ST_DEVICE_ERROR: int
+ST_SEAL_REQUIRED: int
+ST_BAD_SEAL: int
+ST_NO_SEAL: int
 ST_IO_ERROR: int
 ST_EOF: int
 ST_BAD_REPLY: int
@@ -40,12 +45,16 @@ HELLO_SIZE: int
 CHALLENGE_SIZE: int
 MAC_SIZE: int
 MAX_STREAMS: int
+SEAL_CHUNK: int
 MAX_CONNECTIONS: int
 CUDA_IPC_HANDLE_SIZE: int
 
-def register(address: int, size: int, token: bytes, writable: bool, device: int = -1, /) -> int:
+def register(
+    address: int, size: int, token: bytes, writable: bool, device: int = -1, sealed: bool = False, /
+) -> int:
     """Add a region to the table; returns its id (never reused in this process).
-    ``device`` >= 0: CUDA memory on that device (after ``cuda_load``)."""
+    ``device`` >= 0: CUDA memory on that device (after ``cuda_load``); ``sealed``:
+    plain copies only through the Unix socket, sealed ones over TCP."""
 
 def unregister(region: int, timeout_s: float, /) -> int:
     """Revoke a region and wait for its users; returns users left (0: safe to free)."""
@@ -54,8 +63,9 @@ def set_ptracer(pid: int, /) -> int:
     """prctl(PR_SET_PTRACER, pid): ``pid`` and its descendants may ptrace us
     under Yama ptrace_scope=1; returns 0 or the errno."""
 
-def server_start(listening_fd: int, /) -> None:
-    """Serve the table on a native accept thread; takes ownership of the fd."""
+def server_start(listening_fd: int, unix_fd: int = -1, /) -> None:
+    """Serve the table on a native accept thread from a TCP and (optionally) a Unix
+    listening socket, both non-blocking; takes ownership of the fds."""
 
 def stats() -> tuple[int, int, int, int]:
     """(regions, registered bytes, open server connections, server started)."""
@@ -126,3 +136,6 @@ def cuda_error(code: int, /) -> str:
 
 def hmac_sha256(key: bytes, message: bytes, /) -> bytes:
     """HMAC-SHA256 as the server checks requests with (for tests)."""
+
+def seal_load(libcrypto_path: str, /) -> None:
+    """Open OpenSSL's libcrypto for sealed copies; OSError saying why it cannot."""

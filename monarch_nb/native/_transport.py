@@ -47,7 +47,7 @@ from typing import Any
 
 from monarch_nb._common import _rundir
 from monarch_nb._common._future import Future
-from monarch_nb.native import _cudart
+from monarch_nb.native import _cudart, _sealing
 from monarch_nb.native._errors import (
     RDMAAccessError,
     RDMABufferDroppedError,
@@ -122,6 +122,8 @@ def start_server(host: str | None = None, port: int | None = None) -> tuple[str,
             socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "") else host
         )
         sock.setblocking(False)  # the native accept loop polls; see _memory.c
+        if not _sealing.available():  # serve plain requests only: sealed ones get ST_NO_SEAL
+            log.debug("no libcrypto: this buffer server cannot seal copies")
         local = _unix_listener()
         memory.server_start(sock.detach(), local[1] if local else -1)
         _server = (pid, (bound[0], bound[1]), (advertise, bound[1]), local[0] if local else None)
@@ -195,6 +197,7 @@ class Connection:
 
     sock: socket.socket
     challenge: bytes
+    local: bool = False  # over the owner's Unix socket (on its host): nothing to seal
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -249,7 +252,7 @@ class _ConnectionPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        self._idle: dict[tuple[str, int, int], list[Connection]] = {}
+        self._idle: dict[tuple[str, int, int, str | None], list[Connection]] = {}
 
     def take(self, handle: Handle, n: int) -> list[Connection]:
         with self._lock:
@@ -288,9 +291,11 @@ class _ConnectionPool:
             self.discard(socks)
 
 
-def _key(handle: Handle) -> tuple[str, int, int]:
-    # The pid too: a later owner may listen on the port of one that exited.
-    return (*handle.server, handle.pid)
+def _key(handle: Handle) -> tuple[str, int, int, str | None]:
+    # The pid too: a later owner may listen on the port of one that exited. And
+    # the way in: a connection to the owner's Unix socket is not one over TCP.
+    local = handle.unix if handle.host_key == host_key() else None
+    return (*handle.server, handle.pid, local)
 
 
 def _idle_and_open(sock: socket.socket) -> bool:
@@ -326,6 +331,7 @@ def connect(handle: Handle) -> Connection:
     """Open a blocking connection to the owner's server (with kernel I/O timeouts)
     and read its hello: over its Unix socket on the same host, TCP otherwise."""
     sock = _connect_local(handle)
+    local = sock is not None
     try:
         if sock is None:
             sock = socket.create_connection(handle.server, timeout=_CONNECT_TIMEOUT_S)
@@ -353,7 +359,7 @@ def connect(handle: Handle) -> Connection:
             f"({exc}); the owning process has exited, or another program listens there",
             handle=handle,
         ) from exc
-    return Connection(sock, challenge)
+    return Connection(sock, challenge, local)
 
 
 def request(handle: Handle, op: int, offset: int = 0, length: int = 0) -> tuple[int, int]:
@@ -599,13 +605,22 @@ def _streams(length: int) -> int:
 
 def _tcp(op: CopyOp) -> int:
     memory = load_extension()
+
+    def opcode(socks: list[Connection]) -> int:
+        # Over the network, seal where the owner asks it or this reader does; the
+        # owner's Unix socket never leaves its host.
+        if (op.handle.sealed or _sealing.wanted()) and not socks[0].local:
+            _sealing.load()
+            return memory.OP_WRITE_SEALED if op.write else memory.OP_READ_SEALED
+        return memory.OP_WRITE if op.write else memory.OP_READ
+
     status, err = _with_connections(
         op,
         _streams(op.length),
         lambda socks: memory.tcp_copy(
             [s.fileno() for s in socks],
             [s.challenge for s in socks],
-            memory.OP_WRITE if op.write else memory.OP_READ,
+            opcode(socks),
             op.handle.region,
             op.handle.token,
             op.offset,
@@ -654,6 +669,24 @@ def _failure(op: CopyOp, status: int, err: int) -> RDMAError:
     if status == m.ST_DEVICE_ERROR:
         return RDMATransferError(
             f"{what} failed on the GPU: CUDA error {err} ({m.cuda_error(err)})", handle=h
+        )
+    if status == m.ST_SEAL_REQUIRED:
+        return RDMAAccessError(
+            f"{what} was refused: its owner lets it cross the network only sealed, and this "
+            "handle does not say so (a forged or altered handle)",
+            handle=h,
+        )
+    if status == m.ST_BAD_SEAL:
+        return RDMATransferError(
+            f"{what} failed: a sealed chunk did not pass its check (the bytes were altered on "
+            "the way); nothing unchecked was kept",
+            handle=h,
+        )
+    if status == m.ST_NO_SEAL:
+        return RDMAAccessError(
+            f"{what} was refused: a sealed copy was asked for ({_sealing.ENV_ENCRYPT}) and "
+            "the owner cannot seal (no OpenSSL libcrypto in its process)",
+            handle=h,
         )
     if status == m.ST_BUSY:
         return RDMATransferError(

@@ -77,7 +77,9 @@ def test_hypothesis_requests_never_escape_the_region(owner):
         suppress_health_check=[HealthCheck.too_slow],
     )
     @given(
-        op=st.one_of(st.sampled_from([C.OP_READ, C.OP_QUERY]), st.integers(8, 0xFFFF)),
+        op=st.one_of(
+            st.sampled_from([C.OP_READ, C.OP_QUERY, C.OP_READ_SEALED]), st.integers(10, 0xFFFF)
+        ),
         right_token=st.booleans(),
         token=st.binary(min_size=16, max_size=16),
         nonce=st.one_of(st.just(1), U64),
@@ -101,10 +103,14 @@ def test_hypothesis_requests_never_escape_the_region(owner):
             assert right_token
             assert nonce > 0
             assert inside
-            assert op in (C.OP_READ, C.OP_QUERY)
+            assert op in (C.OP_READ, C.OP_QUERY, C.OP_READ_SEALED)
             if op == C.OP_READ:
                 assert value == length
                 assert data == original[offset : offset + length]
+            if op == C.OP_READ_SEALED:  # each 1 MiB chunk with its 16-byte tag
+                chunks = -(-length // C.SEAL_CHUNK)
+                assert len(data) == length + 16 * chunks
+                assert original[offset : offset + length] not in data or length < 16
 
     check()
     copy = bytearray(SIZE)

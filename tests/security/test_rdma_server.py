@@ -14,9 +14,10 @@ import stat
 import struct
 import threading
 
+import pytest
 from polling import wait_until
 
-from monarch_nb.native import RDMABuffer, _memory, statistics
+from monarch_nb.native import RDMAAccessError, RDMABuffer, RDMATransferError, _memory, statistics
 from monarch_nb.native._transport import REPLY_FORMAT, read_hello, sign_request
 
 FLOOD = 300
@@ -85,11 +86,15 @@ def test_idle_connections_neither_keep_readers_out_nor_stay_open():
 
 
 class RecordingProxy:
-    """Forwards TCP connections to ``server`` and keeps what clients sent."""
+    """Forwards TCP connections to ``server``, keeping what each side sent; with
+    ``flip=("up" or "down", n)`` it inverts the n-th byte of that direction of
+    each connection, as an attacker on the path would."""
 
-    def __init__(self, server: tuple[str, int]) -> None:
+    def __init__(self, server: tuple[str, int], flip: tuple[str, int] | None = None) -> None:
         self.server = server
+        self.flip = flip
         self.sent = bytearray()
+        self.received = bytearray()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -104,11 +109,15 @@ class RecordingProxy:
             threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, record: bool) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
+        seen = 0
+        flip = self.flip[1] if self.flip and self.flip[0] == ("up" if up else "down") else -1
         try:
-            while chunk := src.recv(1 << 16):
-                if record:
-                    self.sent += chunk
+            while chunk := bytearray(src.recv(1 << 16)):
+                if seen <= flip < seen + len(chunk):
+                    chunk[flip - seen] ^= 0xFF
+                seen += len(chunk)
+                (self.sent if up else self.received).extend(chunk)
                 dst.sendall(chunk)
         except OSError:
             pass
@@ -170,6 +179,49 @@ def test_the_token_never_crosses_the_wire_and_requests_cannot_be_replayed():
         assert data[128:192] == b"\x01" * 64
     finally:
         proxy.close()
+        buf.drop()
+
+
+def test_sealed_copies_hide_the_bytes_and_refuse_altered_ones():
+    data = bytearray(os.urandom(3 << 20))
+    original = bytes(data)
+    buf = RDMABuffer(data, encrypt=True)
+    h = buf._handle
+    assert h.sealed
+
+    def through(proxy: RecordingProxy) -> RDMABuffer:
+        return RDMABuffer._from_handle(dataclasses.replace(h, server=proxy.address, unix=None))
+
+    clear = RecordingProxy(h.server)
+    header = _memory.HELLO_SIZE + _memory.REPLY_SIZE  # then the first sealed chunk
+    down_flip = RecordingProxy(h.server, flip=("down", header + 500))
+    up_flip = RecordingProxy(h.server, flip=("up", _memory.REQUEST_SIZE + 500))
+    try:
+        out = bytearray(len(data))
+        through(clear).read_into(out, transport="tcp").get(timeout=30)
+        assert out == data
+        update = os.urandom(2 << 20)
+        through(clear).write_from(update, transport="tcp").get(timeout=30)
+        assert data[: len(update)] == update
+        # Neither the buffer's bytes nor the written ones were on the wire in clear.
+        assert original[1000:1064] not in clear.received
+        assert update[1000:1064] not in clear.sent
+        # One byte altered on the way: the read fails, the write lands nothing.
+        with pytest.raises(RDMATransferError, match="did not pass its check"):
+            through(down_flip).read_into(out, transport="tcp").get(timeout=30)
+        before = bytes(data)
+        with pytest.raises(RDMATransferError, match="did not pass its check"):
+            through(up_flip).write_from(os.urandom(1 << 20), transport="tcp").get(timeout=30)
+        assert bytes(data) == before
+        # Plain copies from another host are refused; the owner's host reads plainly.
+        plain = RDMABuffer._from_handle(dataclasses.replace(h, unix=None, sealed=False))
+        with pytest.raises(RDMAAccessError, match="only sealed"):
+            plain.read_into(out, transport="tcp").get(timeout=30)
+        buf.read_into(out, transport="tcp").get(timeout=30)  # its Unix socket
+        assert out == data
+    finally:
+        for proxy in (clear, down_flip, up_flip):
+            proxy.close()
         buf.drop()
 
 
