@@ -79,7 +79,7 @@ def test_no_dashboard_shows_the_plain_status_table(kernel: Kernel) -> None:
     reply = kernel.ok("%mesh start --procs 1 --name table --no-dashboard")
     [bundle] = reply.displays()
     assert WIDGET_VIEW not in bundle["data"]
-    assert bundle["data"]["text/plain"].startswith("mesh 'table' · running · 1 ranks")
+    assert bundle["data"]["text/plain"].startswith("mesh 'table' · running · 1 rank")
 
 
 def test_updates_flow_while_a_cell_runs_with_progress_not_text(kernel: Kernel) -> None:
@@ -214,7 +214,7 @@ def test_plain_ipython_shows_the_text_summary() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("mesh 'term' · running · 1 ranks") == 2
+    assert result.stdout.count("mesh 'term' · running · 1 rank") == 2
     assert "mesh 'term' stopped" in result.stdout
     assert "Widget" not in result.stdout + result.stderr
 

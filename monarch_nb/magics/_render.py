@@ -105,7 +105,8 @@ class NotebookMeshStatus:
 
     def headline(self) -> str:
         s = self.status
-        parts = [f"mesh {s.name!r}", str(s.state), f"{len(s.ranks)} ranks"]
+        n = len(s.ranks)
+        parts = [f"mesh {s.name!r}", str(s.state), f"{n} rank{'' if n == 1 else 's'}"]
         if self.dist:
             parts.append(f"torch.distributed: {self.dist}")
         if self.default:

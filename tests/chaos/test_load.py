@@ -56,17 +56,21 @@ def test_many_calls_and_casts_do_not_grow_controller_memory(load_procs):
     for i in range(BATCH):
         every.echo.broadcast(i)
     every.rank.call().get(timeout=30)
-    before = rss()
-
-    assert pipelined_calls(one, CALLS) == CALLS * (CALLS - 1) // 2
-    for i in range(CASTS):
-        every.echo.broadcast(i)
-    # Calls to one actor run in order: this reply means every cast was handled.
-    assert every.rank.call().get(timeout=30).values() == [0, 1, 2]
-
-    grown = rss() - before
-    print(f"controller RSS growth over {CALLS} calls + {CASTS} casts: {grown / 2**20:.2f} MiB")
-    assert grown < RSS_GROWTH_LIMIT, f"controller RSS grew {grown / 2**20:.1f} MiB"
+    # Three windows of the same work: a leak grows RSS in every one of them, while
+    # the allocator taking a new arena (or the garbage collector running late) is
+    # a step in one window only, so the smallest growth is the one that counts.
+    growths = []
+    for _ in range(3):
+        before = rss()
+        assert pipelined_calls(one, CALLS) == CALLS * (CALLS - 1) // 2
+        for i in range(CASTS):
+            every.echo.broadcast(i)
+        # Calls to one actor run in order: this reply means every cast was handled.
+        assert every.rank.call().get(timeout=30).values() == [0, 1, 2]
+        growths.append(rss() - before)
+    shown = ", ".join(f"{g / 2**20:.2f}" for g in growths)
+    print(f"controller RSS growth over {CALLS} calls + {CASTS} casts, 3 windows: {shown} MiB")
+    assert min(growths) < RSS_GROWTH_LIMIT, f"controller RSS grew {shown} MiB in each window"
     assert load_procs.busy_ranks() == []
     assert load_procs.state == "running"  # no cast failed
 
