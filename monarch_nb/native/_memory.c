@@ -1311,6 +1311,17 @@ static void *vm_copy(void *arg) {
     return NULL;
 }
 
+/* Ask for a lease on [offset, offset+length) of a region: 1 and the region's
+ * address in *base if granted, else 0 with the refusal in *status. GIL released. */
+static int begin_lease(int fd, const unsigned char *challenge, int is_write, uint64_t region,
+                       const unsigned char *token, uint64_t offset, uint64_t length,
+                       uint32_t *status, uint64_t *base, int *err) {
+    request_t q;
+    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, challenge, offset,
+                 length);
+    return exchange(fd, &q, status, base, err) == 0;
+}
+
 /* Send RELEASE for a lease: the owner counts the region in use until it arrives.
  * A copy that went well fails if the owner cannot confirm (it revoked the lease
  * or died meanwhile). GIL released. */
@@ -1342,11 +1353,9 @@ static PyObject *py_local_copy(PyObject *self, PyObject *args) {
     uint32_t status = ST_OK;
     int err = 0;
     Py_BEGIN_ALLOW_THREADS
-    request_t q;
     uint64_t base = 0;
-    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, challenge, offset,
-                 length);
-    if (exchange(fd, &q, &status, &base, &err) == 0) {
+    if (begin_lease(fd, challenge, is_write, region, token, offset, length, &status, &base,
+                    &err)) {
         /* The owner tells us where the region lives: the handle is not trusted for it.
          * Parts run in parallel; only the first polls the lease, the others stop via
          * the shared flag, and all have stopped before RELEASE is sent. */
@@ -1410,11 +1419,9 @@ static PyObject *py_cuda_local_copy(PyObject *self, PyObject *args) {
     uint32_t status = ST_OK;
     int err = 0;
     Py_BEGIN_ALLOW_THREADS
-    request_t q;
     uint64_t base = 0;
-    make_request(&q, is_write ? OP_LEASE_WRITE : OP_LEASE_READ, region, token, challenge, offset,
-                 length);
-    int granted = exchange(fd, &q, &status, &base, &err) == 0;
+    int granted = begin_lease(fd, challenge, is_write, region, token, offset, length, &status,
+                              &base, &err);
     if (!granted && ipc_len != 0 && (status == ST_DROPPED || status == ST_UNKNOWN_REGION))
         cuda_ipc_forget(device, (const unsigned char *)ipc);
     if (granted) {

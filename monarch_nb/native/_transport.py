@@ -609,7 +609,7 @@ def _tcp(op: CopyOp) -> int:
     def opcode(socks: list[Connection]) -> int:
         # Over the network, seal where the owner asks it or this reader does; the
         # owner's Unix socket never leaves its host.
-        if (op.handle.sealed or _sealing.wanted()) and not socks[0].local:
+        if (op.handle.sealed or _sealing.wanted()) and not all(s.local for s in socks):
             _sealing.load()
             return memory.OP_WRITE_SEALED if op.write else memory.OP_READ_SEALED
         return memory.OP_WRITE if op.write else memory.OP_READ
