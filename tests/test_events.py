@@ -198,3 +198,32 @@ def test_events_nobody_takes_are_not_built():
             assert stream.wants(RankStateChanged)
         assert not stream.wants(RankStateChanged)
     assert not stream.wants(Output)
+
+
+def test_a_call_whose_events_nobody_takes_does_not_wake_the_io_thread(procs4, monkeypatch):
+    # procs4 prints its ranks' output: an observer of Output only. A call queues
+    # no event anyone takes, so nothing should be handed to the I/O thread for
+    # it: a hand-off of an empty event queue cost every call a thread switch.
+    from monarch_nb._controller._client import Controller
+
+    assert not procs4.events.wants(CallStarted)
+    sink = procs4.slice(procs=0).spawn("wake_sink", Sink)
+    sink.take.call_one(0).get(timeout=30)
+    loop = Controller.get().loop
+    handed: list[str] = []
+    real_call_soon = loop.call_soon
+
+    def recording_call_soon(callback):
+        handed.append(getattr(callback, "__qualname__", repr(callback)))
+        real_call_soon(callback)
+
+    monkeypatch.setattr(loop, "call_soon", recording_call_soon)
+    for i in range(100):
+        assert sink.take.call_one(i).get(timeout=30) == i
+    assert "EventStream._drain" not in handed
+    # With an observer of calls starting, their events are queued and handed on.
+    log = EventLog()
+    with procs4.events.subscribe(log, kinds=(CallStarted,)):
+        sink.take.call_one(1).get(timeout=30)
+        log.wait_for(CallStarted)
+    assert "EventStream._drain" in handed

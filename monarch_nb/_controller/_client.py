@@ -562,6 +562,8 @@ def _rank_failed(mesh: str, failure: RemoteFailure, label: str) -> RankFailed:
 
 def _failure_of(call: PendingCall, rank: int) -> str | None:
     """``rank``'s error on ``call`` as "Type: message", None if it sent a value."""
+    if not call.failures and not call.serialization_failures:
+        return None  # the common case, on every reply
     for failure in itertools.chain(reversed(call.failures), reversed(call.serialization_failures)):
         if failure.rank == rank:
             return f"{failure.type_name}: {failure.message}".splitlines()[0]

@@ -281,6 +281,10 @@ class EventStream:
 
     def flush(self) -> None:
         """Hand queued events to the observers: now on the I/O thread, else soon there."""
+        if not self._queue:
+            # Nothing queued (a call whose events no observer takes): waking the
+            # I/O thread for nothing cost every call a thread switch.
+            return
         loop = self._loop
         if loop is None or loop.in_loop_thread:
             self._drain()
