@@ -129,6 +129,20 @@ def test_the_window_drops_old_rows_and_its_setting_is_checked(monkeypatch) -> No
         TelemetryHistory()
 
 
+def test_recent_points_are_per_rank_and_metric() -> None:
+    history = TelemetryHistory(minutes=1.0)
+    now = time.time()
+    sample = ResourceSample(cpu_seconds=1.0, rss_bytes=100, sampled_at=10.0)
+    history.add_heartbeat(0, sample, None, [(now - 2, "loss", 3.0, 1), (now - 1, "loss", 2.0, 2)])
+    history.add_heartbeat(1, sample, None, [(now - 1, "accuracy", 0.5, 1)])
+    assert [(r.value, r.step) for r in history.recent(0, "loss", 5)] == [(3.0, 1), (2.0, 2)]
+    assert [r.value for r in history.recent(0, "loss", 1)] == [2.0]
+    assert history.recent(0, "accuracy", 5) == []  # another rank's metric
+    assert history.recent(1, "loss", 5) == []
+    assert history.recent(2, "loss", 5) == []  # a rank never heard from
+    assert [r.value for r in history.recent(1, "rss_bytes", 5)] == [100.0]
+
+
 def test_without_pandas_the_error_says_what_to_do(procs2, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # import pandas now raises ImportError
     with pytest.raises(ImportError, match=r"pip install pandas.*records=True"):

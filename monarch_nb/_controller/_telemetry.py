@@ -51,6 +51,9 @@ class TelemetryHistory:
         self._lock = threading.Lock()
         self._rows: dict[int, deque[TelemetrySample]] = {}
         self._names: set[str] = set()  # every metric seen, kept as rows come and go
+        # Per rank, every metric it has had a row of: recent() answers at once for
+        # one it never reported (a dashboard asks for every metric of every rank).
+        self._rank_names: dict[int, set[str]] = {}
 
     def add_heartbeat(
         self,
@@ -80,7 +83,9 @@ class TelemetryHistory:
             if kept is None:
                 kept = self._rows[rank] = deque(maxlen=MAX_ROWS_PER_RANK)
             kept.extend(rows)
-            self._names.update(row.metric for row in rows)
+            names = {row.metric for row in rows}
+            self._names.update(names)
+            self._rank_names.setdefault(rank, set()).update(names)
             while kept and kept[0].time < horizon:
                 kept.popleft()
 
@@ -107,6 +112,8 @@ class TelemetryHistory:
         points of each of 256 ranks costs a few rows per point, not the window."""
         found: list[TelemetrySample] = []
         with self._lock:
+            if metric not in self._rank_names.get(rank, ()):
+                return found
             for row in reversed(self._rows.get(rank, ())):
                 if row.metric == metric:
                     found.append(row)
