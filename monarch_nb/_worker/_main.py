@@ -60,8 +60,6 @@ from ._log_file import install as install_log_file
 from ._wire_thread import WireThread
 
 DEFAULT_HEARTBEAT_S = 1.0
-# Messages the idle main thread receives at most before it runs the first.
-_IDLE_DRAIN_BATCH = 64
 # Frames of these files sit between the wire and user code: noise in a traceback.
 _DISPATCH_FILES = frozenset(
     os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
@@ -387,11 +385,7 @@ class Worker:
             while True:
                 self._waiting_on_socket = True
                 # What came while nobody watched first: the socket's fd is edge-triggered.
-                # A batch at most: the first piece of work waits for no more than that.
-                try:
-                    wire.drain(at_most=_IDLE_DRAIN_BATCH)
-                except Exception:  # a bug here must not stop the rank: say it, go on
-                    traceback.print_exc()
+                wire.drain()
                 if not inbox.empty():
                     return inbox.get_nowait()
                 for fd, _ in poller.poll():
@@ -778,7 +772,6 @@ class Worker:
         import asyncio
 
         task = asyncio.ensure_future(awaitable, loop=self._event_loop())
-        self.wire.watch()  # this thread waits in the actors' loop now, not on the socket
         try:
             while True:
                 self._loop.run_until_complete(self._task_or_item(task))

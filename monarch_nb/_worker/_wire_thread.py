@@ -22,11 +22,7 @@ actors' event loop), or when a send saw input pending. So a control message
 that comes while user code runs (an interrupt, a status query) is answered
 within that interval, and a run of small calls never wakes the wire thread.
 Either drains under ``_drain_lock``, from receiving to handing on, so
-messages keep their order; control messages are handled as they are
-received, except a status query the main thread receives, which the wire
-thread answers (on the main thread it would describe the drain, not the call
-just taken). The idle main thread drains at most a batch before it runs
-what it received.
+messages keep their order.
 
 Both send. The socket is used under ``lock`` only (zmq lets a socket move
 between threads behind a full memory barrier, which a lock is). Its
@@ -130,15 +126,10 @@ class WireThread:
         if not pending:
             return
         # The send may have taken the notice of a message that just arrived: make
-        # whoever receives now look (this thread included: it polls next). The
-        # main thread between two pieces of work (a reply) receives next itself.
+        # whoever receives now look (this thread included: it polls next).
         if self.main_receiving:
             self.wake_main()
-        elif not (
-            threading.current_thread() is threading.main_thread()
-            and not self._watch_requested
-            and not self._busy()[0]
-        ):
+        else:
             os.eventfd_write(self._wake_fd, 1)
 
     # -- who receives (main thread) ---------------------------------------------------
@@ -246,17 +237,16 @@ class WireThread:
         except KeyError:
             pass  # was not registered
 
-    def drain(self, *, at_most: int | None = None) -> None:
-        """Receive and hand on the messages waiting (this thread, or the idle main
-        thread), or ``at_most`` of them."""
+    def drain(self) -> None:
+        """Receive and hand on every message waiting (this thread, or the idle main
+        thread): work goes to the main thread, control messages are answered by
+        this thread."""
         with self._drain_lock:
-            self._drain(at_most)
+            self._drain()
 
-    def _drain(self, at_most: int | None) -> None:
+    def _drain(self) -> None:
         on_main = threading.current_thread() is not self._thread
-        while at_most is None or at_most > 0:
-            if at_most is not None:
-                at_most -= 1
+        while True:
             with self.lock:
                 frames = receive(self.socket, self.signer.stats)
             if frames is None:
@@ -268,20 +258,18 @@ class WireThread:
                 continue
             if message is None:
                 continue
-            if isinstance(message, StatusQuery) and on_main:
+            if not isinstance(message, Interrupt | StatusQuery) and (
+                type(message) not in self.control_handlers
+            ):
+                self._deliver(message, frames)
+            elif on_main:
                 # Answered here, it would describe the main thread draining: a call
-                # it just took has not started yet. The wire thread answers once
-                # the main thread is on with its work.
+                # it just took (maybe in the same batch) has not started yet. The
+                # wire thread answers once the main thread is on with its work.
                 self._control_backlog.append(message)
                 os.eventfd_write(self._wake_fd, 1)
-            elif isinstance(message, Interrupt | StatusQuery) or (
-                type(message) in self.control_handlers
-            ):
-                # In order with the work around it (an interrupt of whatever runs
-                # applies to what runs now, on whichever thread receives it).
-                self._control(message)
             else:
-                self._deliver(message, frames)
+                self._control(message)
 
     def _control(self, message: Message) -> None:
         match message:
