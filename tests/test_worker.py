@@ -71,6 +71,25 @@ def test_an_idle_rank_takes_calls_on_its_main_thread_without_waking_the_wire_thr
     assert first.get(timeout=10) == "slept"
 
 
+def test_an_idle_rank_answers_a_call_behind_a_burst_of_control_messages():
+    # The idle main thread drains at most a batch of messages before it runs the
+    # first piece of work. A batch that held no work (here one interrupt of a call
+    # long answered, then its replays, which the rank drops) must not leave the
+    # rest, and the call after them, waiting for a notice the socket's
+    # edge-triggered fd gave only once. Heartbeats far apart: each one also makes
+    # the rank look again, which would hide the wait.
+    from monarch_nb import config
+    from monarch_nb._common._messages import Interrupt
+
+    with config.configured(heartbeat=600), this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        watcher = procs.spawn("burst_watcher", WireWatcher)
+        watcher.noop.call_one().get(timeout=30)  # idle from here on
+        group = procs._group
+        burst = group.signer.encode(Interrupt(10**9))
+        group.controller.send(group, [0] * 500, burst, even_if_failed=True)  # one seal
+        assert watcher.noop.call_one().get(timeout=30) is None
+
+
 def test_an_exception_whose_str_raises_is_reported_not_fatal(procs2):
     raisers = procs2.spawn("raisers", Raiser)
     with pytest.raises(RemoteError, match="str\\(\\) of the exception failed"):

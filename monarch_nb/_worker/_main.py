@@ -62,6 +62,8 @@ from ._wire_thread import WireThread
 DEFAULT_HEARTBEAT_S = 1.0
 # Messages the idle main thread receives at most before it runs the first.
 _IDLE_DRAIN_BATCH = 64
+# How long the idle main thread waits on the socket before it looks again anyway.
+_IDLE_RECHECK_MS = 1000
 # Frames of these files sit between the wire and user code: noise in a traceback.
 _DISPATCH_FILES = frozenset(
     os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
@@ -389,12 +391,17 @@ class Worker:
                 # What came while nobody watched first: the socket's fd is edge-triggered.
                 # A batch at most: the first piece of work waits for no more than that.
                 try:
-                    wire.drain(at_most=_IDLE_DRAIN_BATCH)
+                    more = wire.drain(at_most=_IDLE_DRAIN_BATCH)
                 except Exception:  # a bug here must not stop the rank: say it, go on
                     traceback.print_exc()
+                    more = False  # the deadline below retries it, not a busy loop
                 if not inbox.empty():
                     return inbox.get_nowait()
-                for fd, _ in poller.poll():
+                if more:  # a batch of control messages only: the rest gives no notice
+                    continue
+                # With a deadline all the same: were a notice ever missed, the
+                # rank would answer a second late rather than never.
+                for fd, _ in poller.poll(_IDLE_RECHECK_MS):
                     if fd == self._inbox_fd:
                         self._waiting_on_socket = False
                         os.eventfd_read(self._inbox_fd)

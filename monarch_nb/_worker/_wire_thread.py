@@ -246,13 +246,14 @@ class WireThread:
         except KeyError:
             pass  # was not registered
 
-    def drain(self, *, at_most: int | None = None) -> None:
+    def drain(self, *, at_most: int | None = None) -> bool:
         """Receive and hand on the messages waiting (this thread, or the idle main
-        thread), or ``at_most`` of them."""
+        thread), or ``at_most`` of them; True if it stopped there, so more may
+        wait with no notice left on the (edge-triggered) fd."""
         with self._drain_lock:
-            self._drain(at_most)
+            return self._drain(at_most)
 
-    def _drain(self, at_most: int | None) -> None:
+    def _drain(self, at_most: int | None) -> bool:
         on_main = threading.current_thread() is not self._thread
         while at_most is None or at_most > 0:
             if at_most is not None:
@@ -260,7 +261,7 @@ class WireThread:
             with self.lock:
                 frames = receive(self.socket, self.signer.stats)
             if frames is None:
-                return
+                return False
             try:
                 message = self.signer.verify(frames, self._window, sender=CONTROLLER)
             except UnknownMessage as exc:
@@ -282,6 +283,7 @@ class WireThread:
                 self._control(message)
             else:
                 self._deliver(message, frames)
+        return True
 
     def _control(self, message: Message) -> None:
         match message:
