@@ -43,11 +43,14 @@ def test_configure_none_restores_the_default():
 
 
 def test_a_slower_heartbeat_does_not_make_ranks_look_silent():
-    # "Silent" (named when a call times out) is three missed beats: with beats 5 s
-    # apart, a rank 3.5 s into its first interval is not silent.
+    # "Silent" (named when a call times out) is three missed beats of the beat the
+    # ranks were started with, also once the setting is back to its default: with
+    # beats 5 s apart, a rank 3.5 s into its first interval is not silent.
     import time
 
-    with config.configured(heartbeat=5), this_host().spawn_procs(per_host={"procs": 1}) as procs:
+    with config.configured(heartbeat=5):
+        procs = this_host().spawn_procs(per_host={"procs": 1})
+    with procs:
         group = procs._group
         started = group.workers[0].started
         while time.monotonic() - started < 3.5:

@@ -61,23 +61,31 @@ def test_an_idle_rank_takes_calls_on_its_main_thread_without_waking_the_wire_thr
     # GIL, the drain lock); before, it woke for every call.
     allowed = calls // 4 + 20 * (time.monotonic() - started)
     assert woke < allowed, f"the wire thread woke {woke} times for {calls} calls"
-    # A message that comes while the main thread is busy in user code still gets
-    # through: the wire thread takes the socket back (an interrupt of a queued call).
-    sleepers = procs2.slice(procs=0).spawn("busy_then_queued", Sleeper)
-    first = sleepers.sleep.call_one(1.0)
-    queued = sleepers.sleep.call_one(30)
+    # Messages that come while the main thread is busy in user code still get
+    # through: the wire thread takes the socket back (it answers a status query
+    # with the running call's stack, and an interrupt stops that call, long before
+    # the grace period would end in a kill).
+    rank0 = procs2.slice(procs=0)
+    sleeper = rank0.spawn("busy_sleeper", Sleeper)
+    running = sleeper.sleep.call_one(60)
+    deadline = time.monotonic() + 30
+    while "time.sleep(seconds)" not in rank0.stacks(timeout=10).get(0, ""):
+        assert time.monotonic() < deadline, "the rank never showed the running call's stack"
+    began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        queued.interrupt(grace=5)
-    assert first.get(timeout=10) == "slept"
+        running.interrupt(grace=30)
+    assert time.monotonic() - began < 15, "the interrupt reached the rank only by its kill"
+    assert procs2.state == "running"
 
 
-def test_an_idle_rank_answers_a_call_behind_a_burst_of_control_messages():
+def test_an_idle_rank_answers_a_call_behind_a_burst_of_control_messages(monkeypatch):
     # The idle main thread drains at most a batch of messages before it runs the
     # first piece of work. A batch that held no work (here one interrupt of a call
     # long answered, then its replays, which the rank drops) must not leave the
     # rest, and the call after them, waiting for a notice the socket's
-    # edge-triggered fd gave only once. Heartbeats far apart: each one also makes
-    # the rank look again, which would hide the wait.
+    # edge-triggered fd gave only once. Heartbeats and the idle recheck far apart:
+    # each also makes the rank look again, which would hide the wait.
+    monkeypatch.setenv("MONARCH_NB_IDLE_RECHECK_MS", str(600_000))
     from monarch_nb import config
     from monarch_nb._common._messages import Interrupt
 

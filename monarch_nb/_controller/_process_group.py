@@ -268,6 +268,7 @@ class ProcGroup:
         self._queries: dict[int, tuple[Future[Any], dict[int, StatusReply], int]] = {}
         self._query_ids = itertools.count(1)
         self.generation = 0
+        self.heartbeat_s = HEARTBEAT_S  # the ranks' beat, set again at each start
         self.state: State = Starting()
         self.workers: list[WorkerProcess] = []
         self._key = b""  # a fresh key and signer for every start()
@@ -408,6 +409,7 @@ class ProcGroup:
             "heartbeat_s": HEARTBEAT_S,
             "imports": list(WORKER_IMPORTS),
         }
+        self.heartbeat_s = HEARTBEAT_S  # this generation's beat, for silent_ranks()
         # Actor-to-actor messages: each rank binds an inbox (prefix + rank on this
         # host; a TCP port it reports in its hello on other hosts).
         boot["peer"] = {
@@ -1409,7 +1411,7 @@ class ProcGroup:
         ``SILENT_BEATS`` heartbeats, at least 3 s (rank -> seconds since it); any
         thread."""
         now = time.monotonic()
-        silent_after = max(3.0, SILENT_BEATS * HEARTBEAT_S)
+        silent_after = max(3.0, SILENT_BEATS * self.heartbeat_s)
         workers = self.workers
         silent = {}
         for rank in ranks:

@@ -62,8 +62,9 @@ from ._wire_thread import WireThread
 DEFAULT_HEARTBEAT_S = 1.0
 # Messages the idle main thread receives at most before it runs the first.
 _IDLE_DRAIN_BATCH = 64
-# How long the idle main thread waits on the socket before it looks again anyway.
-_IDLE_RECHECK_MS = 1000
+# How long the idle main thread waits on the socket before it looks again anyway
+# (a safety net: every message should wake it; the variable is for tests).
+_IDLE_RECHECK_MS = int(os.environ.get("MONARCH_NB_IDLE_RECHECK_MS", "1000"))
 # Frames of these files sit between the wire and user code: noise in a traceback.
 _DISPATCH_FILES = frozenset(
     os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
@@ -188,6 +189,7 @@ class Worker:
         # Written when work is put while the idle main thread waits on the socket
         # (see _receive_until_work); read by that wait.
         self._inbox_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._main_ident = threading.get_ident()  # made on the main thread
         self._waiting_on_socket = False
         _metrics.on_a_rank()  # log_metric() now records, for the heartbeats to carry
         self.wire = WireThread(
@@ -200,7 +202,7 @@ class Worker:
             heartbeat_s=float(boot.get("heartbeat_s", DEFAULT_HEARTBEAT_S)),
         )
         self.send = self.wire.send
-        self.wire.wake_main = lambda: os.eventfd_write(self._inbox_fd, 1)
+        self.wire.wake_main = self._poke_main
         self.controller_route = _ControllerRoute(self.wire, self.signer)
         self.peer: PeerNode | None = None
         self.procs_ref: _refs.ProcsRef | None = None
@@ -268,8 +270,7 @@ class Worker:
             with self._calls_lock:
                 self._queued[ticket] = route
         self._inbox.put((message, frames, ticket, route))
-        self._wake_loop()
-        self._wake_idle()
+        self._wake()
 
     def interrupt(self, call_id: int) -> None:
         """The controller's interrupt of ``call_id`` (0: whatever runs)."""
@@ -349,8 +350,7 @@ class Worker:
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
         self._inbox.put(task)
-        self._wake_loop()
-        self._wake_idle()
+        self._wake()
 
     # -- the actors' event loop runs between messages -----------------------------------
 
@@ -386,22 +386,28 @@ class Worker:
             poller.register(self._inbox_fd, select.POLLIN)
         wire.main_begins_receiving()
         try:
+            timed_out = False
             while True:
                 self._waiting_on_socket = True
                 # What came while nobody watched first: the socket's fd is edge-triggered.
                 # A batch at most: the first piece of work waits for no more than that.
+                # Not behind the wire thread's drain: its deliveries wake us.
                 try:
-                    more = wire.drain(at_most=_IDLE_DRAIN_BATCH)
+                    more = wire.drain(at_most=_IDLE_DRAIN_BATCH, wait=False)
                 except Exception:  # a bug here must not stop the rank: say it, go on
                     traceback.print_exc()
                     more = False  # the deadline below retries it, not a busy loop
+                if timed_out and (more or not inbox.empty()):
+                    self._missed_wakeup()
                 if not inbox.empty():
                     return inbox.get_nowait()
                 if more:  # a batch of control messages only: the rest gives no notice
                     continue
                 # With a deadline all the same: were a notice ever missed, the
-                # rank would answer a second late rather than never.
-                for fd, _ in poller.poll(_IDLE_RECHECK_MS):
+                # rank would answer a second late rather than never (and say so).
+                ready = poller.poll(_IDLE_RECHECK_MS)
+                timed_out = not ready
+                for fd, _ in ready:
                     if fd == self._inbox_fd:
                         self._waiting_on_socket = False
                         os.eventfd_read(self._inbox_fd)
@@ -409,9 +415,27 @@ class Worker:
             self._waiting_on_socket = False
             wire.main_stops_receiving()
 
-    def _wake_idle(self) -> None:
-        if self._waiting_on_socket and threading.current_thread() is not threading.main_thread():
-            os.eventfd_write(self._inbox_fd, 1)
+    def _missed_wakeup(self) -> None:
+        """Work waited for the idle main thread's deadline: a wake-up was lost
+        somewhere. Counted (``WireStats.missed_wakeups``); said once on stderr."""
+        stats = self.signer.stats
+        stats.missed_wakeups += 1
+        if stats.missed_wakeups == 1:
+            print(
+                "monarch_nb: a message waited for the idle rank's 1 s recheck (a lost "
+                "wake-up, answered late, not lost): please report it",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _wake(self) -> None:
+        """New work in the inbox: wake whichever wait the main thread is in."""
+        self._wake_loop()
+        if self._waiting_on_socket and threading.get_ident() != self._main_ident:
+            self._poke_main()
+
+    def _poke_main(self) -> None:
+        os.eventfd_write(self._inbox_fd, 1)
 
     async def _next_item_async(self) -> Any:
         loop = self._event_loop()

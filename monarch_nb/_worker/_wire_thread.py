@@ -18,9 +18,12 @@ the wire thread meanwhile polls only its timers and wake-up fd. When the
 main thread has work, the wire thread takes the socket back lazily: at its
 next timer (within ``_WATCH_INTERVAL_S``), at once when the main thread is
 about to wait on something else (``watch()``: a nested call's reply, the
-actors' event loop), or when a send saw input pending. So a control message
-that comes while user code runs (an interrupt, a status query) is answered
-within that interval, and a run of small calls never wakes the wire thread.
+actors' event loop, the debugger's prompt), or when a send saw input
+pending. So a control message that comes while user code runs (an
+interrupt, a status query) is answered within that interval, and a run of
+small calls to a rank with no asyncio task pending does not wake the wire
+thread (with one pending, the main thread waits in the actors' loop, and
+the wire thread receives).
 Either drains under ``_drain_lock``, from receiving to handing on, so
 messages keep their order; control messages are handled as they are
 received, except a status query the main thread receives, which the wire
@@ -156,10 +159,19 @@ class WireThread:
 
     def watch(self) -> None:
         """The main thread is about to wait for work another way (a nested call's
-        reply, the actors' event loop): this thread watches the socket now."""
+        reply, the actors' event loop): this thread watches the socket now.
+
+        A no-op on other threads (a ``breakpoint()`` in a user's thread): who
+        receives follows what the main thread does. The first request of a busy
+        period pokes this thread even if it already polls the socket: the main
+        thread's drain may have taken the fd's notice of what is still queued.
+        """
+        if threading.get_ident() != self._main_ident:
+            return
         self.main_receiving = False
+        first = not self._watch_requested
         self._watch_requested = True
-        if self._parked:  # read after the request is visible: see _loop
+        if first or self._parked:  # _parked read after the request is visible: see _loop
             os.eventfd_write(self._wake_fd, 1)
 
     # -- the wire thread --------------------------------------------------------------
@@ -246,12 +258,18 @@ class WireThread:
         except KeyError:
             pass  # was not registered
 
-    def drain(self, *, at_most: int | None = None) -> bool:
+    def drain(self, *, at_most: int | None = None, wait: bool = True) -> bool | None:
         """Receive and hand on the messages waiting (this thread, or the idle main
         thread), or ``at_most`` of them; True if it stopped there, so more may
-        wait with no notice left on the (edge-triggered) fd."""
-        with self._drain_lock:
+        wait with no notice left on the (edge-triggered) fd. ``wait=False``:
+        None at once if the other thread drains now (it drains to the end and
+        each delivery wakes the idle main thread)."""
+        if not self._drain_lock.acquire(blocking=wait):
+            return None
+        try:
             return self._drain(at_most)
+        finally:
+            self._drain_lock.release()
 
     def _drain(self, at_most: int | None) -> bool:
         on_main = threading.current_thread() is not self._thread
@@ -271,8 +289,9 @@ class WireThread:
                 continue
             if isinstance(message, StatusQuery) and on_main:
                 # Answered here, it would describe the main thread draining: a call
-                # it just took has not started yet. The wire thread answers once
-                # the main thread is on with its work.
+                # it just took has not started yet. The wire thread answers, most
+                # often once the main thread is on with its work (best effort: a
+                # status is a snapshot either way).
                 self._control_backlog.append(message)
                 os.eventfd_write(self._wake_fd, 1)
             elif isinstance(message, Interrupt | StatusQuery) or (
