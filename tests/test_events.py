@@ -152,8 +152,9 @@ def test_ctrl_c_on_get_in_a_plain_script_interrupts_the_ranks(tmp_path):
                     print("controller waiting", flush=True)
                     future.get()
                 except KeyboardInterrupt as exc:
-                    print("controller:", exc, flush=True)
-                    print("after:", procs.run("'usable'").values(), flush=True)
+                    print(f"controller: {exc}", flush=True)
+                    usable = procs.run("'usable'").values()
+                    print(f"after: {usable}", flush=True)
             """
         )
     )
@@ -172,7 +173,8 @@ def test_ctrl_c_on_get_in_a_plain_script_interrupts_the_ranks(tmp_path):
     # get(): on a loaded machine the ranks can start before exec() has returned.
     # By content, not whole lines: the script's print() and the ranks' output
     # (printed by the controller's I/O thread) share stdout and can interleave
-    # within a line ("controller waiting[1] sleeping").
+    # within a line ("controller waiting[1] sleeping"); the script prints each
+    # line as one string, so a text itself is never split.
     waiting = ("[0] sleeping", "[1] sleeping", "controller waiting")
     seen = ""
     while not all(text in seen for text in waiting):
