@@ -42,6 +42,22 @@ def test_configure_none_restores_the_default():
         assert config.get("interrupt_grace") == 3.0
 
 
+def test_a_slower_heartbeat_does_not_make_ranks_look_silent():
+    # "Silent" (named when a call times out) is three missed beats of the beat the
+    # ranks were started with, also once the setting is back to its default: with
+    # beats 5 s apart, a rank 3.5 s into its first interval is not silent.
+    import time
+
+    with config.configured(heartbeat=5):
+        procs = this_host().spawn_procs(per_host={"procs": 1})
+    with procs:
+        group = procs._group
+        started = group.workers[0].started
+        while time.monotonic() - started < 3.5:
+            time.sleep(0.1)  # a time that must pass, not an event to wait for
+        assert group.silent_ranks([0]) == {}
+
+
 def test_unknown_names_and_wrong_types_are_named():
     with pytest.raises(MeshUsageError, match=r"unknown setting 'start_timout'.*start_timeout"):
         config.configure(start_timout=1)

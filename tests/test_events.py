@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -165,29 +167,83 @@ def test_ctrl_c_on_get_in_a_plain_script_interrupts_the_ranks(tmp_path):
         text=True,
         env=dict(os.environ, MONARCH_NB_INTERRUPT_GRACE="10"),
     )
-    assert proc.stdout is not None
-    first = proc.stdout.readline()
-    assert first.startswith("pids"), first
-    pids = {int(p) for p in first.split()[1:]}
-    # Both ranks asleep (an earlier interrupt is ignored), and the controller in
-    # get(): on a loaded machine the ranks can start before exec() has returned.
-    # By content, not whole lines: the script's print() and the ranks' output
-    # (printed by the controller's I/O thread) share stdout and can interleave
-    # within a line ("controller waiting[1] sleeping"); the script prints each
-    # line as one string, so a text itself is never split.
-    waiting = ("[0] sleeping", "[1] sleeping", "controller waiting")
-    seen = ""
-    while not all(text in seen for text in waiting):
-        line = proc.stdout.readline()
-        assert line, f"the script ended before both ranks slept: {seen!r}"
-        seen += line
+    lines = _lines_of(proc)
+    deadline = time.monotonic() + 40  # of the test's 60 s: the rest for py-spy below
+    pids: set[int] = set()
+    try:
+        first = lines.get(timeout=40)
+        assert first.startswith("pids"), first
+        pids = {int(p) for p in first.split()[1:]}
+        # Both ranks asleep (an earlier interrupt is ignored), and the controller in
+        # get(): on a loaded machine the ranks can start before exec() has returned.
+        # By content, not whole lines: the script's print() and the ranks' output
+        # (printed by the controller's I/O thread) share stdout and can interleave
+        # within a line ("controller waiting[1] sleeping"); the script prints each
+        # line as one string, so a text itself is never split.
+        waiting = ("[0] sleeping", "[1] sleeping", "controller waiting")
+        seen = ""
+        while not all(text in seen for text in waiting):
+            try:
+                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                # Say what came and where everyone waits, rather than time out blind.
+                stacks = _stacks(proc, pids)
+                pytest.fail(f"no sleep on every rank in 40 s; output: {seen!r}\n{stacks}")
+            assert line, f"the script ended before both ranks slept: {seen!r}"
+            seen += line
+    except BaseException:
+        proc.kill()
+        for pid in pids:
+            _kill_quietly(pid)
+        proc.wait()
+        raise
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    out = "".join(iter(lines.get, ""))
     assert proc.returncode == 0, out
     assert out.count("rank got it") == 2
     assert "interrupted on rank(s) 0-1; the mesh is usable" in out
     assert "after: ['usable', 'usable']" in out
     assert not wait_for_exit(pids, 5.0)
+
+
+def _lines_of(proc: subprocess.Popen[str]) -> queue.Queue[str]:
+    """``proc``'s output lines as they come ("" once it ends), read on a thread so
+    a test can wait for them with a deadline."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with proc.stdout:
+            for line in proc.stdout:
+                lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def _stacks(proc: subprocess.Popen[str], pids: set[int]) -> str:
+    """Every process's Python stacks by py-spy (where it is installed)."""
+    from monarch_nb._common import _py_spy
+
+    py_spy = _py_spy.find()
+    if py_spy is None:
+        return "(py-spy is not installed: no stacks)"
+    dumps = []
+    for pid in (proc.pid, *sorted(pids)):
+        run = subprocess.run(
+            [py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+        )
+        dumps.append(run.stdout + run.stderr)
+    return "\n".join(dumps)
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def test_events_nobody_takes_are_not_built():

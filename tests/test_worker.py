@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from worker_actors import Raiser, Sleeper, Unpicklable
+from worker_actors import Raiser, Sleeper, Unpicklable, WireWatcher
 
 from monarch_nb import MeshFailure, RemoteError, this_host
 from monarch_nb.events import EventLog, RankFailed
@@ -36,6 +36,66 @@ def test_an_interrupted_async_endpoint_does_not_resume_inside_a_later_call(procs
     with pytest.raises(KeyboardInterrupt):
         slow.interrupt(grace=5)
     assert sleepers.other.call_one().get(timeout=10) == ["slow unwound"]
+
+
+def _voluntary_switches(pid: int, tid: int) -> int:
+    with open(f"/proc/{pid}/task/{tid}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no context switch count for thread {tid} of {pid}")
+
+
+def test_an_idle_rank_takes_calls_on_its_main_thread_without_waking_the_wire_thread(procs2):
+    # The main thread waits on the socket itself while idle, so a call costs no
+    # hand-off between threads: the wire thread sleeps through a run of calls,
+    # waking only for its timers (heartbeats, the controller watch).
+    watcher = procs2.slice(procs=0).spawn("wire_watcher", WireWatcher)
+    pid, wire = watcher.wire_thread.call_one().get(timeout=30)
+    before, started = _voluntary_switches(pid, wire), time.monotonic()
+    calls = 300
+    for _ in range(calls):
+        watcher.noop.call_one().get(timeout=30)
+    woke = _voluntary_switches(pid, wire) - before
+    # Its timers wake it 5 times a second, each wake-up maybe a few switches (the
+    # GIL, the drain lock); before, it woke for every call.
+    allowed = calls // 4 + 20 * (time.monotonic() - started)
+    assert woke < allowed, f"the wire thread woke {woke} times for {calls} calls"
+    # Messages that come while the main thread is busy in user code still get
+    # through: the wire thread takes the socket back (it answers a status query
+    # with the running call's stack, and an interrupt stops that call, long before
+    # the grace period would end in a kill).
+    rank0 = procs2.slice(procs=0)
+    sleeper = rank0.spawn("busy_sleeper", Sleeper)
+    running = sleeper.sleep.call_one(60)
+    deadline = time.monotonic() + 30
+    while "time.sleep(seconds)" not in rank0.stacks(timeout=10).get(0, ""):
+        assert time.monotonic() < deadline, "the rank never showed the running call's stack"
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        running.interrupt(grace=30)
+    assert time.monotonic() - began < 15, "the interrupt reached the rank only by its kill"
+    assert procs2.state == "running"
+
+
+def test_an_idle_rank_answers_a_call_behind_a_burst_of_control_messages(monkeypatch):
+    # The idle main thread drains at most a batch of messages before it runs the
+    # first piece of work. A batch that held no work (here one interrupt of a call
+    # long answered, then its replays, which the rank drops) must not leave the
+    # rest, and the call after them, waiting for a notice the socket's
+    # edge-triggered fd gave only once. Heartbeats and the idle recheck far apart:
+    # each also makes the rank look again, which would hide the wait.
+    monkeypatch.setenv("MONARCH_NB_IDLE_RECHECK_MS", str(600_000))
+    from monarch_nb import config
+    from monarch_nb._common._messages import Interrupt
+
+    with config.configured(heartbeat=600), this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        watcher = procs.spawn("burst_watcher", WireWatcher)
+        watcher.noop.call_one().get(timeout=30)  # idle from here on
+        group = procs._group
+        burst = group.signer.encode(Interrupt(10**9))
+        group.controller.send(group, [0] * 500, burst, even_if_failed=True)  # one seal
+        assert watcher.noop.call_one().get(timeout=30) is None
 
 
 def test_an_exception_whose_str_raises_is_reported_not_fatal(procs2):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 
 from monarch_nb import Actor, endpoint
@@ -56,3 +58,16 @@ class Unpicklable:
 
 def _refuse():
     raise RuntimeError("cannot be rebuilt here")
+
+
+class WireWatcher(Actor):
+    """Where a rank's wire thread is, so a test can count its wake-ups."""
+
+    @endpoint
+    def wire_thread(self) -> tuple[int, int]:
+        (wire,) = [t for t in threading.enumerate() if t.name == "monarch_nb-wire"]
+        return os.getpid(), wire.native_id
+
+    @endpoint
+    def noop(self) -> None:
+        return None

@@ -160,6 +160,7 @@ class WireStats:
     bytes_in_band: int = 0  # pickle bytes encoded
     bytes_out_of_band: int = 0  # buffer bytes encoded as their own frames
     bytes_digested: int = 0  # buffer bytes hashed, sending and verifying
+    missed_wakeups: int = 0  # a rank found work only at its idle recheck (should stay 0)
 
     def snapshot(self) -> WireStats:
         return WireStats(**self.__dict__)

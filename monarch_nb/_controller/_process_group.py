@@ -86,9 +86,10 @@ _log = logging.getLogger("monarch_nb")
 _group_ids = itertools.count(1)
 START_TIMEOUT_S = float(os.environ.get("MONARCH_NB_START_TIMEOUT", "60"))
 HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
-# A live rank that sent no heartbeat for this long is stopped (or holds the GIL):
-# named as such when a call to it times out.
-SILENT_AFTER_S = max(3.0, 3 * HEARTBEAT_S)
+# A live rank that sent no heartbeat for three beats (at least 3 s) is stopped
+# (or holds the GIL): named as such when a call to it times out. Read at use, as
+# config.configure(heartbeat=...) changes the beat.
+SILENT_BEATS = 3
 STOP_GRACE_S = 5.0
 KILL_WAIT_S = 10.0  # after SIGKILL: at once locally; a remote exit is reported by its agent
 _STDERR_TAIL_LINES = 20
@@ -267,6 +268,7 @@ class ProcGroup:
         self._queries: dict[int, tuple[Future[Any], dict[int, StatusReply], int]] = {}
         self._query_ids = itertools.count(1)
         self.generation = 0
+        self.heartbeat_s = HEARTBEAT_S  # the ranks' beat, set again at each start
         self.state: State = Starting()
         self.workers: list[WorkerProcess] = []
         self._key = b""  # a fresh key and signer for every start()
@@ -407,6 +409,7 @@ class ProcGroup:
             "heartbeat_s": HEARTBEAT_S,
             "imports": list(WORKER_IMPORTS),
         }
+        self.heartbeat_s = HEARTBEAT_S  # this generation's beat, for silent_ranks()
         # Actor-to-actor messages: each rank binds an inbox (prefix + rank on this
         # host; a TCP port it reports in its hello on other hosts).
         boot["peer"] = {
@@ -1405,8 +1408,10 @@ class ProcGroup:
 
     def silent_ranks(self, ranks: Iterable[int]) -> dict[int, float]:
         """Of ``ranks``, those alive whose last heartbeat is older than
-        ``SILENT_AFTER_S`` (rank -> seconds since it); any thread."""
+        ``SILENT_BEATS`` heartbeats, at least 3 s (rank -> seconds since it); any
+        thread."""
         now = time.monotonic()
+        silent_after = max(3.0, SILENT_BEATS * self.heartbeat_s)
         workers = self.workers
         silent = {}
         for rank in ranks:
@@ -1414,7 +1419,7 @@ class ProcGroup:
                 continue
             beat = workers[rank].heartbeat
             heard = beat[0] if beat is not None else workers[rank].started
-            if now - heard > SILENT_AFTER_S:
+            if now - heard > silent_after:
                 silent[rank] = now - heard
         return silent
 

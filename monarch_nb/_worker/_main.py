@@ -16,6 +16,7 @@ import inspect
 import json
 import os
 import queue
+import select
 import signal
 import socket
 import sys
@@ -59,6 +60,11 @@ from ._log_file import install as install_log_file
 from ._wire_thread import WireThread
 
 DEFAULT_HEARTBEAT_S = 1.0
+# Messages the idle main thread receives at most before it runs the first.
+_IDLE_DRAIN_BATCH = 64
+# How long the idle main thread waits on the socket before it looks again anyway
+# (a safety net: every message should wake it; the variable is for tests).
+_IDLE_RECHECK_MS = int(os.environ.get("MONARCH_NB_IDLE_RECHECK_MS", "1000"))
 # Frames of these files sit between the wire and user code: noise in a traceback.
 _DISPATCH_FILES = frozenset(
     os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
@@ -180,6 +186,11 @@ class Worker:
         # (message, frames, its ticket, where replies go) from the wire thread or
         # the peer node, or a posted task.
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Written when work is put while the idle main thread waits on the socket
+        # (see _receive_until_work); read by that wait.
+        self._inbox_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._main_ident = threading.get_ident()  # made on the main thread
+        self._waiting_on_socket = False
         _metrics.on_a_rank()  # log_metric() now records, for the heartbeats to carry
         self.wire = WireThread(
             sock,
@@ -191,6 +202,7 @@ class Worker:
             heartbeat_s=float(boot.get("heartbeat_s", DEFAULT_HEARTBEAT_S)),
         )
         self.send = self.wire.send
+        self.wire.wake_main = self._poke_main
         self.controller_route = _ControllerRoute(self.wire, self.signer)
         self.peer: PeerNode | None = None
         self.procs_ref: _refs.ProcsRef | None = None
@@ -222,6 +234,7 @@ class Worker:
         self._deferred: deque[Any] = deque()
         self.namespace: Any = None  # a _namespace.RankNamespace once a cell runs
         self.log: RankLog | None = None  # the rank's log file, flushed after user code
+        self._idle_poller: Any = None  # select.poll of the socket and _inbox_fd
         self._in_user_code = False
         # What the main thread runs now and since when, for heartbeats and status:
         # one tuple, so the wire thread never reads a label with another's start.
@@ -257,7 +270,7 @@ class Worker:
             with self._calls_lock:
                 self._queued[ticket] = route
         self._inbox.put((message, frames, ticket, route))
-        self._wake_loop()
+        self._wake()
 
     def interrupt(self, call_id: int) -> None:
         """The controller's interrupt of ``call_id`` (0: whatever runs)."""
@@ -337,7 +350,7 @@ class Worker:
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
         self._inbox.put(task)
-        self._wake_loop()
+        self._wake()
 
     # -- the actors' event loop runs between messages -----------------------------------
 
@@ -350,12 +363,79 @@ class Worker:
                 return item
         loop = self._loop
         if loop is None:
-            return self._inbox.get()
+            return self._receive_until_work()
         import asyncio  # only once an async endpoint made the loop: workers start lean
 
         if not asyncio.all_tasks(loop):
-            return self._inbox.get()
+            return self._receive_until_work()
+        self.wire.watch()
         return loop.run_until_complete(self._next_item_async())
+
+    def _receive_until_work(self) -> Any:
+        """The idle main thread waits on the socket itself and drains it, so a call
+        reaches the code that runs it without a hand-off between threads (on a
+        busy host each costs about as much as the work of a small call). Work
+        from elsewhere (the peer node, posted tasks) wakes it through _inbox_fd."""
+        inbox, wire = self._inbox, self.wire
+        if not inbox.empty():  # this thread is the only one that takes from it
+            return inbox.get_nowait()
+        poller = self._idle_poller
+        if poller is None:
+            poller = self._idle_poller = select.poll()
+            poller.register(wire.socket_fd, select.POLLIN)
+            poller.register(self._inbox_fd, select.POLLIN)
+        wire.main_begins_receiving()
+        try:
+            timed_out = False
+            while True:
+                self._waiting_on_socket = True
+                # What came while nobody watched first: the socket's fd is edge-triggered.
+                # A batch at most: the first piece of work waits for no more than that.
+                # Not behind the wire thread's drain: its deliveries wake us.
+                try:
+                    more = wire.drain(at_most=_IDLE_DRAIN_BATCH, wait=False)
+                except Exception:  # a bug here must not stop the rank: say it, go on
+                    traceback.print_exc()
+                    more = False  # the deadline below retries it, not a busy loop
+                if timed_out and (more or not inbox.empty()):
+                    self._missed_wakeup()
+                if not inbox.empty():
+                    return inbox.get_nowait()
+                if more:  # a batch of control messages only: the rest gives no notice
+                    continue
+                # With a deadline all the same: were a notice ever missed, the
+                # rank would answer a second late rather than never (and say so).
+                ready = poller.poll(_IDLE_RECHECK_MS)
+                timed_out = not ready
+                for fd, _ in ready:
+                    if fd == self._inbox_fd:
+                        self._waiting_on_socket = False
+                        os.eventfd_read(self._inbox_fd)
+        finally:
+            self._waiting_on_socket = False
+            wire.main_stops_receiving()
+
+    def _missed_wakeup(self) -> None:
+        """Work waited for the idle main thread's deadline: a wake-up was lost
+        somewhere. Counted (``WireStats.missed_wakeups``); said once on stderr."""
+        stats = self.signer.stats
+        stats.missed_wakeups += 1
+        if stats.missed_wakeups == 1:
+            print(
+                "monarch_nb: a message waited for the idle rank's 1 s recheck (a lost "
+                "wake-up, answered late, not lost): please report it",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _wake(self) -> None:
+        """New work in the inbox: wake whichever wait the main thread is in."""
+        self._wake_loop()
+        if self._waiting_on_socket and threading.get_ident() != self._main_ident:
+            self._poke_main()
+
+    def _poke_main(self) -> None:
+        os.eventfd_write(self._inbox_fd, 1)
 
     async def _next_item_async(self) -> Any:
         loop = self._event_loop()
@@ -389,6 +469,7 @@ class Worker:
             self._wake_loop()
 
         future.add_done_callback(wake)
+        self.wire.watch()  # this thread waits on its inbox now, not on the socket
         while not future.done():
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -728,6 +809,7 @@ class Worker:
         import asyncio
 
         task = asyncio.ensure_future(awaitable, loop=self._event_loop())
+        self.wire.watch()  # this thread waits in the actors' loop now, not on the socket
         try:
             while True:
                 self._loop.run_until_complete(self._task_or_item(task))

@@ -3,28 +3,51 @@
 Threads of a worker, and what each owns::
 
     main thread    runs work (spawns, calls, cells, push/pull) one message at a
-                   time, in the order sent, and sends their replies itself
-    wire thread    receives and verifies every message; answers control
-                   messages (Interrupt, StatusQuery) at once, even while the
+                   time, in the order sent, and sends their replies itself;
+                   receives while it is idle (below)
+    wire thread    receives and verifies every message otherwise; answers control
+                   messages (Interrupt, StatusQuery), even while the
                    main thread is busy in user code or stopped in pdb; sends
                    heartbeats with a resource sample; exits the process when
                    the controller is gone
 
+Who receives: while the main thread is idle it waits on the socket itself
+and drains it (a call then reaches the code that runs it with no hand-off
+between threads, which on a busy host costs about as much as a small call);
+the wire thread meanwhile polls only its timers and wake-up fd. When the
+main thread has work, the wire thread takes the socket back lazily: at its
+next timer (within ``_WATCH_INTERVAL_S``), at once when the main thread is
+about to wait on something else (``watch()``: a nested call's reply, the
+actors' event loop, the debugger's prompt), or when a send saw input
+pending. So a control message that comes while user code runs (an
+interrupt, a status query) is answered within that interval, and a run of
+small calls to a rank with no asyncio task pending does not wake the wire
+thread (with one pending, the main thread waits in the actors' loop, and
+the wire thread receives).
+Either drains under ``_drain_lock``, from receiving to handing on, so
+messages keep their order; control messages are handled as they are
+received, except a status query the main thread receives, which the wire
+thread answers (on the main thread it would describe the drain, not the call
+just taken). The idle main thread drains at most a batch before it runs
+what it received.
+
 Both send. The socket is used under ``lock`` only (zmq lets a socket move
 between threads behind a full memory barrier, which a lock is). Its
 ``ZMQ_FD`` is edge-triggered, and a send can consume the notification of a
-message that just arrived, so a sender that sees input pending wakes the wire
-thread through its eventfd.
+message that just arrived, so a sender that sees input pending wakes whoever
+receives now.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +96,18 @@ class WireThread:
         self._window = ReplayWindow()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._main_ident = threading.main_thread().ident
+        self.socket_fd = int(socket.getsockopt(zmq.FD))  # read once, before threads share it
+        # Who drains the socket holds this from receiving to delivering, so two
+        # drainers (this thread, the idle main thread) keep messages in order.
+        self._drain_lock = threading.Lock()
+        # Who watches the socket (see "Who receives" in the module docstring):
+        self.main_receiving = False  # the idle main thread waits on it itself
+        self._receive_epoch = 0  # how many times the main thread began to
+        self._watch_requested = False  # the main thread waits on something else
+        self._parked = False  # this thread is not watching the socket now
+        self.wake_main: Callable[[], None] = lambda: None  # the worker sets it
+        # Control messages the main thread received, for this thread to answer.
+        self._control_backlog: deque[Message] = deque()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="monarch_nb-wire", daemon=True)
         # Message type -> handler run here on the wire thread, for layers above the
@@ -95,7 +130,48 @@ class WireThread:
         with self.lock:
             encoded.send(self.socket)
             pending = int(self.socket.getsockopt(_EVENTS)) & _POLLIN
-        if pending and threading.current_thread() is not self._thread:
+        if not pending:
+            return
+        # The send may have taken the notice of a message that just arrived: make
+        # whoever receives now look (this thread included: it polls next). The
+        # main thread between two pieces of work (a reply) receives next itself.
+        if self.main_receiving:
+            self.wake_main()
+        elif not (
+            threading.current_thread() is threading.main_thread()
+            and not self._watch_requested
+            and not self._busy()[0]
+        ):
+            os.eventfd_write(self._wake_fd, 1)
+
+    # -- who receives (main thread) ---------------------------------------------------
+
+    def main_begins_receiving(self) -> None:
+        """The main thread is idle and waits on the socket itself from now on."""
+        self._watch_requested = False
+        self._receive_epoch += 1
+        self.main_receiving = True
+
+    def main_stops_receiving(self) -> None:
+        """The main thread has work: this thread takes the socket back lazily, at
+        its next timer, unless the main thread comes back first."""
+        self.main_receiving = False
+
+    def watch(self) -> None:
+        """The main thread is about to wait for work another way (a nested call's
+        reply, the actors' event loop): this thread watches the socket now.
+
+        A no-op on other threads (a ``breakpoint()`` in a user's thread): who
+        receives follows what the main thread does. The first request of a busy
+        period pokes this thread even if it already polls the socket: the main
+        thread's drain may have taken the fd's notice of what is still queued.
+        """
+        if threading.get_ident() != self._main_ident:
+            return
+        self.main_receiving = False
+        first = not self._watch_requested
+        self._watch_requested = True
+        if first or self._parked:  # _parked read after the request is visible: see _loop
             os.eventfd_write(self._wake_fd, 1)
 
     # -- the wire thread --------------------------------------------------------------
@@ -112,22 +188,37 @@ class WireThread:
                 os._exit(71)
 
     def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.socket.getsockopt(zmq.FD), zmq.POLLIN)
-        poller.register(self._wake_fd, zmq.POLLIN)
+        poller = select.poll()
+        poller.register(self._wake_fd, select.POLLIN)
+        watching, seen_epoch, looked = False, -1, True
         next_heartbeat = time.monotonic() + self._heartbeat_s
         next_watch = time.monotonic() + _WATCH_INTERVAL_S
         while not self._stopping:
+            self._parked = True  # before reading the main thread's state: see watch()
+            watching = self._should_watch(watching, looked, seen_epoch)
+            seen_epoch = self._receive_epoch
+            if watching:
+                self._parked = False
+            self._watch_socket(poller, watching)
             now = time.monotonic()
             timeout = max(0.0, min(next_heartbeat, next_watch) - now)
-            for item, _ in poller.poll(int(timeout * 1000)):
-                if item == self._wake_fd:
+            ready = poller.poll(int(timeout * 1000) + 1)
+            # A timer or a poke (a send that saw input pending, watch(), stop()):
+            # look at the socket, whoever owned it.
+            looked = not ready
+            for fd, _ in ready:
+                if fd == self._wake_fd:
+                    looked = True
                     try:
                         os.eventfd_read(self._wake_fd)
                     except BlockingIOError:
                         pass
+            self._parked = False
             try:
-                self._drain()
+                while self._control_backlog:
+                    self._control(self._control_backlog.popleft())
+                if not self.main_receiving and (watching or looked):
+                    self.drain()
             except zmq.ZMQError:
                 if self._stopping:
                     return  # the socket closed under us at shutdown
@@ -143,12 +234,52 @@ class WireThread:
                 next_heartbeat = now + self._heartbeat_s
                 self._heartbeat()
 
-    def _drain(self) -> None:
-        while True:
+    def _should_watch(self, watching: bool, looked: bool, seen_epoch: int) -> bool:
+        """Whether this thread polls the socket until its next wake-up.
+
+        Not while the main thread waits on it (two threads woken by every message
+        would fight over it), nor once the main thread came back to it since the
+        last look: it takes the next message itself. Otherwise (the main thread
+        is busy) keep watching, or begin at a timer or a poke: a message that
+        comes while user code runs waits at most until the next timer.
+        """
+        if self._watch_requested:
+            return True
+        if self.main_receiving or self._receive_epoch != seen_epoch:
+            return False
+        return watching or looked
+
+    def _watch_socket(self, poller: select.poll, watch: bool) -> None:
+        try:
+            if watch:
+                poller.register(self.socket_fd, select.POLLIN)  # again: a no-op
+            else:
+                poller.unregister(self.socket_fd)
+        except KeyError:
+            pass  # was not registered
+
+    def drain(self, *, at_most: int | None = None, wait: bool = True) -> bool | None:
+        """Receive and hand on the messages waiting (this thread, or the idle main
+        thread), or ``at_most`` of them; True if it stopped there, so more may
+        wait with no notice left on the (edge-triggered) fd. ``wait=False``:
+        None at once if the other thread drains now (it drains to the end and
+        each delivery wakes the idle main thread)."""
+        if not self._drain_lock.acquire(blocking=wait):
+            return None
+        try:
+            return self._drain(at_most)
+        finally:
+            self._drain_lock.release()
+
+    def _drain(self, at_most: int | None) -> bool:
+        on_main = threading.current_thread() is not self._thread
+        while at_most is None or at_most > 0:
+            if at_most is not None:
+                at_most -= 1
             with self.lock:
                 frames = receive(self.socket, self.signer.stats)
             if frames is None:
-                return
+                return False
             try:
                 message = self.signer.verify(frames, self._window, sender=CONTROLLER)
             except UnknownMessage as exc:
@@ -156,19 +287,33 @@ class WireThread:
                 continue
             if message is None:
                 continue
-            match message:
-                case Interrupt(call_id):
-                    self._interrupt(call_id)
-                case StatusQuery(query_id):
-                    work, seconds = self._busy()
-                    stack = self._main_stack()
-                    self.send(StatusReply(query_id, work, seconds, stack, _collectives()))
-                case _:
-                    handler = self.control_handlers.get(type(message))
-                    if handler is not None:
-                        handler(message)
-                    else:
-                        self._deliver(message, frames)
+            if isinstance(message, StatusQuery) and on_main:
+                # Answered here, it would describe the main thread draining: a call
+                # it just took has not started yet. The wire thread answers, most
+                # often once the main thread is on with its work (best effort: a
+                # status is a snapshot either way).
+                self._control_backlog.append(message)
+                os.eventfd_write(self._wake_fd, 1)
+            elif isinstance(message, Interrupt | StatusQuery) or (
+                type(message) in self.control_handlers
+            ):
+                # In order with the work around it (an interrupt of whatever runs
+                # applies to what runs now, on whichever thread receives it).
+                self._control(message)
+            else:
+                self._deliver(message, frames)
+        return True
+
+    def _control(self, message: Message) -> None:
+        match message:
+            case Interrupt(call_id):
+                self._interrupt(call_id)
+            case StatusQuery(query_id):
+                work, seconds = self._busy()
+                stack = self._main_stack()
+                self.send(StatusReply(query_id, work, seconds, stack, _collectives()))
+            case _:
+                self.control_handlers[type(message)](message)
 
     def interrupt_main(self) -> None:
         # A real signal, not _thread.interrupt_main(): it also breaks a sleep or

@@ -80,6 +80,7 @@ class RemotePdb(pdb.Pdb):
     def _read_line(self) -> str:
         self._channel.flush()
         _worker.send(DebugPrompt(self.prompt, self._location()))
+        _worker.wire.watch()  # the answer comes to the wire thread: have it watch now
         item = _lines.get()  # a SIGINT (the kernel's interrupt) raises here
         if isinstance(item, DebugRefused):
             raise DebuggerRefused(item.reason)
