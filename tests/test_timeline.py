@@ -62,11 +62,21 @@ def test_errors_running_calls_and_deaths_are_marked(procs3) -> None:
     assert running[0].end is None
     assert "rank   0 |" in str(procs3.timeline())
 
+    def outcome_of_rank_0() -> str:
+        spans = procs3.timeline().spans
+        [span] = [s for s in spans if s.call_id == running[0].call_id and s.rank == 0]
+        return span.outcome
+
+    # Whoever the failure wakes finds the timeline already marked (a done-callback
+    # runs as the future completes, before any waiter can look).
+    seen_on_completion: list[str] = []
+    pending.add_done_callback(lambda _: seen_on_completion.append(outcome_of_rank_0()))
     procs3.kill([0])
     with pytest.raises(MeshFailure):
         pending.get(timeout=60)
+    assert outcome_of_rank_0() == "died"
+    assert seen_on_completion == ["died"]
     [died] = [s for s in procs3.timeline().spans if s.call_id == running[0].call_id and s.rank == 0]
-    assert died.outcome == "died"
     assert died.end is not None
     assert "rank 0" in died.detail
 

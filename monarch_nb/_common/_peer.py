@@ -355,7 +355,7 @@ class PeerNode:
     def rank_answered(self, call: PendingCall, rank: int) -> None:
         call.answered.add(rank)
 
-    def call_finished(self, call: PendingCall) -> None:
+    def call_finished(self, call: PendingCall, error: BaseException | None) -> None:
         call.closed = True
         self._calls.pop(call.call_id, None)
 

@@ -23,6 +23,7 @@ counted twice nor lost.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any, Protocol
@@ -46,7 +47,7 @@ class CallTracker(Protocol):
 
     def rank_answered(self, call: PendingCall, rank: int) -> None: ...
 
-    def call_finished(self, call: PendingCall) -> None: ...
+    def call_finished(self, call: PendingCall, error: BaseException | None) -> None: ...
 
 
 # How a caller gives up on a call: interrupt the ranks still running it, kill
@@ -58,6 +59,9 @@ Stopper = Callable[["CallFuture", str, float], Any]
 # the debugger's prompt must run on the thread that can read input (a kernel's
 # main thread), which is the one blocked here. Set by monarch_nb.debug.install().
 _wait_hook: Callable[[CallFuture, float | None], None] | None = None
+# Guards each call's "settled" flag: one lock for all calls (held for a flag's
+# test-and-set), not one more lock object per call.
+_settle_lock = threading.Lock()
 
 
 def set_wait_hook(hook: Callable[[CallFuture, float | None], None] | None) -> None:
@@ -190,6 +194,7 @@ class PendingCall:
         self.grace = 3.0  # seconds the stopper waits before it kills
         self.answered: set[int] = set()
         self.closed = False  # finish bookkeeping done (under the tracker's lock)
+        self._settled = False  # its outcome is decided (under _settle_lock)
         # Called with each rank's failure as it arrives, on the receiving thread,
         # before the call completes (``--fail-fast`` interrupts the other ranks).
         self.on_failure: Callable[[RemoteFailure], None] | None = None
@@ -234,17 +239,13 @@ class PendingCall:
         if self._arrived < len(self.ranks):
             return
         if self.serialization_failures:
-            won = self.future.set_exception(self._error(self.serialization_failures, True))
+            self._settle(None, self._error(self.serialization_failures, True))
         elif self.failures:
-            won = self.future.set_exception(self._error(self.failures, False))
+            self._settle(None, self._error(self.failures, False))
         elif self.collect == "one":
-            won = self.future.set_result(self.values[self.ranks[0]])
+            self._settle(self.values[self.ranks[0]], None)
         else:
-            won = self.future.set_result(
-                ValueMesh(self.shape, [self.values[r] for r in self.ranks])
-            )
-        if won:
-            self._finished()
+            self._settle(ValueMesh(self.shape, [self.values[r] for r in self.ranks]), None)
 
     # -- ending early (any thread) ---------------------------------------------------
 
@@ -252,10 +253,7 @@ class PendingCall:
         """Complete everything still open with ``error``; False if already complete."""
         for item in self.stream_futures:
             item.set_exception(error)
-        if self.future.set_exception(error):
-            self._finished()
-            return True
-        return False
+        return self._settle(None, error)
 
     def error_so_far(self) -> Exception:
         """The error of the failures that arrived so far, with the values so far (for a
@@ -278,12 +276,26 @@ class PendingCall:
             values = ValueMesh(shape, [self.values[r] for r in succeeded])
         return self.error_class(failures, actor=self.actor, endpoint=self.endpoint, values=values)
 
-    def _finished(self) -> None:
-        if self.tracker is not None:
-            self.tracker.call_finished(self)
-        # The future and this call point at each other; untie them so both are
-        # freed by reference counting, not left to the cyclic GC on every call.
-        self.future._call = None
+    def _settle(self, value: Any, error: BaseException | None) -> bool:
+        """Complete the call once; False if it already was. The bookkeeping
+        (timeline, load, events) comes first, so a caller woken by the future
+        finds the call ended everywhere (a rank that died shows "died")."""
+        with _settle_lock:
+            if self._settled:
+                return False
+            self._settled = True
+        try:
+            if self.tracker is not None:
+                self.tracker.call_finished(self, error)
+        finally:  # whatever the bookkeeping did, the caller is not left waiting
+            if error is None:
+                self.future.set_result(value)
+            else:
+                self.future.set_exception(error)
+            # The future and this call point at each other; untie them so both are
+            # freed by reference counting, not left to the cyclic GC on every call.
+            self.future._call = None
+        return True
 
 
 class StreamItem(tuple):

@@ -317,7 +317,7 @@ class Controller:
         if idle and call.group is not None:
             call.group.rank_settled(rank)
 
-    def call_finished(self, call: PendingCall) -> None:
+    def call_finished(self, call: PendingCall, error: BaseException | None) -> None:
         with self._lock:
             if call.closed:
                 return
@@ -327,7 +327,6 @@ class Controller:
         group = call.group
         if group is None:
             return
-        error = call.future.exception(timeout=0)
         summary = f"{type(error).__name__}: {error}".splitlines()[0] if error else None
         group.timeline.ended(call.call_id, summary)
         events = group.events
