@@ -97,7 +97,9 @@ class RecordingProxy:
         self.received = bytearray()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = self.listener.getsockname()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.connections: list[socket.socket] = []
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
 
     def _accept(self) -> None:
         while True:
@@ -106,6 +108,7 @@ class RecordingProxy:
             except OSError:
                 return
             upstream = socket.create_connection(self.server)
+            self.connections += (client, upstream)
             threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
 
@@ -129,7 +132,17 @@ class RecordingProxy:
                     pass
 
     def close(self) -> None:
-        self.listener.close()
+        # shutdown() first: close() alone does not wake a thread blocked in
+        # accept(), and the port would go on listening (and forwarding) for the
+        # rest of the test session, where a later test's rendezvous port may be.
+        for sock in (self.listener, *self.connections):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._acceptor.join(timeout=30)
+        for sock in (self.listener, *self.connections):
+            sock.close()
 
 
 def status_of(sock: socket.socket, request: bytes) -> int | None:
