@@ -102,7 +102,13 @@ def test_gloo_all_reduce_across_hosts(hosts2) -> None:
                 dist.destroy_process_group()
                 t.tolist()
                 """
-            )
+            ),
+            # If one rank fails (say, rank 0 cannot listen on MASTER_PORT) the
+            # others would wait in the rendezvous: fail at once with its error; and
+            # on a stall, interrupt the ranks so their tracebacks say where each
+            # waited, before pytest's timeout kills the test blind.
+            fail_fast=True,
+            timeout=90,
         )
         assert list(result.values()) == [[6.0, 6.0]] * 4
 
