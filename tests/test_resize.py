@@ -178,14 +178,16 @@ def test_a_resize_during_a_ddp_loop(spawn):
         loop.get(timeout=LIMIT_S)
     # The survivors (ranks 0 and 2, gradients 1 and 9) go on as a world of 2.
     small = procs.resize(procs=2)
-    small.run(JOIN, timeout=LIMIT_S)
+    # fail_fast: a rank that cannot join fails the test with its own error at
+    # once, instead of the others waiting in the rendezvous until the timeout.
+    small.run(JOIN, timeout=LIMIT_S, fail_fast=True)
     assert small.run(STEPS, timeout=LIMIT_S).values() == [
         (r, 2, pytest.approx(1.5), [(2, 5.0)] * 3) for r in range(2)
     ]
     # One rank more: it gets the training code, then every rank rejoins.
     big = small.grow(1)
     big.slice(procs=[2]).run(TRAIN, timeout=LIMIT_S)
-    big.run(JOIN, timeout=LIMIT_S)
+    big.run(JOIN, timeout=LIMIT_S, fail_fast=True)
     mean = pytest.approx(19 / 3)  # gradients 1, 9 and 9: the new rank 2's is 9
     assert big.run(STEPS, timeout=LIMIT_S).values() == [
         (r, 3, pytest.approx(0.3 * 19 / 3), [(3, mean)] * 3) for r in range(3)

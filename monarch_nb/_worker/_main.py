@@ -285,15 +285,20 @@ class Worker:
                 self._skip.add(ticket)
             elif ticket[1] == 0 or ticket == self._running:
                 self._interrupted = self._running
+                # Signalled under the lock: the main thread cannot finish this call
+                # (_finish takes the lock) and start the next before the signal is
+                # sent. Sent after, it could land in the next call: a
+                # KeyboardInterrupt there, or EINTR in its C code (torch's TCPStore
+                # connect then backs off for tens of seconds: a rendezvous after a
+                # rank died stalled so).
+                self.wire.interrupt_main()
+                return
             else:
                 return  # already answered: nothing to stop
-        if route is not None:
-            failure = RemoteFailure(
-                self.rank, "KeyboardInterrupt", "interrupted before it started on this rank", ""
-            )
-            route.send(Failure(ticket[1], failure, False))
-        else:
-            self.wire.interrupt_main()
+        failure = RemoteFailure(
+            self.rank, "KeyboardInterrupt", "interrupted before it started on this rank", ""
+        )
+        route.send(Failure(ticket[1], failure, False))
 
     def _start(self, ticket: Ticket) -> bool:
         """Main thread: ``ticket`` reaches the front; False if it was skipped."""
