@@ -62,3 +62,12 @@ def leaked_since(before: set[int]) -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return leaked
+
+
+def voluntary_switches(pid: int, tid: int) -> int:
+    """How often thread ``tid`` of ``pid`` went to sleep (a wake-up each)."""
+    with open(f"/proc/{pid}/task/{tid}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no context switch count for thread {tid} of {pid}")

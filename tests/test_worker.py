@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from process_checks import voluntary_switches
 from worker_actors import Raiser, Sleeper, Unpicklable, WireWatcher
 
 from monarch_nb import MeshFailure, RemoteError, this_host
@@ -38,25 +39,17 @@ def test_an_interrupted_async_endpoint_does_not_resume_inside_a_later_call(procs
     assert sleepers.other.call_one().get(timeout=10) == ["slow unwound"]
 
 
-def _voluntary_switches(pid: int, tid: int) -> int:
-    with open(f"/proc/{pid}/task/{tid}/status") as status:
-        for line in status:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise AssertionError(f"no context switch count for thread {tid} of {pid}")
-
-
 def test_an_idle_rank_takes_calls_on_its_main_thread_without_waking_the_wire_thread(procs2):
     # The main thread waits on the socket itself while idle, so a call costs no
     # hand-off between threads: the wire thread sleeps through a run of calls,
     # waking only for its timers (heartbeats, the controller watch).
     watcher = procs2.slice(procs=0).spawn("wire_watcher", WireWatcher)
     pid, wire = watcher.wire_thread.call_one().get(timeout=30)
-    before, started = _voluntary_switches(pid, wire), time.monotonic()
+    before, started = voluntary_switches(pid, wire), time.monotonic()
     calls = 300
     for _ in range(calls):
         watcher.noop.call_one().get(timeout=30)
-    woke = _voluntary_switches(pid, wire) - before
+    woke = voluntary_switches(pid, wire) - before
     # Its timers wake it 5 times a second, each wake-up maybe a few switches (the
     # GIL, the drain lock); before, it woke for every call.
     allowed = calls // 4 + 20 * (time.monotonic() - started)

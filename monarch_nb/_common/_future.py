@@ -31,6 +31,11 @@ _wait_pump: Callable[[Future[Any], float | None], None] | None = None
 _pump_thread: int | None = None
 
 
+def pumps_here() -> bool:
+    """Whether waits on this thread serve other work (a worker's main thread)."""
+    return _wait_pump is not None and threading.get_ident() == _pump_thread
+
+
 def set_wait_pump(pump: Callable[[Future[Any], float | None], None] | None) -> None:
     """Install ``pump`` for waits on the calling thread (a worker's main thread)."""
     global _wait_pump, _pump_thread
@@ -126,7 +131,11 @@ class Future(Generic[T]):
         Raises the error of the operation, or a ``TimeoutError`` subclass if
         ``timeout`` seconds pass first (the operation itself keeps going).
         """
-        if not self._wait(timeout) and not self._done:
+        return self._get(timeout, timeout)
+
+    def _get(self, wait: float | None, timeout: float | None) -> T:
+        """:meth:`get`, waiting at most ``wait`` s of the ``timeout`` asked for."""
+        if not self._wait(wait) and not self._done:
             raise self._timeout_error(timeout)
         if self._exception is not None:
             raise self._exception

@@ -36,7 +36,7 @@ from ._errors import (
     SerializationError,
     format_ranks,
 )
-from ._future import Future
+from ._future import Future, pumps_here
 from ._public import publish
 from ._shape import Point, Shape
 from ._value_mesh import ValueMesh
@@ -117,12 +117,20 @@ class CallFuture(Future[Any]):
 
     def get(self, timeout: float | None = None) -> Any:
         try:
-            hook = _wait_hook
-            if hook is not None and not self._done and self._call is not None:
+            call = self._call
+            wait = timeout
+            if not self._done and call is not None:
                 deadline = None if timeout is None else time.monotonic() + timeout
-                hook(self, deadline)  # returns when done, or at the deadline
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return super().get(timeout)
+                hook = _wait_hook
+                if hook is not None:
+                    hook(self, deadline)  # returns when done, or at the deadline
+                # The controller lets a waiting caller receive its replies itself
+                # (not a worker's main thread: its waits serve other actors).
+                receive = getattr(call.tracker, "receive_until_done", None)
+                if receive is not None and not self._done and not pumps_here():
+                    receive(self, deadline)
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return self._get(wait, timeout)  # a timeout names the one asked for
         except KeyboardInterrupt:
             call = self._call
             if self.done() or call is None or call.stopper is None:

@@ -6,9 +6,19 @@ Threads, and what each owns:
   them themselves, under ``_lock``: a call goes out without waiting for
   another thread to wake up;
 - **the I/O thread** (:mod:`._io_loop`) receives, verifies and dispatches
-  every message, watches worker processes and pipes, and runs event
-  observers.
+  messages, watches worker processes and pipes, and runs event observers;
+- **a caller waiting in** ``get()`` receives for itself (one caller at a
+  time): it takes replies off the local workers' socket and completes calls
+  on its own thread, so a reply reaches the waiting caller with no hand-off
+  from the I/O thread. It hands everything else it receives (heartbeats,
+  failures, output, widget and debugger messages), and every message after
+  one of those, to the I/O thread, in order. Meanwhile the I/O thread leaves
+  that socket alone: it stops polling it when it sees a caller receiving and
+  looks again at a short timer (``_REWATCH_S``), at once when the caller
+  stops while other calls are in flight.
 
+``_dispatch_lock`` is held by whichever thread verifies and dispatches the
+workers' messages, so they are handled one at a time, in the order received.
 ``_lock`` guards the socket, the table of calls, the per-rank load counters
 and every group's state. So "is the group healthy?" and "register the
 call" are one step against the I/O thread's "mark the group failed and take
@@ -28,10 +38,11 @@ import itertools
 import logging
 import os
 import secrets
+import select
 import threading
 import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -39,7 +50,8 @@ import zmq
 
 from .._common import _rundir
 from .._common._errors import MeshFailure, RemoteFailure
-from .._common._messages import Failure, UnknownMessage, Value
+from .._common._future import Future
+from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._wire import (
     MAX_FRAME_BYTES,
     OWN,
@@ -60,6 +72,12 @@ if TYPE_CHECKING:
 
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+# While a caller receives, the I/O thread looks at the workers' socket again
+# after this long (work for nobody waits at most this much).
+_REWATCH_S = 0.02
+# A receiving caller's poll, in slices: Python runs a signal handler (Ctrl-C)
+# between them.
+_RECEIVE_SLICE_MS = 250
 _log = logging.getLogger("monarch_nb")
 T = TypeVar("T")
 
@@ -116,7 +134,18 @@ class Controller:
         self._lock = threading.Lock()
         self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
         self.host_meshes: weakref.WeakSet[Any] = weakref.WeakSet()  # _hosts.HostAgents
-        self._receivers: dict[zmq.Socket, Receiver] = {}  # per socket: I/O thread only
+        self._receivers: dict[zmq.Socket, Receiver] = {}  # per socket, under _dispatch_lock
+        # Who receives from the local workers (see the module docstring):
+        self._dispatch_lock = threading.Lock()
+        self._receive_slot = threading.Lock()  # held by the caller receiving now
+        self.caller_receiving = False
+        self._caller_wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._caller_poller: select.poll | None = None
+        self._router_watched = True  # the I/O thread polls the router (I/O thread only)
+        self._rewatch_due = False  # a _rewatch is scheduled (I/O thread only)
+        # Verified messages a caller received, for the I/O thread to handle in order.
+        self._handoff: deque[tuple[_Peer, Message, list[Any]]] = deque()
+        self._closed = False  # the sockets are closed (shutdown)
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -138,7 +167,8 @@ class Controller:
             # port would take anyone's frames), and it is faster than TCP.
             router.bind(_rundir.socket_path(f"controller-{secrets.token_hex(8)}"))
         self.router = router
-        self.loop.add_fd(int(router.getsockopt(zmq.FD)), self._on_readable)
+        self._router_fd = int(router.getsockopt(zmq.FD))
+        self.loop.add_fd(self._router_fd, self._on_readable)
         return router
 
     # -- any thread -----------------------------------------------------------------
@@ -180,6 +210,8 @@ class Controller:
                 _log.exception("monarch_nb: could not stop the agents of a host mesh at exit")
 
         def close() -> None:
+            with self._lock:
+                self._closed = True  # a receiving caller stops at its next look
             for sock in (self.router, self._hosts_router):
                 if sock is not None:
                     self.loop.remove_fd(int(sock.getsockopt(zmq.FD)))
@@ -468,26 +500,155 @@ class Controller:
             pass  # never connected, or already gone
 
     def _on_readable(self) -> None:
+        if self.caller_receiving:
+            # A caller waits in get() and takes the replies itself: leave it the
+            # socket, and poke it (this may be a sender's "input pending").
+            self._unwatch_router()
+            os.eventfd_write(self._caller_wake, 1)
+            return
         self._drain(self.router, from_hosts=False)
 
     def _on_hosts_readable(self) -> None:
         if self._hosts_router is not None:
             self._drain(self._hosts_router, from_hosts=True)
 
+    def _unwatch_router(self) -> None:
+        """Stop polling the workers' socket while a caller receives; look again at
+        a timer (I/O thread)."""
+        if self._router_watched:
+            self._router_watched = False
+            self.loop.remove_fd(self._router_fd)
+        if not self._rewatch_due:
+            self._rewatch_due = True
+            self.loop.call_later(_REWATCH_S, self._rewatch)
+
+    def _rewatch(self) -> None:
+        """Poll the workers' socket again once no caller receives (I/O thread)."""
+        self._rewatch_due = False
+        if self._closed:
+            return
+        if self.caller_receiving:
+            self._unwatch_router()  # look again later
+            return
+        if not self._router_watched:
+            self._router_watched = True
+            self.loop.add_fd(self._router_fd, self._on_readable)
+        self._drain(self.router, from_hosts=False)  # what came meanwhile: edge-triggered
+
     def _drain(self, router: zmq.Socket, *, from_hosts: bool) -> None:
+        with self._dispatch_lock:
+            if not from_hosts:
+                self._run_handoff_locked()  # received before whatever the socket holds
+            receiver = self._receiver(router)
+            while True:
+                # Receive under the lock, a bounded number of frames; handle outside it.
+                with self._lock:
+                    batch, more = receiver.take()
+                for frames in batch:
+                    verified = self._verify(frames, from_hosts)
+                    if verified is not None:
+                        self._handle(*verified)
+                if not more:
+                    return
+
+    def _receiver(self, router: zmq.Socket) -> Receiver:
         receiver = self._receivers.get(router)
         if receiver is None:
             receiver = self._receivers[router] = Receiver(router, self.stats)
-        while True:
-            # Receive under the lock, a bounded number of frames; handle outside it.
-            with self._lock:
-                batch, more = receiver.take()
-            for frames in batch:
-                self._dispatch(frames, from_hosts)
-            if not more:
-                return
+        return receiver
 
-    def _dispatch(self, frames: list[Any], from_hosts: bool) -> None:
+    def _run_handoff(self) -> None:
+        with self._dispatch_lock:
+            self._run_handoff_locked()
+
+    def _run_handoff_locked(self) -> None:
+        handoff = self._handoff
+        while handoff:
+            self._handle(*handoff.popleft())
+
+    # -- a caller receives (see the module docstring) -----------------------------------
+
+    def receive_until_done(self, future: Future[Any], deadline: float | None) -> None:
+        """Receive the workers' replies on this thread until ``future`` completes or
+        ``deadline`` (monotonic) passes. Returns at once where it cannot help: on
+        the I/O thread, after shutdown, or while another caller receives (whose
+        replies complete this future too; the caller then waits as before)."""
+        if future.done() or self._closed or self.loop.in_loop_thread:
+            return
+        if not self._receive_slot.acquire(blocking=False):
+            return
+        try:
+            poller = self._caller_poller
+            if poller is None:
+                poller = self._caller_poller = select.poll()
+                poller.register(self._router_fd, select.POLLIN)
+                poller.register(self._caller_wake, select.POLLIN)
+            future.add_done_callback(self._poke_caller)  # completed on another thread
+            self.caller_receiving = True
+            while True:
+                self._receive_on_caller()
+                if future.done() or self._closed:
+                    return
+                wait_ms = _RECEIVE_SLICE_MS
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    wait_ms = min(wait_ms, int(left * 1000) + 1)
+                for fd, _ in poller.poll(wait_ms):
+                    if fd == self._caller_wake:
+                        try:
+                            os.eventfd_read(self._caller_wake)
+                        except BlockingIOError:
+                            pass
+        finally:
+            self.caller_receiving = False
+            self._receive_slot.release()
+            if self._calls or self._handoff:
+                # Other calls wait for replies: the I/O thread takes the socket back
+                # now, not at its timer.
+                try:
+                    self.loop.call_soon(self._rewatch)
+                except RuntimeError:
+                    pass  # shut down
+
+    def _poke_caller(self, _future: Future[Any]) -> None:
+        os.eventfd_write(self._caller_wake, 1)
+
+    def _receive_on_caller(self) -> None:
+        """Take what the workers' socket holds: replies are handled here, anything
+        else (and all after it) goes to the I/O thread, in order."""
+        handoff = self._handoff
+        with self._dispatch_lock:
+            receiver = self._receiver(self.router)
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    batch, more = receiver.take()
+                for frames in batch:
+                    verified = self._verify(frames, False)
+                    if verified is None:
+                        continue
+                    if handoff or type(verified[1]) is not Value:
+                        if not handoff:
+                            try:
+                                self.loop.call_soon(self._run_handoff)
+                            except RuntimeError:
+                                return  # shut down: nobody is left to handle it
+                        handoff.append(verified)
+                    else:
+                        self._handle(*verified)
+                if not more:
+                    return
+
+    # -- handling what workers send (under _dispatch_lock) ------------------------------
+
+    def _verify(
+        self, frames: list[Any], from_hosts: bool
+    ) -> tuple[_Peer, Message, list[Any]] | None:
+        """Who sent ``frames`` and what, once every check passed; None otherwise
+        (counted), or once an agent's own message was handed to it."""
         sender = frames[0].bytes
         # Local workers speak on the local socket, agents on theirs: a name
         # claimed on the other socket is nobody's.
@@ -496,25 +657,29 @@ class Controller:
             agent = self._agents.get(sender) if from_hosts else None
             if agent is None or len(frames) < 2:
                 self.stats.dropped_unknown_peer += 1
-                return
+                return None
             frames = frames[1:]  # what the agent sent: its own, or a worker's relayed
             if frames[0].bytes == OWN:
                 agent.on_message(frames[1:])
-                return
+                return None
             peer = self._peers.get(frames[0].bytes)
             if peer is None or peer.via != sender:  # a host speaks for its own ranks only
                 self.stats.dropped_unknown_peer += 1
-                return
+                return None
         body = frames[1:]
         group = peer.group
         try:
             message = group.signer.verify(body, peer.window, sender=peer.tag)
         except UnknownMessage as exc:
             _log.error("monarch_nb: rank %d of %r sent %s", peer.rank, group.name, exc)
-            return
+            return None
+        if message is None:
+            return None
+        return peer, message, body
+
+    def _handle(self, peer: _Peer, message: Message, body: list[Any]) -> None:
+        group = peer.group
         match message:
-            case None:
-                return
             case Value(call_id):
                 self._on_value(call_id, peer.rank, body)
             case Failure(call_id, failure, serialization):

@@ -1,0 +1,80 @@
+"""A caller waiting in get() receives its replies itself; the I/O thread keeps the rest."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from process_checks import voluntary_switches
+from worker_actors import Raiser, Sleeper, WireWatcher
+
+from monarch_nb import RemoteError
+from monarch_nb._controller._client import Controller
+from monarch_nb.events import EventLog, RankFailed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_run_of_calls_does_not_wake_the_io_thread_for_each_reply(procs2):
+    watcher = procs2.slice(procs=0).spawn("io_watcher", WireWatcher)
+    watcher.noop.call_one().get(timeout=30)
+    io_thread = Controller.get().loop._thread.native_id
+    assert io_thread is not None
+    before, started = voluntary_switches(os.getpid(), io_thread), time.monotonic()
+    calls = 300
+    for _ in range(calls):
+        assert watcher.noop.call_one().get(timeout=30) is None
+    woke = voluntary_switches(os.getpid(), io_thread) - before
+    # It looks at the workers' socket at a timer (50 times a second) while callers
+    # receive, plus the odd heartbeat; before, it woke for every reply.
+    allowed = calls // 4 + 60 * (time.monotonic() - started)
+    assert woke < allowed, f"the I/O thread woke {woke} times for {calls} calls"
+
+
+def test_callers_on_several_threads_each_get_their_own_replies(procs2):
+    sleepers = procs2.spawn("many_callers", Sleeper)
+    errors: list[BaseException] = []
+
+    def caller(index: int) -> None:
+        try:
+            for i in range(100):
+                value = (index, i)
+                assert sleepers.slice(procs=index % 2).take.call_one(value).get(timeout=60) == value
+                assert sleepers.take.call(value).get(timeout=60).values() == [value, value]
+        except BaseException as exc:  # reported below, with the thread's index
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=100)
+    assert not any(t.is_alive() for t in threads), "a caller never got its reply"
+    assert errors == []
+
+
+def test_what_is_not_a_reply_still_reaches_the_io_thread_while_a_caller_receives(procs2):
+    # A caller waits (and receives) through a 2.5 s call; meanwhile the ranks'
+    # heartbeats and another call's failure must be handled as usual, in order.
+    sleepers = procs2.slice(procs=0).spawn("long_wait", Sleeper)
+    raisers = procs2.slice(procs=1).spawn("raise_meanwhile", Raiser)
+    log = EventLog()
+    with procs2.events.subscribe(log):
+        slow = sleepers.sleep.call_one(2.5)
+        failing = raisers.boom.call()
+        assert slow.get(timeout=60) == "slept"
+        with pytest.raises(RemoteError):
+            failing.get(timeout=60)
+        log.wait_for(RankFailed, timeout=30)
+    ages = [rank.heartbeat_age for rank in procs2.status().ranks]
+    assert all(age is not None and age < 2.5 for age in ages), ages
+
+
+def test_a_timeout_while_receiving_names_the_silent_ranks_and_leaves_the_call_running(procs2):
+    sleepers = procs2.slice(procs=0).spawn("timed_out", Sleeper)
+    slow = sleepers.sleep.call_one(3)
+    with pytest.raises(TimeoutError, match=r"got no reply from rank\(s\) 0 within 0.5 s"):
+        slow.get(timeout=0.5)
+    assert slow.get(timeout=60) == "slept"  # received by a later wait
