@@ -1,7 +1,8 @@
 """One future type: awaitable in any asyncio loop and blocking with ``.get()``.
 
-Results are produced on monarch_nb's I/O thread (or a native thread), never on
-the caller's loop, so the future is thread-safe and independent of asyncio.
+Results are produced on monarch_nb's I/O thread, a native thread, or a caller
+waiting in ``get()`` that receives replies itself (never inside the caller's
+asyncio loop), so the future is thread-safe and independent of asyncio.
 ``.get()`` blocks only the calling thread; because the I/O thread keeps
 running, it is safe to call from inside a running event loop (a Jupyter cell)
 without deadlock or ``nest_asyncio``. ``await fut`` bridges to whatever loop is
@@ -10,6 +11,7 @@ running at the await site.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+_log = logging.getLogger("monarch_nb")
 _PENDING = object()
 _SIGNAL_CHECK_S = 0.25
 # Set in a worker: while its main thread waits on a future, it keeps serving
@@ -29,6 +32,35 @@ _SIGNAL_CHECK_S = 0.25
 # the future is done or the timeout passed.
 _wait_pump: Callable[[Future[Any], float | None], None] | None = None
 _pump_thread: int | None = None
+
+
+class _Deferred(threading.local):
+    calls: list[tuple[Callable[[Any], None], Any]] | None = None
+
+
+_deferred = _Deferred()
+
+
+class deferred_callbacks:
+    """Within it, futures this thread completes queue their done-callbacks; they
+    run on leaving it (each error logged, not raised). For a thread that
+    completes futures under a lock other threads need: a callback may block on
+    them (stop a mesh, wait for another call)."""
+
+    def __enter__(self) -> None:
+        self._outer = _deferred.calls
+        if self._outer is None:
+            _deferred.calls = []
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer is not None:
+            return  # an enclosing block runs them
+        calls, _deferred.calls = _deferred.calls or [], None
+        for callback, future in calls:
+            try:
+                callback(future)
+            except Exception:
+                _log.exception("monarch_nb: a future's done-callback failed")
 
 
 def pumps_here() -> bool:
@@ -104,6 +136,10 @@ class Future(Generic[T]):
             self._done = True
             self._latch.release()
             callbacks, self._callbacks = self._callbacks, []
+        deferred = _deferred.calls
+        if deferred is not None:  # run once the completing thread's locks are free
+            deferred.extend((callback, self) for callback in callbacks)
+            return True
         for callback in callbacks:
             callback(self)
         return True

@@ -39,6 +39,7 @@ import logging
 import os
 import secrets
 import select
+import signal
 import threading
 import time
 import weakref
@@ -50,7 +51,7 @@ import zmq
 
 from .._common import _rundir
 from .._common._errors import MeshFailure, RemoteFailure
-from .._common._future import Future
+from .._common._future import Future, deferred_callbacks, pumps_here
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._wire import (
     MAX_FRAME_BYTES,
@@ -145,6 +146,9 @@ class Controller:
         self._rewatch_due = False  # a _rewatch is scheduled (I/O thread only)
         # Verified messages a caller received, for the I/O thread to handle in order.
         self._handoff: deque[tuple[_Peer, Message, list[Any]]] = deque()
+        self._handoff_scheduled = False  # under _dispatch_lock
+        self._receiver_ident = 0  # the receiving caller's thread
+        self._sigint: tuple[Any] | None = None  # a Ctrl-C the receiving main thread deferred
         self._closed = False  # the sockets are closed (shutdown)
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
@@ -212,6 +216,7 @@ class Controller:
         def close() -> None:
             with self._lock:
                 self._closed = True  # a receiving caller stops at its next look
+            os.eventfd_write(self._caller_wake, 1)
             for sock in (self.router, self._hosts_router):
                 if sock is not None:
                     self.loop.remove_fd(int(sock.getsockopt(zmq.FD)))
@@ -288,7 +293,7 @@ class Controller:
         if call is not None and group.events:
             group.events.flush()
         if pending_input:
-            self.loop.call_soon(self._on_readable)
+            self._input_pending()
             if self._hosts_router is not None:
                 self.loop.call_soon(self._on_hosts_readable)
 
@@ -383,16 +388,19 @@ class Controller:
     def add_peer(
         self, identity: bytes, group: ProcGroup, rank: int, via: bytes | None = None
     ) -> None:
-        self._peers[identity] = _Peer(identity, group, rank, via)
+        with self._dispatch_lock:  # a caller may be dispatching (see the docstring)
+            self._peers[identity] = _Peer(identity, group, rank, via)
 
     def move_peer(self, identity: bytes, group: ProcGroup, rank: int) -> None:
         """A worker now answers as ``rank`` of ``group`` (a resize); its replay
         window goes with it, since it keeps numbering its messages."""
-        peer = self._peers[identity]
-        peer.group, peer.rank = group, rank
+        with self._dispatch_lock:
+            peer = self._peers[identity]
+            peer.group, peer.rank = group, rank
 
     def remove_peer(self, identity: bytes) -> None:
-        self._peers.pop(identity, None)
+        with self._dispatch_lock:
+            self._peers.pop(identity, None)
 
     def add_agent(self, identity: bytes, agent: AgentPeer) -> None:
         self._agents[identity] = agent
@@ -547,7 +555,7 @@ class Controller:
                 for frames in batch:
                     verified = self._verify(frames, from_hosts)
                     if verified is not None:
-                        self._handle(*verified)
+                        self._handle_safely(verified)
                 if not more:
                     return
 
@@ -557,14 +565,33 @@ class Controller:
             receiver = self._receivers[router] = Receiver(router, self.stats)
         return receiver
 
+    def _hand_off(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
+        """Queue a message a caller received for the I/O thread (lock held)."""
+        self._handoff.append(verified)
+        if not self._handoff_scheduled:
+            self._handoff_scheduled = True
+            try:
+                self.loop.call_soon(self._run_handoff)
+            except RuntimeError:  # shut down: nobody is left to handle it
+                self._handoff.clear()
+
     def _run_handoff(self) -> None:
         with self._dispatch_lock:
             self._run_handoff_locked()
 
     def _run_handoff_locked(self) -> None:
+        self._handoff_scheduled = False
         handoff = self._handoff
         while handoff:
-            self._handle(*handoff.popleft())
+            self._handle_safely(handoff.popleft())
+
+    def _handle_safely(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
+        # One bad message (or a done-callback that raises) must not stop the
+        # messages after it, nor surface in an unrelated caller's get().
+        try:
+            self._handle(*verified)
+        except Exception:
+            _log.exception("monarch_nb: handling a message from a worker failed")
 
     # -- a caller receives (see the module docstring) -----------------------------------
 
@@ -577,17 +604,19 @@ class Controller:
             return
         if not self._receive_slot.acquire(blocking=False):
             return
+        interrupt = self._defer_sigint()
         try:
             poller = self._caller_poller
             if poller is None:
                 poller = self._caller_poller = select.poll()
                 poller.register(self._router_fd, select.POLLIN)
                 poller.register(self._caller_wake, select.POLLIN)
+            self._receiver_ident = threading.get_ident()
             future.add_done_callback(self._poke_caller)  # completed on another thread
             self.caller_receiving = True
             while True:
                 self._receive_on_caller()
-                if future.done() or self._closed:
+                if future.done() or self._closed or self._sigint is not None:
                     return
                 wait_ms = _RECEIVE_SLICE_MS
                 if deadline is not None:
@@ -603,6 +632,7 @@ class Controller:
                             pass
         finally:
             self.caller_receiving = False
+            self._receiver_ident = 0
             self._receive_slot.release()
             if self._calls or self._handoff:
                 # Other calls wait for replies: the I/O thread takes the socket back
@@ -611,15 +641,72 @@ class Controller:
                     self.loop.call_soon(self._rewatch)
                 except RuntimeError:
                     pass  # shut down
+            if interrupt is not None:
+                interrupt()  # raises the deferred KeyboardInterrupt, if one came
+
+    def _defer_sigint(self) -> Callable[[], None] | None:
+        """On the main thread, hold Ctrl-C while this caller receives: raised in the
+        middle of a batch it would lose replies taken off the socket (other
+        threads' too). The wait's poll wakes for it, and it is raised on the way
+        out, by the handler that was installed. Returns what restores that handler
+        and raises; None where there is nothing to hold (another thread, or
+        SIGINT not handled in Python)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = signal.getsignal(signal.SIGINT)
+        if not callable(previous):
+            return None
+        self._sigint = None
+
+        def hold(signum: int, frame: Any) -> None:
+            self._sigint = (frame,)
+            os.eventfd_write(self._caller_wake, 1)
+
+        signal.signal(signal.SIGINT, hold)
+
+        def restore() -> None:
+            signal.signal(signal.SIGINT, previous)
+            came, self._sigint = self._sigint, None
+            if came is not None:
+                previous(signal.SIGINT, came[0])
+
+        return restore
+
+    def _input_pending(self) -> None:
+        """A send saw input waiting, and its check took the fd's notice of it:
+        receive it on this thread if nobody receives now (most often this caller
+        is about to wait for the reply anyway), else wake who does."""
+        if (
+            not self.loop.in_loop_thread
+            and not pumps_here()
+            and self._receive_slot.acquire(blocking=False)
+        ):
+            interrupt = self._defer_sigint()
+            try:
+                self._receive_on_caller()
+            finally:
+                self._receive_slot.release()
+                if interrupt is not None:
+                    interrupt()
+            return
+        if self.caller_receiving:
+            os.eventfd_write(self._caller_wake, 1)
+        try:
+            self.loop.call_soon(self._on_readable)  # and the I/O thread, to be sure
+        except RuntimeError:
+            pass  # shut down
 
     def _poke_caller(self, _future: Future[Any]) -> None:
-        os.eventfd_write(self._caller_wake, 1)
+        if threading.get_ident() != self._receiver_ident:  # it completed its own: awake
+            os.eventfd_write(self._caller_wake, 1)
 
     def _receive_on_caller(self) -> None:
         """Take what the workers' socket holds: replies are handled here, anything
-        else (and all after it) goes to the I/O thread, in order."""
+        else (and all after it) goes to the I/O thread, in order. Done-callbacks
+        of the futures completed here run after the lock is released: one may
+        need the I/O thread, which may be waiting for the lock."""
         handoff = self._handoff
-        with self._dispatch_lock:
+        with deferred_callbacks(), self._dispatch_lock:
             receiver = self._receiver(self.router)
             while True:
                 with self._lock:
@@ -631,14 +718,9 @@ class Controller:
                     if verified is None:
                         continue
                     if handoff or type(verified[1]) is not Value:
-                        if not handoff:
-                            try:
-                                self.loop.call_soon(self._run_handoff)
-                            except RuntimeError:
-                                return  # shut down: nobody is left to handle it
-                        handoff.append(verified)
+                        self._hand_off(verified)
                     else:
-                        self._handle(*verified)
+                        self._handle_safely(verified)
                 if not more:
                     return
 
