@@ -137,7 +137,9 @@ class Controller:
         self.host_meshes: weakref.WeakSet[Any] = weakref.WeakSet()  # _hosts.HostAgents
         self._receivers: dict[zmq.Socket, Receiver] = {}  # per socket, under _dispatch_lock
         # Who receives from the local workers (see the module docstring):
-        self._dispatch_lock = threading.Lock()
+        # Re-entrant: a handler on the I/O thread may restart or stop a mesh, which
+        # changes the peer table (under this lock) from the same thread.
+        self._dispatch_lock = threading.RLock()
         self._receive_slot = threading.Lock()  # held by the caller receiving now
         self.caller_receiving = False
         self._caller_wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
