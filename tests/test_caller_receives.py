@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 from process_checks import voluntary_switches
@@ -17,20 +16,26 @@ from monarch_nb.events import EventLog, RankFailed
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_a_run_of_calls_does_not_wake_the_io_thread_for_each_reply(procs2):
+def test_a_run_of_calls_is_received_by_the_caller_not_the_io_thread(procs2):
     watcher = procs2.slice(procs=0).spawn("io_watcher", WireWatcher)
     watcher.noop.call_one().get(timeout=30)
-    io_thread = Controller.get().loop._thread.native_id
+    controller = Controller.get()
+    io_thread = controller.loop._thread.native_id
     assert io_thread is not None
-    before, started = voluntary_switches(os.getpid(), io_thread), time.monotonic()
+    before = controller.stats.replies_to_callers
+    switches_before = voluntary_switches(os.getpid(), io_thread)
     calls = 300
     for _ in range(calls):
         assert watcher.noop.call_one().get(timeout=30) is None
-    woke = voluntary_switches(os.getpid(), io_thread) - before
-    # It looks at the workers' socket at a timer (50 times a second) while callers
-    # receive, plus the odd heartbeat; before, it woke for every reply.
-    allowed = calls // 4 + 60 * (time.monotonic() - started)
-    assert woke < allowed, f"the I/O thread woke {woke} times for {calls} calls"
+    by_caller = controller.stats.replies_to_callers - before
+    woke = voluntary_switches(os.getpid(), io_thread) - switches_before
+    # The I/O thread polls the workers' socket again at its timer (50 times a
+    # second) and may then take a reply that came while the caller was not yet
+    # waiting (a loaded machine preempts it between send and get); most replies
+    # reach the caller directly. Before, every one went through the I/O thread.
+    assert by_caller >= calls * 2 // 3, (
+        f"callers took {by_caller} of {calls} replies (the I/O thread woke {woke} times)"
+    )
 
 
 def test_callers_on_several_threads_each_get_their_own_replies(procs2):

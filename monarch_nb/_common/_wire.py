@@ -161,6 +161,7 @@ class WireStats:
     bytes_out_of_band: int = 0  # buffer bytes encoded as their own frames
     bytes_digested: int = 0  # buffer bytes hashed, sending and verifying
     missed_wakeups: int = 0  # a rank found work only at its idle recheck (should stay 0)
+    replies_to_callers: int = 0  # replies a caller waiting in get() took itself (controller)
 
     def snapshot(self) -> WireStats:
         return WireStats(**self.__dict__)

@@ -722,6 +722,7 @@ class Controller:
                     if handoff or type(verified[1]) is not Value:
                         self._hand_off(verified)
                     else:
+                        self.stats.replies_to_callers += 1
                         self._handle_safely(verified)
                 if not more:
                     return
