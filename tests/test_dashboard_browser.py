@@ -48,11 +48,15 @@ def test_dashboard_shows_a_killed_rank_dead_with_its_signal(
         page.keyboard.press("Shift+Enter")  # the same error on both ranks: one entry
         page.wait_for_selector(".mnb-dashboard .mnb-failure[data-rank='0-1']", **wait)
         page.keyboard.press("Shift+Enter")  # kill rank 1
-        dead = page.wait_for_selector(".mnb-dashboard .mnb-tile.mnb-dead[data-rank='1']", **wait)
+        dead_tile = ".mnb-dashboard .mnb-tile.mnb-dead[data-rank='1']"
+        page.wait_for_selector(dead_tile, **wait)
         page.wait_for_selector(".mnb-dashboard .mnb-failure[data-rank='1']", **wait)
-        tile = dead.inner_text()
+        # Looked up again, not through the element the wait returned: the
+        # dashboard redraws its tiles as updates arrive, and a replaced element has
+        # no computed style ('' came back once, under load).
+        tile = page.inner_text(dead_tile)
         panel = page.inner_text(".mnb-dashboard .mnb-failures")
-        colour = dead.evaluate("e => getComputedStyle(e).backgroundColor")
+        colour = page.eval_on_selector(dead_tile, "e => getComputedStyle(e).backgroundColor")
         # Selecting the failed rank shows its last lines of output.
         page.click(".mnb-dashboard .mnb-failure-panel button:has-text('rank 1')")
         page.wait_for_selector(".mnb-dashboard .mnb-output[data-rank='1']", **wait)
