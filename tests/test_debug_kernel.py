@@ -216,3 +216,27 @@ def test_a_death_before_a_restart_does_not_greet_the_next_breakpoint(kernel):
     assert convo.prompts == ["(Pdb rank 1) "]
     assert "killed" not in convo.text()
     kernel.ok("%mesh stop --mesh reborn")
+
+
+def test_a_cell_waiting_on_calls_receives_their_replies_itself(kernel):
+    # The debugger's wait hook (installed by %load_ext) serves prompts; between
+    # them, the waiting cell takes its calls' replies itself, as a script does
+    # (no hand-off from the I/O thread). A breakpoint still stops the receiving
+    # and is served (the tests above).
+    kernel.ok(
+        "from monarch_nb import Actor, endpoint, current_mesh\n"
+        "from monarch_nb._controller._client import Controller\n"
+        "class Noop(Actor):\n"
+        "    @endpoint\n    def noop(self):\n        return None\n"
+        "noops = current_mesh().spawn('noops', Noop)\n"
+        "noops.noop.call().get()\n"
+        "_stats = Controller.get().stats"
+    )
+    reply = kernel.ok(
+        "_before = _stats.replies_to_callers\n"
+        "for _ in range(200):\n"
+        "    noops.noop.call().get(timeout=60)\n"
+        "print('replies to the cell:', _stats.replies_to_callers - _before)"
+    )
+    taken = int(reply.stream().split("replies to the cell:")[1])
+    assert taken >= 2 * 200 * 2 // 3, reply.stream()  # two ranks reply to each call

@@ -597,11 +597,17 @@ class Controller:
 
     # -- a caller receives (see the module docstring) -----------------------------------
 
-    def receive_until_done(self, future: Future[Any], deadline: float | None) -> None:
-        """Receive the workers' replies on this thread until ``future`` completes or
-        ``deadline`` (monotonic) passes. Returns at once where it cannot help: on
-        the I/O thread, after shutdown, or while another caller receives (whose
-        replies complete this future too; the caller then waits as before)."""
+    def receive_until_done(
+        self,
+        future: Future[Any],
+        deadline: float | None,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
+        """Receive the workers' replies on this thread until ``future`` completes,
+        ``deadline`` (monotonic) passes, or ``stop()`` is true (checked after each
+        batch and each :meth:`wake_receiver`). Returns at once where it cannot
+        help: on the I/O thread, after shutdown, or while another caller receives
+        (whose replies complete this future too; the caller then waits as before)."""
         if future.done() or self._closed or self.loop.in_loop_thread:
             return
         if not self._receive_slot.acquire(blocking=False):
@@ -619,6 +625,8 @@ class Controller:
             while True:
                 self._receive_on_caller()
                 if future.done() or self._closed or self._sigint is not None:
+                    return
+                if stop is not None and stop():
                     return
                 wait_ms = _RECEIVE_SLICE_MS
                 if deadline is not None:
@@ -645,6 +653,10 @@ class Controller:
                     pass  # shut down
             if interrupt is not None:
                 interrupt()  # raises the deferred KeyboardInterrupt, if one came
+
+    def wake_receiver(self) -> None:
+        """Make the receiving caller, if any, look up (at its ``stop``) now."""
+        os.eventfd_write(self._caller_wake, 1)
 
     def _defer_sigint(self) -> Callable[[], None] | None:
         """On the main thread, hold Ctrl-C while this caller receives: raised in the

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._common._errors import format_ranks
+from .._common._future import pumps_here
 from . import _commands as cmd
 from ._session import DebugSession, session_for
 
@@ -55,7 +56,21 @@ def wait_hook(future: Any, deadline: float | None) -> None:
     session = session_for(group)
     future.add_done_callback(lambda _: session.wake())
     prompt = Prompt(session)
+    # Where the controller lets a waiting caller receive its replies itself (see
+    # Controller.receive_until_done), do so between prompts: a rank that pauses
+    # makes the receiving stop (the session's change wakes it), and is served.
+    tracker = call.tracker if call is not None else None
+    receive = getattr(tracker, "receive_until_done", None)
+    wake_receiver = getattr(tracker, "wake_receiver", None)
     while True:
+        if receive is not None and wake_receiver is not None and not pumps_here():
+            with session.changed:
+                session.wakers.append(wake_receiver)
+            try:
+                receive(future, deadline, lambda: bool(session.paused))
+            finally:
+                with session.changed:
+                    session.wakers.remove(wake_receiver)
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         if not session.wait(lambda: future.done() or bool(session.paused), timeout):
             return  # the deadline passed: CallFuture.get raises its timeout

@@ -45,6 +45,9 @@ class DebugSession:
         self.died: dict[int, str] = {}  # rank -> how its process ended, until read
         self.attached: int | None = None
         self._answering: set[int] = set()  # ranks sent a line, not yet paused again or out
+        # Called on every change, for a waiting thread that is not in wait() (one
+        # receiving its call's replies itself); any thread, under ``changed``.
+        self.wakers: list[Callable[[], None]] = []
         self._subscription = group.events.subscribe(
             self._on_event,
             kinds=(DebuggerPaused, DebuggerOutput, DebuggerResumed, RankFailed, RanksRestarted),
@@ -78,14 +81,19 @@ class DebugSession:
                         self._answering.discard(rank)
                 case _:
                     return
-            self.changed.notify_all()
+            self._notify()
 
     # -- the waiting thread -------------------------------------------------------------
 
     def wake(self) -> None:
         """Re-check whatever the waiting thread waits for (e.g. its call completed)."""
         with self.changed:
-            self.changed.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        self.changed.notify_all()
+        for waker in self.wakers:
+            waker()
 
     def wait(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
         with self.changed:
