@@ -43,6 +43,7 @@ from typing import Any
 import zmq
 
 from ._errors import MeshFailure, RemoteFailure
+from ._eventfd import clear_eventfd
 from ._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
 from ._pending import PendingCall
 from ._rundir import socket_path
@@ -410,10 +411,7 @@ class PeerNode:
                     else:
                         self._drain_monitor(box)
                 self._poller.poll(1000)
-                try:
-                    os.eventfd_read(self._wake_fd)
-                except BlockingIOError:
-                    pass
+                clear_eventfd(self._wake_fd)
         except Exception:
             if not self._closing:
                 traceback.print_exc()

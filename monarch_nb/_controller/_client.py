@@ -51,6 +51,7 @@ import zmq
 
 from .._common import _rundir
 from .._common._errors import MeshFailure, RemoteFailure
+from .._common._eventfd import clear_eventfd
 from .._common._future import Future, deferred_callbacks, pumps_here
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._wire import (
@@ -549,23 +550,31 @@ class Controller:
         with self._dispatch_lock:
             if not from_hosts:
                 self._run_handoff_locked()  # received before whatever the socket holds
-            receiver = self._receiver(router)
-            while True:
-                # Receive under the lock, a bounded number of frames; handle outside it.
-                with self._lock:
-                    batch, more = receiver.take()
-                for frames in batch:
-                    verified = self._verify(frames, from_hosts)
-                    if verified is not None:
-                        self._handle_safely(verified)
-                if not more:
-                    return
+            self._take_all(router, from_hosts, self._handle_safely)
 
-    def _receiver(self, router: zmq.Socket) -> Receiver:
+    def _take_all(
+        self,
+        router: zmq.Socket,
+        from_hosts: bool,
+        handle: Callable[[tuple[_Peer, Message, list[Any]]], None],
+    ) -> None:
+        """Take what ``router`` holds and ``handle`` each verified message
+        (under _dispatch_lock)."""
         receiver = self._receivers.get(router)
         if receiver is None:
             receiver = self._receivers[router] = Receiver(router, self.stats)
-        return receiver
+        while True:
+            # Receive under the lock, a bounded number of frames; handle outside it.
+            with self._lock:
+                if self._closed:
+                    return
+                batch, more = receiver.take()
+            for frames in batch:
+                verified = self._verify(frames, from_hosts)
+                if verified is not None:
+                    handle(verified)
+            if not more:
+                return
 
     def _hand_off(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
         """Queue a message a caller received for the I/O thread (lock held)."""
@@ -636,10 +645,7 @@ class Controller:
                     wait_ms = min(wait_ms, int(left * 1000) + 1)
                 for fd, _ in poller.poll(wait_ms):
                     if fd == self._caller_wake:
-                        try:
-                            os.eventfd_read(self._caller_wake)
-                        except BlockingIOError:
-                            pass
+                        clear_eventfd(fd)
         finally:
             self.caller_receiving = False
             self._receiver_ident = 0
@@ -719,25 +725,15 @@ class Controller:
         else (and all after it) goes to the I/O thread, in order. Done-callbacks
         of the futures completed here run after the lock is released: one may
         need the I/O thread, which may be waiting for the lock."""
-        handoff = self._handoff
         with deferred_callbacks(), self._dispatch_lock:
-            receiver = self._receiver(self.router)
-            while True:
-                with self._lock:
-                    if self._closed:
-                        return
-                    batch, more = receiver.take()
-                for frames in batch:
-                    verified = self._verify(frames, False)
-                    if verified is None:
-                        continue
-                    if handoff or type(verified[1]) is not Value:
-                        self._hand_off(verified)
-                    else:
-                        self.stats.replies_to_callers += 1
-                        self._handle_safely(verified)
-                if not more:
-                    return
+            self._take_all(self.router, False, self._handle_on_caller)
+
+    def _handle_on_caller(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
+        if self._handoff or type(verified[1]) is not Value:
+            self._hand_off(verified)  # in order: behind whatever went before it
+        else:
+            self.stats.replies_to_callers += 1
+            self._handle_safely(verified)
 
     # -- handling what workers send (under _dispatch_lock) ------------------------------
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import zmq
 
+from .._common._eventfd import clear_eventfd
+
 Callback = Callable[[], None]
 _log = logging.getLogger("monarch_nb")
 
@@ -121,10 +123,7 @@ class IOLoop:
             timeout_ms = max(0, int((self._timers[0][0] - time.monotonic()) * 1000) + 1)
         for item, _ in self._poller.poll(timeout_ms):
             if item == self._wake_fd:
-                try:
-                    os.eventfd_read(self._wake_fd)
-                except BlockingIOError:
-                    pass
+                clear_eventfd(self._wake_fd)
             else:
                 # An earlier callback in this batch may have removed the fd.
                 callback = self._fds.get(item)

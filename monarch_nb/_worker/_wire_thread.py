@@ -54,6 +54,7 @@ from typing import Any
 import zmq
 
 from .._common import _metrics
+from .._common._eventfd import clear_eventfd
 from .._common._messages import (
     Heartbeat,
     Interrupt,
@@ -209,10 +210,7 @@ class WireThread:
             for fd, _ in ready:
                 if fd == self._wake_fd:
                     looked = True
-                    try:
-                        os.eventfd_read(self._wake_fd)
-                    except BlockingIOError:
-                        pass
+                    clear_eventfd(self._wake_fd)
             self._parked = False
             try:
                 while self._control_backlog:
