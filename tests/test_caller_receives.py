@@ -93,3 +93,31 @@ def test_a_timeout_while_receiving_names_the_silent_ranks_and_leaves_the_call_ru
     with pytest.raises(TimeoutError, match=r"got no reply from rank\(s\) 0 within 0.5 s"):
         slow.get(timeout=0.5)
     assert slow.get(timeout=60) == "slept"  # received by a later wait
+
+
+def test_ctrl_c_while_a_caller_receives_interrupts_the_call_and_puts_the_handler_back(procs2):
+    # The receiving main thread holds Ctrl-C until it is between batches (raised
+    # mid-batch it would lose replies), then raises it through the handler that
+    # was installed: get() interrupts the call, as without the receive path.
+    import signal
+    import time
+
+    sleepers = procs2.slice(procs=0).spawn("interrupted_wait", Sleeper)
+    assert sleepers.take.call_one(1).get(timeout=30) == 1
+    old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    ctrl_c = threading.Timer(0.5, signal.pthread_kill, (threading.get_ident(), signal.SIGINT))
+    try:
+        slow = sleepers.sleep.call_one(60)
+        ctrl_c.start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match=r"Sleeper.sleep interrupted on rank\(s\) 0"):
+            slow.get(timeout=90)
+        assert time.monotonic() - started < 45, "Ctrl-C did not stop the wait"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert Controller.get().stats.replies_to_callers > 0
+        assert sleepers.take.call_one(2).get(timeout=30) == 2  # the rank answers again
+    finally:
+        ctrl_c.cancel()
+        signal.signal(signal.SIGINT, old_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
