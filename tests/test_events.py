@@ -269,21 +269,71 @@ def test_a_call_whose_events_nobody_takes_does_not_wake_the_io_thread(procs4, mo
     assert not procs4.events.wants(CallStarted)
     sink = procs4.slice(procs=0).spawn("wake_sink", Sink)
     sink.take.call_one(0).get(timeout=30)
-    loop = Controller.get().loop
-    handed: list[str] = []
-    real_call_soon = loop.call_soon
-
-    def recording_call_soon(callback):
-        handed.append(getattr(callback, "__qualname__", repr(callback)))
-        real_call_soon(callback)
-
-    monkeypatch.setattr(loop, "call_soon", recording_call_soon)
+    handed = _record_hand_offs(Controller.get().loop, monkeypatch)
     for i in range(100):
         assert sink.take.call_one(i).get(timeout=30) == i
-    assert "EventStream._drain" not in handed
+    assert not [h for h in handed if h.startswith("EventStream.")]
     # With an observer of calls starting, their events are queued and handed on.
     log = EventLog()
     with procs4.events.subscribe(log, kinds=(CallStarted,)):
         sink.take.call_one(1).get(timeout=30)
         log.wait_for(CallStarted)
-    assert "EventStream._drain" in handed
+    assert "EventStream._run_batched_drain" in handed
+
+
+def _record_hand_offs(loop, monkeypatch) -> list[str]:
+    """The callbacks handed to the I/O thread from now on, by name (and when)."""
+    handed: list[str] = []
+    for name in ("call_soon", "call_soon_batched"):
+        real = getattr(loop, name)
+
+        def recording(callback, real=real):
+            handed.append(getattr(callback, "__qualname__", repr(callback)))
+            real(callback)
+
+        monkeypatch.setattr(loop, name, recording)
+    return handed
+
+
+def test_the_events_of_a_run_of_calls_reach_observers_in_batches_and_in_order(procs4, monkeypatch):
+    # A dashboard observes every call's events (started, finished, busy, idle).
+    # Handed to the I/O thread one by one they woke it twice per call; batched,
+    # it wakes once per batch window however many calls ran, and every event
+    # still arrives, in order.
+    from monarch_nb._controller._client import Controller
+    from monarch_nb._controller._io_loop import BATCH_S
+
+    sink = procs4.slice(procs=0).spawn("batch_sink", Sink)
+    sink.take.call_one(0).get(timeout=30)
+    log = EventLog()
+    with procs4.events.subscribe(log, kinds=(CallStarted, CallFinished, RankStateChanged)):
+        handed = _record_hand_offs(Controller.get().loop, monkeypatch)
+        calls = 200
+        started = time.monotonic()
+        ids = [sink.take.call_one(i) for i in range(calls)]  # pipelined, then one by one
+        for i, future in enumerate(ids):
+            assert future.get(timeout=30) == i
+        for i in range(calls):
+            assert sink.take.call_one(i).get(timeout=30) == i
+        log.wait_for(
+            CallFinished,
+            lambda _: sum(e.label == "Sink.take" for e in log.of(CallFinished)) >= 2 * calls,
+            timeout=30,
+        )
+        elapsed = time.monotonic() - started
+    batches = handed.count("EventStream._run_batched_drain")
+    assert batches >= 1
+    # At most one batch per window (the first may begin at once), never one per event.
+    assert batches <= elapsed / BATCH_S + 2, (batches, elapsed)
+    assert "EventStream._run_drain" not in handed
+    ours = [e for e in log.events if getattr(e, "label", None) == "Sink.take"]
+    finished = [e.call_id for e in ours if isinstance(e, CallFinished)]
+    begun = [e.call_id for e in ours if isinstance(e, CallStarted)]
+    assert len(finished) == len(begun) == 2 * calls
+    assert finished == sorted(finished)
+    assert begun == sorted(begun)
+    # Each call's start is seen before its end.
+    order = {
+        (type(e), e.call_id): n for n, e in enumerate(ours) if not isinstance(e, RankStateChanged)
+    }
+    assert all(order[(CallStarted, c)] < order[(CallFinished, c)] for c in finished)

@@ -297,7 +297,7 @@ class Controller:
                 call.fail(failure)
             return
         if call is not None and group.events:
-            group.events.flush()
+            group.events.flush_soon()
         if pending_input:
             self._input_pending()
             if self._hosts_router is not None:
@@ -374,7 +374,9 @@ class Controller:
         group.timeline.ended(call.call_id, summary)
         events = group.events
         if events and events.wants(CallFinished):
-            events.emit(CallFinished(group.name, call.call_id, call.label, call.ranks, summary))
+            events.emit_soon(
+                CallFinished(group.name, call.call_id, call.label, call.ranks, summary)
+            )
         for rank in idle:
             group.rank_settled(rank)
 

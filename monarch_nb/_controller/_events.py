@@ -201,7 +201,8 @@ class EventStream:
         self._entries: list[tuple[Subscription, Observer, tuple[type[Event], ...] | None]] = []
         self._wanted: frozenset[type[Event]] | None = frozenset()  # None: every kind
         self._queue: deque[Event] = deque()  # emitted, not yet handed to the observers
-        self._drain_scheduled = False
+        self._drain_scheduled = False  # a drain is queued on the I/O thread (call_soon)
+        self._batched_drain_scheduled = False  # ... or in its next batch (call_soon_batched)
 
     def __bool__(self) -> bool:
         return bool(self._observers)
@@ -279,6 +280,12 @@ class EventStream:
         self._queue.append(event)
         self.flush()
 
+    def emit_soon(self, event: Event) -> None:
+        """Queue ``event`` and hand it to the observers within a few tens of ms
+        (:meth:`flush_soon`): for the events of every call."""
+        self._queue.append(event)
+        self.flush_soon()
+
     def flush(self) -> None:
         """Hand queued events to the observers: now on the I/O thread, else soon there."""
         if not self._queue:
@@ -290,13 +297,39 @@ class EventStream:
             self._drain()
         elif not self._drain_scheduled:
             self._drain_scheduled = True
-            try:
-                loop.call_soon(self._drain)
-            except RuntimeError:  # the controller shut down: nobody is left to tell
-                self._queue.clear()
+            self._schedule(loop.call_soon, self._run_drain)
+
+    def flush_soon(self) -> None:
+        """:meth:`flush`, but off the I/O thread within the loop's next batch
+        (``IOLoop.call_soon_batched``, at most 20 ms): the events of a run of calls
+        reach the observers together, and the I/O thread wakes once for them, not
+        twice per call. Order is kept: every flush drains one queue."""
+        if not self._queue:
+            return
+        loop = self._loop
+        if loop is None or loop.in_loop_thread:
+            self._drain()
+        elif not (self._drain_scheduled or self._batched_drain_scheduled):
+            self._batched_drain_scheduled = True
+            self._schedule(loop.call_soon_batched, self._run_batched_drain)
+
+    def _schedule(
+        self, call: Callable[[Callable[[], None]], None], drain: Callable[[], None]
+    ) -> None:
+        try:
+            call(drain)
+        except RuntimeError:  # the controller shut down: nobody is left to tell
+            self._queue.clear()
+
+    def _run_drain(self) -> None:
+        self._drain_scheduled = False
+        self._drain()
+
+    def _run_batched_drain(self) -> None:
+        self._batched_drain_scheduled = False
+        self._drain()
 
     def _drain(self) -> None:
-        self._drain_scheduled = False
         queue = self._queue
         while queue:
             try:

@@ -611,7 +611,7 @@ class ProcGroup:
         state = self.rank_state(rank)
         if state in (ev.RankState.IDLE, ev.RankState.FAILED):  # DEAD, STOPPED: said on exit
             detail = self.rank_failures.get(rank, "") if state is ev.RankState.FAILED else ""
-            events.emit(ev.RankStateChanged(self.name, rank, state, detail))
+            events.emit_soon(ev.RankStateChanged(self.name, rank, state, detail))
 
     def rank_state(self, rank: int) -> ev.RankState:
         """What ``rank`` is doing now: the one rule behind events and ``status()``."""
