@@ -132,6 +132,7 @@ class IOLoop:
         try:
             while not self._stopping:
                 self._poll_once()
+            self._run_batch()  # queued before stop(), as call_soon's callbacks run
         finally:
             os.close(self._wake_fd)
 
@@ -170,13 +171,16 @@ class IOLoop:
         while self._timers and self._timers[0][0] <= now:
             _safely(heapq.heappop(self._timers)[2])
         if self._batch_due is not None and self._batch_due <= now:
-            self._batch_due = None
-            # Disarmed before running: a callback queued from now on wakes the loop
-            # again (at worst for one that this batch runs anyway).
-            self._batch_armed = False
-            batched = self._batched
-            while batched:
-                _safely(batched.popleft())
+            self._run_batch()
+
+    def _run_batch(self) -> None:
+        self._batch_due = None
+        # Disarmed before running: a callback queued from now on wakes the loop
+        # again (at worst for one that this batch runs anyway).
+        self._batch_armed = False
+        batched = self._batched
+        while batched:
+            _safely(batched.popleft())
 
 
 def _safely(callback: Callback) -> None:
