@@ -108,7 +108,8 @@ SETTINGS: dict[str, Setting] = {
             "run_dir",
             str,
             None,
-            "private directory for ipc sockets (default: a fresh one in /tmp)",
+            "private directory for ipc sockets (default: a fresh one in /tmp, removed when its "
+            "maker exits, or by the next mesh on the host if its maker was killed)",
         ),
         Setting(
             "log_files",

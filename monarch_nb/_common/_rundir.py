@@ -5,13 +5,18 @@ process of a tree (a controller) makes one directory, mode 0700, and every
 process it starts inherits its path (``MONARCH_NB_RUN_DIR``, set in the
 child's environment: a path, not a secret), so only our own uid can reach the
 sockets inside it at all. The directory is removed when the process that made
-it exits.
+it exits; one whose maker was killed (SIGKILL, a crashed kernel) cannot be, so
+the next tree that makes one on the host removes those first: its name carries
+its maker's pid (and pid namespace: a /tmp shared between containers holds
+pids of other namespaces), and a directory of ours whose maker is gone is
+nobody's.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -35,6 +40,8 @@ _MAX_DIR_CHARS = 70
 
 _lock = threading.Lock()
 _path: str | None = None
+_PREFIX = "monarch_nb-run-"
+_STALE = re.compile(re.escape(_PREFIX) + r"(\d+)-(\d+)-[^/]+")  # namespace, pid, random
 
 
 def run_dir() -> str:
@@ -59,10 +66,12 @@ def socket_path(name: str) -> str:
 
 def _make() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    if len(base) > _MAX_DIR_CHARS - 20 or not os.access(base, os.W_OK):
+    if len(base) > _MAX_DIR_CHARS - 44 or not os.access(base, os.W_OK):  # name: 44 at most
         base = tempfile.gettempdir()
-    path = tempfile.mkdtemp(prefix="monarch_nb-", dir=base)  # mode 0700, ours
-    creator = os.getpid()
+    creator, namespace = os.getpid(), _pid_namespace()
+    if namespace:
+        _remove_stale(base, namespace)
+    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{namespace}-{creator}-", dir=base)  # 0700, ours
 
     def remove() -> None:
         if os.getpid() == creator:  # not in a forked child that inherited the handler
@@ -70,6 +79,41 @@ def _make() -> str:
 
     atexit.register(remove)
     return path
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (its inode), 0 if unknown (then nothing is swept)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _remove_stale(base: str, namespace: int) -> None:
+    """Remove the run directories in ``base`` that processes of our pid namespace
+    made and that are gone (killed before their exit handler ran). A maker's pid
+    that a live process now has keeps its directory: left, never wrongly removed."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        match = _STALE.fullmatch(name)
+        if match is None or int(match.group(1)) != namespace or _alive(int(match.group(2))):
+            continue
+        path = os.path.join(base, name)
+        if _is_private(path):  # ours, and only ours
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, someone else's
+        return True
+    return True
 
 
 def _is_private(path: str) -> bool:
