@@ -131,6 +131,44 @@ def test_stacks_and_interrupts_reach_the_survivors_of_a_failed_mesh(procs2):
         survivor.get(timeout=10)
 
 
+def test_a_status_asked_as_a_call_arrives_describes_the_call(procs2):
+    # The idle main thread receives for itself. Stopped while a call and then a
+    # status query queue up, it takes both in one batch when it resumes: the
+    # answer must describe the call (its stack in user code), not the drain
+    # that took it.
+    import os
+    import signal
+    import threading
+
+    from monarch_nb._controller._client import Controller
+
+    sleepers = procs2.slice(procs=0).spawn("asked_while_queued", Sleeper)
+    assert sleepers.take.call_one(1).get(timeout=30) == 1
+    rank0 = procs2.pids[0]
+    os.kill(rank0, signal.SIGSTOP)
+    try:
+        call = sleepers.sleep.call_one(30)
+        stats = Controller.get().stats
+        sent_before = stats.sent
+        answers = []
+        asker = threading.Thread(
+            target=lambda: answers.append(procs2.slice(procs=0).stacks(timeout=30))
+        )
+        asker.start()
+        deadline = time.monotonic() + 30
+        while stats.sent == sent_before and time.monotonic() < deadline:
+            time.sleep(0.005)  # until the query is on its way (not a timing assumption)
+        assert stats.sent > sent_before, "stacks() sent no query"
+    finally:
+        os.kill(rank0, signal.SIGCONT)
+    asker.join(60)
+    assert answers, "no status came back"
+    assert "time.sleep(seconds)" in answers[0][0], answers[0][0]
+    procs2.interrupt([0])
+    with pytest.raises(RemoteError, match="KeyboardInterrupt"):
+        call.get(timeout=30)
+
+
 SEGFAULT = """
 import ctypes
 

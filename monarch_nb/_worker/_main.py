@@ -316,6 +316,7 @@ class Worker:
     def _finish(self) -> None:
         with self._calls_lock:
             self._running = self._interrupted = _NO_TICKET
+        self.wire.release_status()  # work that never reached user code
 
     def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
         route = route or self.controller_route
@@ -342,6 +343,7 @@ class Worker:
         """Run ``fn()`` with interrupts enabled (main thread), labelled for status."""
         self._work = (label, time.monotonic())
         self._in_user_code = True
+        self.wire.release_status()  # a status asked meanwhile describes this
         try:
             if self._interrupted[1] and self._interrupted == self._running:
                 raise KeyboardInterrupt  # it came while the arguments were unpickled
@@ -408,6 +410,7 @@ class Worker:
                     return inbox.get_nowait()
                 if more:  # a batch of control messages only: the rest gives no notice
                     continue
+                wire.release_status()  # idle: a status asked meanwhile says so
                 # With a deadline all the same: were a notice ever missed, the
                 # rank would answer a second late rather than never (and say so).
                 ready = poller.poll(_IDLE_RECHECK_MS)

@@ -70,6 +70,12 @@ from . import _resources
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _WATCH_INTERVAL_S = 0.2  # how often the controller's liveness is checked
+# A status's stack waits at most this long for the main thread to leave these
+# files (the worker's dispatch) for the work it has begun.
+_INTO_WORK_S = 0.5
+_DISPATCH_FILES = frozenset(
+    os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_wire_thread.py")
+)
 
 
 class WireThread:
@@ -107,8 +113,10 @@ class WireThread:
         self._watch_requested = False  # the main thread waits on something else
         self._parked = False  # this thread is not watching the socket now
         self.wake_main: Callable[[], None] = lambda: None  # the worker sets it
-        # Control messages the main thread received, for this thread to answer.
+        # Status queries the main thread received, for this thread to answer once
+        # the main thread says its state is worth describing (release_status).
         self._control_backlog: deque[Message] = deque()
+        self._status_held = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="monarch_nb-wire", daemon=True)
         # Message type -> handler run here on the wire thread, for layers above the
@@ -213,7 +221,7 @@ class WireThread:
                     clear_eventfd(self._wake_fd)
             self._parked = False
             try:
-                while self._control_backlog:
+                while self._control_backlog and not self._status_held:
                     self._control(self._control_backlog.popleft())
                 if not self.main_receiving and (watching or looked):
                     self.drain()
@@ -286,12 +294,11 @@ class WireThread:
             if message is None:
                 continue
             if isinstance(message, StatusQuery) and on_main:
-                # Answered here, it would describe the main thread draining: a call
-                # it just took has not started yet. The wire thread answers, most
-                # often once the main thread is on with its work (best effort: a
-                # status is a snapshot either way).
+                # Answered now, it would describe the main thread draining, and a
+                # call it just took would not have started yet. The wire thread
+                # answers once the main thread is in its work, or idle again.
+                self._status_held = True
                 self._control_backlog.append(message)
-                os.eventfd_write(self._wake_fd, 1)
             elif isinstance(message, Interrupt | StatusQuery) or (
                 type(message) in self.control_handlers
             ):
@@ -301,6 +308,13 @@ class WireThread:
             else:
                 self._deliver(message, frames)
         return True
+
+    def release_status(self) -> None:
+        """Main thread: it is in its work now (user code), done with it, or idle, so
+        the status queries it received describe what it does: answer them."""
+        if self._status_held:
+            self._status_held = False
+            os.eventfd_write(self._wake_fd, 1)
 
     def _control(self, message: Message) -> None:
         match message:
@@ -320,8 +334,23 @@ class WireThread:
             signal.pthread_kill(self._main_ident, signal.SIGINT)
 
     def _main_stack(self) -> str:
-        frame = sys._current_frames().get(self._main_ident or 0)
+        frame = self._main_frame()
+        # The main thread has work (a label) but is still in the worker's own frames
+        # on its way into it (it released a status query it had received together
+        # with the call): give it a moment, so the stack shows the work.
+        deadline = time.monotonic() + _INTO_WORK_S
+        while (
+            frame is not None
+            and frame.f_code.co_filename in _DISPATCH_FILES
+            and self._busy()[0]
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.001)
+            frame = self._main_frame()
         return "".join(traceback.format_stack(frame)) if frame is not None else ""
+
+    def _main_frame(self) -> Any:
+        return sys._current_frames().get(self._main_ident or 0)
 
     def _heartbeat(self) -> None:
         work, seconds = self._busy()
