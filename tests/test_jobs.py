@@ -191,9 +191,9 @@ def _strings(value):
 
 
 def _alive(pid: int) -> bool:
-    from monarch_nb._controller._jobs import _pid_alive
+    from monarch_nb._common._pids import pid_alive
 
-    return _pid_alive(pid)
+    return pid_alive(pid)
 
 
 def _free_port() -> int:

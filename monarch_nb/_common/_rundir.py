@@ -22,6 +22,8 @@ import stat
 import tempfile
 import threading
 
+from ._pids import pid_alive
+
 ENV_VAR = "MONARCH_NB_RUN_DIR"
 # The pid of this tree's first process on this host (the controller, or a host
 # agent): only its descendants may read a rank's memory (RDMABuffer, see
@@ -99,21 +101,11 @@ def _remove_stale(base: str, namespace: int) -> None:
         return
     for name in names:
         match = _STALE.fullmatch(name)
-        if match is None or int(match.group(1)) != namespace or _alive(int(match.group(2))):
+        if match is None or int(match.group(1)) != namespace or pid_alive(int(match.group(2))):
             continue
         path = os.path.join(base, name)
         if _is_private(path):  # ours, and only ours
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, someone else's
-        return True
-    return True
 
 
 def _is_private(path: str) -> bool:

@@ -288,6 +288,16 @@ class EventStream:
 
     def flush(self) -> None:
         """Hand queued events to the observers: now on the I/O thread, else soon there."""
+        self._hand_on(batched=False)
+
+    def flush_soon(self) -> None:
+        """:meth:`flush`, but off the I/O thread within the loop's next batch
+        (``IOLoop.call_soon_batched``, at most 20 ms): the events of a run of calls
+        reach the observers together, and the I/O thread wakes once for them, not
+        twice per call. Order is kept: every flush drains one queue."""
+        self._hand_on(batched=True)
+
+    def _hand_on(self, *, batched: bool) -> None:
         if not self._queue:
             # Nothing queued (a call whose events no observer takes): waking the
             # I/O thread for nothing cost every call a thread switch.
@@ -295,29 +305,19 @@ class EventStream:
         loop = self._loop
         if loop is None or loop.in_loop_thread:
             self._drain()
-        elif not self._drain_scheduled:
-            self._drain_scheduled = True
-            self._schedule(loop.call_soon, self._run_drain)
-
-    def flush_soon(self) -> None:
-        """:meth:`flush`, but off the I/O thread within the loop's next batch
-        (``IOLoop.call_soon_batched``, at most 20 ms): the events of a run of calls
-        reach the observers together, and the I/O thread wakes once for them, not
-        twice per call. Order is kept: every flush drains one queue."""
-        if not self._queue:
             return
-        loop = self._loop
-        if loop is None or loop.in_loop_thread:
-            self._drain()
-        elif not (self._drain_scheduled or self._batched_drain_scheduled):
+        # A drain already queued takes these events too (unless it is a batch and
+        # this flush must not wait for one).
+        if self._drain_scheduled or (batched and self._batched_drain_scheduled):
+            return
+        if batched:
             self._batched_drain_scheduled = True
-            self._schedule(loop.call_soon_batched, self._run_batched_drain)
-
-    def _schedule(
-        self, call: Callable[[Callable[[], None]], None], drain: Callable[[], None]
-    ) -> None:
+            schedule, drain = loop.call_soon_batched, self._run_batched_drain
+        else:
+            self._drain_scheduled = True
+            schedule, drain = loop.call_soon, self._run_drain
         try:
-            call(drain)
+            schedule(drain)
         except RuntimeError:  # the controller shut down: nobody is left to tell
             self._queue.clear()
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from .._common import _keys
 from .._common._errors import MeshUsageError
+from .._common._pids import pid_alive
 from ._launchers import attach, host_prelude
 from ._proc_mesh import HostMesh, this_host
 from ._process_group import START_TIMEOUT_S
@@ -242,7 +243,7 @@ class ProcessJob(JobTrait):
         return {"meshes": meshes, "pids": pids}
 
     def _alive(self) -> bool:
-        return all(_pid_alive(pid) for pid in (self._running or {}).get("pids", ()))
+        return all(pid_alive(pid) for pid in (self._running or {}).get("pids", ()))
 
     def _kill(self) -> None:
         for pid in (self._running or {}).get("pids", ()):
@@ -401,20 +402,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def _terminate(pid: int, grace: float = 10.0) -> None:
     child = _CHILDREN.pop(pid, None)
     if child is not None:
@@ -430,9 +417,9 @@ def _terminate(pid: int, grace: float = 10.0) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace
-    while _pid_alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _pid_alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
 
 
