@@ -231,6 +231,12 @@ class Controller:
         self.run(close)
         self.loop.stop()
 
+    @property
+    def send_lock(self) -> threading.Lock:
+        """The lock every send holds while it reads a group's state, workers and
+        signer: hold it to change them together (a restart)."""
+        return self._lock
+
     def next_call_id(self) -> int:
         return next(self._call_ids)
 

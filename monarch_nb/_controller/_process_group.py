@@ -318,28 +318,33 @@ class ProcGroup:
 
     def start(self) -> None:
         """Start every worker and wait until each said hello (blocking)."""
-        self.generation += 1
-        self.state = Starting()
-        self.actor_failures.clear()
-        self.rank_failures.clear()
-        self.paused.clear()
-        self.idle_since.clear()
-        self.dead.clear()
-        self.spawned.clear()
-        self.missing_actors.clear()
-        self._restarting.clear()
-        self.inboxes = {}
-        self.hosts = {}
-        self.peer_addresses = {}
-        self.workers = []  # the new generation's, once launched
-        key = self._key = new_key()
+        key = new_key()
         # Through agents, every hop is trusted (CURVE, then the agent's private
         # Unix socket); children of ours are, unless MONARCH_NB_BIND made their
         # link a plain TCP port (see _wire's docstring).
         trusted = self.agents is not None or self.controller.address.startswith("ipc://")
-        self.signer = Signer(
+        signer = Signer(
             key, self.controller.stats, sender=CONTROLLER, upstream=False, trusted_link=trusted
         )
+        # Under the lock senders hold: a send sees the old generation whole (its
+        # state, workers and signer) or the new one refusing calls while it
+        # starts, never the new empty worker list behind the old state.
+        with self.controller.send_lock:
+            self.generation += 1
+            self.state = Starting()
+            self.actor_failures.clear()
+            self.rank_failures.clear()
+            self.paused.clear()
+            self.idle_since.clear()
+            self.dead.clear()
+            self.spawned.clear()
+            self.missing_actors.clear()
+            self._restarting.clear()
+            self.inboxes = {}
+            self.hosts = {}
+            self.peer_addresses = {}
+            self.workers = []  # the new generation's, once launched
+            self._key, self.signer = key, signer
         self._all_ready.clear()
         self.ready_ranks = set()
         ranks = range(len(self.shape))
