@@ -35,23 +35,30 @@ def progress(message: str) -> None:
 class OptionalBuildExt(build_ext):
     """Build extensions, but report a failure instead of aborting the install."""
 
+    # What each extension gives; without it, monarch_nb still installs and runs.
+    PURPOSE = {
+        "monarch_nb.native._memory": "the native data plane (RDMABuffer)",
+        "monarch_nb._common._fastwire": "signing small control messages in C "
+        "(without it, the same in Python, slower)",
+    }
+
     def run(self) -> None:
         try:
             super().run()
         except Exception as exc:
-            self._warn(exc)
+            self._warn("the C extensions", exc)
 
     def build_extension(self, ext: Extension) -> None:
-        progress(f"compiling the C extension {ext.name} (the native data plane)")
+        purpose = self.PURPOSE.get(ext.name, ext.name)
+        progress(f"compiling the C extension {ext.name} ({purpose})")
         try:
             super().build_extension(ext)
         except Exception as exc:
-            self._warn(exc)
+            self._warn(f"{ext.name} ({purpose})", exc)
 
-    def _warn(self, exc: BaseException) -> None:
+    def _warn(self, what: str, exc: BaseException) -> None:
         print(
-            f"warning: building monarch_nb.native._memory failed ({exc}); "
-            "monarch_nb installs without its native data plane",
+            f"warning: building {what} failed ({exc}); monarch_nb installs without it",
             file=sys.stderr,
         )
 
@@ -184,7 +191,17 @@ setup(
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-pthread", "-ldl"],
             optional=True,
-        )
+        ),
+        Extension(
+            "monarch_nb._common._fastwire",
+            # Signing and checking small control messages; _wire.py falls back to
+            # hashlib (same bytes on the wire) when it is missing.
+            sources=["monarch_nb/_common/_fastwire.c", "monarch_nb/native/_sha256.c"],
+            depends=["monarch_nb/native/_sha256.h"],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_link_args=["-ldl"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt, "editable_wheel": EditableWheelWithData},
 )

@@ -57,6 +57,7 @@ from ._wire import (
     new_key,
     receive,
     sender_tag,
+    socket_events,
 )
 
 _EVENTS = int(zmq.EVENTS)
@@ -298,7 +299,7 @@ class PeerNode:
                     encoded.send(box.socket, None, frames)
                     # A send may consume the edge of a reply that just arrived
                     # (ZMQ_FD is edge-triggered): then the thread must look.
-                    pending = pending or bool(int(box.socket.getsockopt(_EVENTS)) & _POLLIN)
+                    pending = pending or bool(socket_events(box.socket) & _POLLIN)
             self.stats.sent += len(boxes)
         if pending:
             self._wake()
@@ -322,7 +323,7 @@ class PeerNode:
             except zmq.ZMQError:
                 return  # the caller is gone (ROUTER_MANDATORY): nobody waits for this
             self.stats.sent += 1
-            pending = int(inbox.getsockopt(_EVENTS)) & _POLLIN
+            pending = socket_events(inbox) & _POLLIN
         if pending:
             self._wake()
 

@@ -74,6 +74,53 @@ import zmq
 from ._messages import Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps, loads
 
+
+def _load_fastwire() -> Any:
+    """Small messages are signed and checked in C (the same bytes as the Python
+    below); built without a C compiler, or with ``MONARCH_NB_PURE_PYTHON_WIRE=1``,
+    hashlib does it all."""
+    if os.environ.get("MONARCH_NB_PURE_PYTHON_WIRE", "") not in ("", "0"):
+        return None
+    try:
+        from . import _fastwire
+    except ImportError:
+        return None
+    return _fastwire
+
+
+_fastwire = _load_fastwire()
+
+
+def _loaded_libzmq() -> str | None:
+    """The path of the libzmq pyzmq loaded (a shared library beside it, as pip's
+    wheels ship it), or None (linked into pyzmq itself, or not Linux)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if "/libzmq" in path and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+_zmq_path = _loaded_libzmq() if _fastwire is not None else None
+_fast_events = _zmq_path is not None and _fastwire.bind_zmq(_zmq_path)
+
+
+def socket_events(socket: zmq.Socket) -> int:
+    """``ZMQ_EVENTS`` of an open ``socket``: straight from libzmq where
+    :mod:`._fastwire` found it (pyzmq's ``getsockopt`` costs a few microseconds,
+    and the wire asks before every message it takes); else, or if libzmq
+    refuses, through pyzmq, which raises the error."""
+    if _fast_events and not socket.closed:
+        events = _fastwire.events(socket.underlying)
+        if events >= 0:
+            return events
+    return int(socket.getsockopt(_EVENTS))
+
+
 KEY_BYTES = 32
 # Sockets that face the network refuse frames above this size before buffering
 # them (ZMQ_MAXMSGSIZE): an unauthenticated peer cannot make us hold more. A
@@ -167,6 +214,10 @@ class WireStats:
         return WireStats(**self.__dict__)
 
 
+# Encoded.copy of a message that is one small frame (header and body).
+_ONE_COPIED_FRAME: tuple[bool, ...] = (True,)
+
+
 class Encoded:
     """A message pickled and digested once, ready to seal and send any number of times."""
 
@@ -180,13 +231,17 @@ class Encoded:
         self.buffers = buffers
         self.digest = digest
         self.flags = flags
+        self.separate_body = len(body) >= _ZERO_COPY_BYTES
+        if not buffers and not self.separate_body:  # most messages: one small frame
+            self.nbytes = len(body)
+            self.copy: tuple[bool, ...] = _ONE_COPIED_FRAME
+            return
         sizes = [memoryview(b).nbytes for b in buffers]
         self.nbytes = len(body) + sum(sizes)
-        self.separate_body = len(body) >= _ZERO_COPY_BYTES
         # Per frame of a sealed message, whether zmq copies it: decided once here,
         # not on every send of a cast to many ranks.
         big = [len(body)] if self.separate_body else []
-        self.copy = [True, *(n < _ZERO_COPY_BYTES for n in big + sizes)]
+        self.copy = (True, *(n < _ZERO_COPY_BYTES for n in big + sizes))
 
     def seal(self) -> list[Any]:
         """The frames, with the sender's next sequence number and their signature.
@@ -216,6 +271,9 @@ class Encoded:
             send(identity, _SNDMORE)
         if envelope is not None:
             send(envelope, _SNDMORE)
+        if self.copy is _ONE_COPIED_FRAME:
+            send(frames[0], 0)
+            return
         last = len(frames) - 1
         for i, (frame, copy) in enumerate(zip(frames, self.copy, strict=True)):
             send(frame, _SNDMORE if i < last else 0, copy=copy)
@@ -263,7 +321,7 @@ class Receiver:
         done: list[list[zmq.Frame]] = []
         while frames > 0 and len(done) < messages:
             if self._partial is None:
-                if not int(socket.getsockopt(_EVENTS)) & _POLLIN:
+                if not socket_events(socket) & _POLLIN:
                     return done, False
                 self._partial = []
             frame = socket.recv(copy=False)
@@ -323,6 +381,7 @@ class Signer:
         if len(sender) != SENDER_BYTES:
             raise ValueError(f"a sender tag is {SENDER_BYTES} bytes, got {len(sender)}")
         self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        self._key_state = _fastwire.key_state(key) if _fastwire is not None else b""
         self._sequence = itertools.count(first_sequence)
         self.stats = stats
         self.sender = sender
@@ -333,6 +392,10 @@ class Signer:
     def header(self, flags: int, digest: bytes) -> bytes:
         """``signature | sequence | flags | sender`` for content with ``digest``,
         with the next number."""
+        if _fastwire is not None:
+            return _fastwire.header(
+                self._key_state, next(self._sequence), flags, self.sender, digest
+            )
         trailer = b"".join(
             (next(self._sequence).to_bytes(_SEQ_BYTES, "little"), bytes((flags,)), self.sender)
         )
@@ -354,7 +417,7 @@ class Signer:
                 f"frame, and one message carries at most {MAX_FRAMES_PER_MESSAGE - 4:,}: send "
                 "fewer, larger ones (torch.cat, or a flat buffer), or move them with RDMABuffer"
             )
-        raw = [b.raw() for b in buffers]  # zero-copy: see the module docstring
+        raw = [b.raw() for b in buffers] if buffers else buffers  # zero-copy: see the top
         body = b"".join(
             (len(meta_bytes).to_bytes(_META_LEN_BYTES, "little"), meta_bytes, payload_bytes)
         )
@@ -378,6 +441,24 @@ class Signer:
         still refuses our own requests sent back to us). Raises :class:`UnknownMessage` (counted)
         for a verified message of an unknown kind: the caller reports it.
         """
+        if _fastwire is not None:
+            checked = _fastwire.check(
+                self._key_state, frames, self.upstream, self.trusted_link, sender
+            )
+            if checked.__class__ is tuple:
+                sequence, meta, digested = checked
+                self.stats.bytes_digested += digested
+                if meta is None:
+                    self.stats.dropped_bad_signature += 1
+                    return None
+                return self._accept(window, sequence, meta)
+            if checked == _fastwire.MALFORMED:
+                self.stats.dropped_malformed += 1
+                return None
+            if checked == _fastwire.MISDIRECTED:
+                self.stats.dropped_misdirected += 1
+                return None
+            # FALL_BACK: content too big for the C path; hashlib below.
         split = _split(frames)
         if split is None:
             self.stats.dropped_malformed += 1
@@ -403,15 +484,21 @@ class Signer:
         if not hmac.compare_digest(mac.digest(), header[:_SIG_BYTES]):
             self.stats.dropped_bad_signature += 1
             return None
-        if not window.accept(
-            int.from_bytes(header[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little")
-        ):
+        meta_end = _META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little")
+        return self._accept(
+            window,
+            int.from_bytes(header[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little"),
+            body[_META_LEN_BYTES:meta_end],
+        )
+
+    def _accept(self, window: ReplayWindow, sequence: int, meta: Any) -> Message | None:
+        """The message of a signed ``meta``, if ``sequence`` is fresh (else None, counted)."""
+        if not window.accept(sequence):
             self.stats.dropped_replayed += 1
             return None
         self.stats.received += 1
-        meta_end = _META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little")
         try:
-            return from_wire(pickle.loads(body[_META_LEN_BYTES:meta_end]))
+            return from_wire(pickle.loads(meta))
         except Exception as exc:
             self.stats.unknown_messages += 1
             if isinstance(exc, UnknownMessage):
@@ -423,6 +510,11 @@ def _content_digest(
     body: Any, buffers: Sequence[Any], buffers_by_length: bool, stats: WireStats
 ) -> bytes:
     """SHA-256 of the body and the buffer frames (their lengths only on a trusted link)."""
+    if _fastwire is not None:
+        small = _fastwire.digest(body, buffers, buffers_by_length)
+        if small is not None:
+            stats.bytes_digested += small[1]
+            return small[0]
     content = hashlib.sha256()
     for i, frame in enumerate((body, *buffers)):
         view = memoryview(frame)

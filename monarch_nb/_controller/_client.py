@@ -64,6 +64,7 @@ from .._common._wire import (
     WireStats,
     decode_payload,
     sender_tag,
+    socket_events,
 )
 from ._calls import PendingCall
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
@@ -297,7 +298,7 @@ class Controller:
                         router = self._hosts()
                         message.send(router, via, frames, RELAY + b"\n".join(identities))
                 self.stats.sent += len(ranks)
-                pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
+                pending_input = socket_events(router) & _POLLIN
         if failure is not None:
             if call is not None:
                 call.fail(failure)
@@ -427,7 +428,7 @@ class Controller:
         with self._lock:
             router = self._hosts()
             message.send(router, identity, None, OWN)
-            pending_input = int(router.getsockopt(_EVENTS)) & _POLLIN
+            pending_input = socket_events(router) & _POLLIN
         if pending_input:
             self.loop.call_soon(self._on_hosts_readable)
 

@@ -64,7 +64,7 @@ from .._common._messages import (
     StatusReply,
     UnknownMessage,
 )
-from .._common._wire import CONTROLLER, ReplayWindow, Signer, receive
+from .._common._wire import CONTROLLER, ReplayWindow, Signer, receive, socket_events
 from . import _resources
 
 _EVENTS = int(zmq.EVENTS)
@@ -138,7 +138,7 @@ class WireThread:
     def send_encoded(self, encoded: Any) -> None:
         with self.lock:
             encoded.send(self.socket)
-            pending = int(self.socket.getsockopt(_EVENTS)) & _POLLIN
+            pending = socket_events(self.socket) & _POLLIN
         if not pending:
             return
         # The send may have taken the notice of a message that just arrived: make

@@ -3,13 +3,6 @@
 
 #include <string.h>
 
-typedef struct {
-    uint32_t h[8];
-    unsigned char block[64];
-    size_t used;   /* bytes in block */
-    uint64_t bits; /* message length so far */
-} sha256_t;
-
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
     0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
@@ -25,7 +18,74 @@ static const uint32_t K[64] = {
 
 static uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define HAVE_SHANI_PATH 1
+
+/* The same compression with the x86 SHA extensions (most x86 CPUs since 2017):
+   several times faster than the portable rounds below, which the small control
+   messages' signatures spend most of their time in. Four rounds per step: the
+   message schedule with sha256msg1/msg2, the rounds with sha256rnds2, the state
+   kept as ABEF and CDGH as those instructions want it. */
+__attribute__((target("sha,sse4.1"))) static void compress_shani(uint32_t h[8],
+                                                                 const unsigned char *p) {
+    const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    __m128i dcba = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[0]), 0xB1);
+    __m128i hgfe = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&h[4]), 0x1B);
+    __m128i abef = _mm_alignr_epi8(dcba, hgfe, 8);
+    __m128i cdgh = _mm_blend_epi16(hgfe, dcba, 0xF0);
+    __m128i abef_in = abef, cdgh_in = cdgh, w[4];
+    for (int i = 0; i < 16; i++) {
+        __m128i next;
+        if (i < 4) {
+            next = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), byte_swap);
+        } else {
+            next = _mm_sha256msg1_epu32(w[(i - 4) & 3], w[(i - 3) & 3]);
+            next = _mm_add_epi32(next, _mm_alignr_epi8(w[(i - 1) & 3], w[(i - 2) & 3], 4));
+            next = _mm_sha256msg2_epu32(next, w[(i - 1) & 3]);
+        }
+        w[i & 3] = next;
+        __m128i msg = _mm_add_epi32(next, _mm_loadu_si128((const __m128i *)&K[4 * i]));
+        cdgh = _mm_sha256rnds2_epu32(cdgh, abef, msg);
+        abef = _mm_sha256rnds2_epu32(abef, cdgh, _mm_shuffle_epi32(msg, 0x0E));
+    }
+    abef = _mm_add_epi32(abef, abef_in);
+    cdgh = _mm_add_epi32(cdgh, cdgh_in);
+    __m128i feba = _mm_shuffle_epi32(abef, 0x1B);
+    __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);
+    _mm_storeu_si128((__m128i *)&h[0], _mm_blend_epi16(feba, dchg, 0xF0));
+    _mm_storeu_si128((__m128i *)&h[4], _mm_alignr_epi8(dchg, feba, 8));
+}
+
+static int shani_state = -1; /* -1: not asked yet; benign race, every thread gets the same */
+
+static int have_shani(void) {
+    int state = __atomic_load_n(&shani_state, __ATOMIC_RELAXED);
+    if (state < 0) {
+        unsigned a, b, c, d;
+        int sse41 = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_SSE4_1) && (c & bit_SSSE3);
+        int sha = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & bit_SHA);
+        state = sse41 && sha;
+        __atomic_store_n(&shani_state, state, __ATOMIC_RELAXED);
+    }
+    return state;
+}
+#endif
+
+static void compress_portable(sha256_t *s, const unsigned char *p);
+
 static void compress(sha256_t *s, const unsigned char *p) {
+#ifdef HAVE_SHANI_PATH
+    if (have_shani()) {
+        compress_shani(s->h, p);
+        return;
+    }
+#endif
+    compress_portable(s, p);
+}
+
+static void compress_portable(sha256_t *s, const unsigned char *p) {
     uint32_t w[64];
     for (int i = 0; i < 16; i++)
         w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
@@ -59,7 +119,7 @@ static void compress(sha256_t *s, const unsigned char *p) {
     s->h[7] += h;
 }
 
-static void sha256_init(sha256_t *s) {
+void sha256_init(sha256_t *s) {
     static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
     memcpy(s->h, iv, sizeof iv);
@@ -67,8 +127,13 @@ static void sha256_init(sha256_t *s) {
     s->bits = 0;
 }
 
-static void sha256_update(sha256_t *s, const unsigned char *p, size_t n) {
+void sha256_update(sha256_t *s, const unsigned char *p, size_t n) {
     s->bits += (uint64_t)n * 8;
+    while (n >= 64 && s->used == 0) { /* whole blocks straight from the input */
+        compress(s, p);
+        p += 64;
+        n -= 64;
+    }
     while (n > 0) {
         size_t take = 64 - s->used < n ? 64 - s->used : n;
         memcpy(s->block + s->used, p, take);
@@ -82,15 +147,19 @@ static void sha256_update(sha256_t *s, const unsigned char *p, size_t n) {
     }
 }
 
-static void sha256_final(sha256_t *s, unsigned char out[SHA256_SIZE]) {
+void sha256_final(sha256_t *s, unsigned char out[SHA256_SIZE]) {
     uint64_t bits = s->bits;
-    unsigned char pad = 0x80;
-    sha256_update(s, &pad, 1);
-    unsigned char zero = 0;
-    while (s->used != 56) sha256_update(s, &zero, 1);
-    unsigned char len[8];
-    for (int i = 0; i < 8; i++) len[i] = (unsigned char)(bits >> (56 - 8 * i));
-    sha256_update(s, len, 8);
+    /* 0x80, zeros to 56 bytes into a block, the length: padded in place. */
+    s->block[s->used++] = 0x80;
+    if (s->used > 56) {
+        memset(s->block + s->used, 0, 64 - s->used);
+        compress(s, s->block);
+        s->used = 0;
+    }
+    memset(s->block + s->used, 0, 56 - s->used);
+    for (int i = 0; i < 8; i++) s->block[56 + i] = (unsigned char)(bits >> (56 - 8 * i));
+    compress(s, s->block);
+    s->used = 0;
     for (int i = 0; i < 8; i++) {
         out[4 * i] = (unsigned char)(s->h[i] >> 24);
         out[4 * i + 1] = (unsigned char)(s->h[i] >> 16);

@@ -1,0 +1,337 @@
+/*
+ * The control wire's per-message signing and checking in C (see _wire.py).
+ *
+ * A no-op call is four small messages' worth of seal and verify; in Python each
+ * is a dozen interpreted steps around hashlib (a memoryview per frame, a hash
+ * object per digest, an HMAC copy, int conversions), and together they were a
+ * fifth to a third of a no-op call's CPU on each side. Here each is one call.
+ *
+ * Only small content is hashed here (SMALL_HASH_LIMIT bytes): the portable
+ * SHA-256 below is several times slower per byte than OpenSSL's, which Python's
+ * hashlib uses. Bigger messages get None (or 0 from check()) and take the
+ * Python path, which must give the very same digest and signature: the tests
+ * compare the two byte for byte.
+ *
+ * This module holds no state: the HMAC key's precomputed inner and outer hash
+ * states travel as a bytes object (key_state()), owned by the Signer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <string.h>
+
+#include "../native/_sha256.h"
+
+#define SIG_BYTES 32
+#define SEQ_BYTES 8
+#define FLAGS_BYTES 1
+#define SENDER_BYTES 16
+#define HEADER_BYTES (SIG_BYTES + SEQ_BYTES + FLAGS_BYTES + SENDER_BYTES)
+#define FLAGS_AT (SIG_BYTES + SEQ_BYTES)
+#define SENDER_AT (FLAGS_AT + FLAGS_BYTES)
+#define META_LEN_BYTES 4
+#define UPSTREAM 1
+#define BULK_BY_LENGTH 2
+#define KNOWN_FLAGS (UPSTREAM | BULK_BY_LENGTH)
+#define KEY_BYTES 32
+/* Content hashed here at most; more goes to hashlib (see the top). */
+#define SMALL_HASH_LIMIT (16 * 1024)
+
+/* check()'s refusals before any hashing, as _wire.Signer.verify counts them (a bad
+   signature is a tuple, with the bytes hashed); FALL_BACK: not refused, but too big
+   (or not a plain buffer) for this path. */
+enum { FALL_BACK = 0, MALFORMED = 1, MISDIRECTED = 2 };
+
+typedef struct {
+    sha256_t inner, outer; /* after the key block XOR ipad / opad (RFC 2104) */
+} key_state_t;
+
+static void put_le(unsigned char *out, uint64_t value, int n) {
+    for (int i = 0; i < n; i++) out[i] = (unsigned char)(value >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *in, int n) {
+    uint64_t value = 0;
+    for (int i = n - 1; i >= 0; i--) value = value << 8 | in[i];
+    return value;
+}
+
+static PyObject *key_state(PyObject *self, PyObject *arg) {
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0) return NULL;
+    if (key.len != KEY_BYTES) {
+        PyBuffer_Release(&key);
+        return PyErr_Format(PyExc_ValueError, "a signing key is %d bytes, got %zd", KEY_BYTES,
+                            key.len);
+    }
+    unsigned char pad[64] = {0};
+    key_state_t state;
+    memcpy(pad, key.buf, KEY_BYTES);
+    PyBuffer_Release(&key);
+    for (int i = 0; i < 64; i++) pad[i] ^= 0x36;
+    sha256_init(&state.inner);
+    sha256_update(&state.inner, pad, 64);
+    for (int i = 0; i < 64; i++) pad[i] ^= 0x36 ^ 0x5c;
+    sha256_init(&state.outer);
+    sha256_update(&state.outer, pad, 64);
+    return PyBytes_FromStringAndSize((const char *)&state, sizeof state);
+}
+
+static int read_state(PyObject *obj, key_state_t *state) {
+    if (!PyBytes_Check(obj) || PyBytes_GET_SIZE(obj) != (Py_ssize_t)sizeof *state) {
+        PyErr_SetString(PyExc_TypeError, "not a key state from key_state()");
+        return -1;
+    }
+    memcpy(state, PyBytes_AS_STRING(obj), sizeof *state);
+    return 0;
+}
+
+/* HMAC-SHA256 of header[SIG_BYTES:] + digest under the key: the signature. */
+static void sign(const key_state_t *key, const unsigned char *trailer, const unsigned char *digest,
+                 unsigned char out[SIG_BYTES]) {
+    sha256_t s = key->inner;
+    unsigned char inner[SHA256_SIZE];
+    sha256_update(&s, trailer, HEADER_BYTES - SIG_BYTES);
+    sha256_update(&s, digest, SHA256_SIZE);
+    sha256_final(&s, inner);
+    s = key->outer;
+    sha256_update(&s, inner, SHA256_SIZE);
+    sha256_final(&s, out);
+}
+
+/* Content digest of body and buffer frames (see _wire._content_digest): 1 done,
+   0 too big or not plain buffers (no error set), -1 error set. */
+static int content_digest(const unsigned char *body, Py_ssize_t body_len, PyObject **buffers,
+                          Py_ssize_t count, int by_length, unsigned char out[SHA256_SIZE],
+                          Py_ssize_t *digested) {
+    sha256_t s;
+    unsigned char len[8];
+    Py_ssize_t hashed = body_len;
+    if (hashed > SMALL_HASH_LIMIT) return 0;
+    sha256_init(&s);
+    put_le(len, (uint64_t)body_len, 8);
+    sha256_update(&s, len, 8);
+    sha256_update(&s, body, (size_t)body_len);
+    *digested = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(buffers[i], &view, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        put_le(len, (uint64_t)view.len, 8);
+        sha256_update(&s, len, 8);
+        if (!by_length) {
+            hashed += view.len;
+            if (hashed > SMALL_HASH_LIMIT) {
+                PyBuffer_Release(&view);
+                return 0;
+            }
+            sha256_update(&s, view.buf, (size_t)view.len);
+            *digested += view.len;
+        }
+        PyBuffer_Release(&view);
+    }
+    sha256_final(&s, out);
+    return 1;
+}
+
+/* digest(body, buffers, by_length) -> (digest, buffer bytes hashed), or None. */
+static PyObject *digest(PyObject *self, PyObject *args) {
+    PyObject *body_obj, *buffers_obj;
+    int by_length;
+    if (!PyArg_ParseTuple(args, "OOp", &body_obj, &buffers_obj, &by_length)) return NULL;
+    PyObject *buffers = PySequence_Fast(buffers_obj, "buffers must be a sequence");
+    if (buffers == NULL) return NULL;
+    Py_buffer body;
+    if (PyObject_GetBuffer(body_obj, &body, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(buffers);
+        return NULL;
+    }
+    unsigned char out[SHA256_SIZE];
+    Py_ssize_t digested = 0;
+    int done = content_digest(body.buf, body.len, PySequence_Fast_ITEMS(buffers),
+                              PySequence_Fast_GET_SIZE(buffers), by_length, out, &digested);
+    PyBuffer_Release(&body);
+    Py_DECREF(buffers);
+    if (done <= 0) Py_RETURN_NONE;
+    return Py_BuildValue("(y#n)", (const char *)out, (Py_ssize_t)SHA256_SIZE, digested);
+}
+
+/* header(state, sequence, flags, sender, digest) -> signature | sequence | flags | sender */
+static PyObject *header(PyObject *self, PyObject *args) {
+    PyObject *state_obj;
+    unsigned long long sequence;
+    int flags;
+    const char *sender, *content;
+    Py_ssize_t sender_len, content_len;
+    if (!PyArg_ParseTuple(args, "OKiy#y#", &state_obj, &sequence, &flags, &sender, &sender_len,
+                          &content, &content_len))
+        return NULL;
+    key_state_t key;
+    if (read_state(state_obj, &key) < 0) return NULL;
+    if (sender_len != SENDER_BYTES || content_len != SHA256_SIZE || flags < 0 || flags > 255)
+        return PyErr_Format(PyExc_ValueError, "bad header fields (sender %zd, digest %zd bytes)",
+                            sender_len, content_len);
+    unsigned char out[HEADER_BYTES];
+    put_le(out + SIG_BYTES, sequence, SEQ_BYTES);
+    out[FLAGS_AT] = (unsigned char)flags;
+    memcpy(out + SENDER_AT, sender, SENDER_BYTES);
+    sign(&key, out + SIG_BYTES, (const unsigned char *)content, out);
+    return PyBytes_FromStringAndSize((const char *)out, HEADER_BYTES);
+}
+
+static int same(const unsigned char *a, const unsigned char *b, size_t n) {
+    unsigned char diff = 0; /* constant time, as hmac.compare_digest */
+    for (size_t i = 0; i < n; i++) diff |= a[i] ^ b[i];
+    return diff == 0;
+}
+
+/* The checks of _wire.Signer.verify before the replay window, on buffers already
+   held: a refusal code, (sequence, meta, buffer bytes hashed), or (None, None,
+   buffer bytes hashed) for a bad signature. */
+static PyObject *check_views(const key_state_t *key, const unsigned char *first, Py_ssize_t first_len,
+                             const unsigned char *body, Py_ssize_t body_len, PyObject **buffers,
+                             Py_ssize_t count, int upstream, int trusted, const char *sender,
+                             Py_ssize_t sender_len) {
+    if (body_len < META_LEN_BYTES) return PyLong_FromLong(MALFORMED);
+    uint64_t meta_end = META_LEN_BYTES + get_le(body, META_LEN_BYTES);
+    if (meta_end > (uint64_t)body_len) return PyLong_FromLong(MALFORMED);
+    int flags = first[FLAGS_AT];
+    if (flags & ~KNOWN_FLAGS) return PyLong_FromLong(MALFORMED);
+    int by_length = (flags & BULK_BY_LENGTH) != 0;
+    if (((flags & UPSTREAM) != 0) == (upstream != 0) || (by_length && !trusted) ||
+        (sender != NULL && (sender_len != SENDER_BYTES || memcmp(first + SENDER_AT, sender, SENDER_BYTES) != 0)))
+        return PyLong_FromLong(MISDIRECTED);
+    unsigned char content[SHA256_SIZE], mac[SIG_BYTES];
+    Py_ssize_t digested = 0;
+    int done = content_digest(body, body_len, buffers, count, by_length, content, &digested);
+    if (done <= 0) return done < 0 ? NULL : PyLong_FromLong(FALL_BACK);
+    sign(key, first + SIG_BYTES, content, mac);
+    if (!same(mac, first, SIG_BYTES)) /* hashed, then refused: counted as hashed too */
+        return Py_BuildValue("(OOn)", Py_None, Py_None, digested);
+    return Py_BuildValue("(Ky#n)", (unsigned long long)get_le(first + SIG_BYTES, SEQ_BYTES),
+                         (const char *)body + META_LEN_BYTES,
+                         (Py_ssize_t)(meta_end - META_LEN_BYTES), digested);
+}
+
+/* check(state, frames, upstream, trusted, sender or None): see check_views. */
+static PyObject *check(PyObject *self, PyObject *args) {
+    PyObject *state_obj, *frames_obj, *sender_obj;
+    int upstream, trusted;
+    if (!PyArg_ParseTuple(args, "OOppO", &state_obj, &frames_obj, &upstream, &trusted, &sender_obj))
+        return NULL;
+    key_state_t key;
+    if (read_state(state_obj, &key) < 0) return NULL;
+    const char *sender = NULL;
+    Py_ssize_t sender_len = 0;
+    if (sender_obj != Py_None) {
+        if (!PyBytes_Check(sender_obj)) return PyErr_Format(PyExc_TypeError, "sender must be bytes");
+        sender = PyBytes_AS_STRING(sender_obj);
+        sender_len = PyBytes_GET_SIZE(sender_obj);
+    }
+    PyObject *frames = PySequence_Fast(frames_obj, "frames must be a sequence");
+    if (frames == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(frames);
+    PyObject **items = PySequence_Fast_ITEMS(frames);
+    PyObject *result = NULL;
+    Py_buffer first, body;
+    if (n == 0) {
+        result = PyLong_FromLong(MALFORMED);
+    } else if (PyObject_GetBuffer(items[0], &first, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        result = PyLong_FromLong(FALL_BACK);
+    } else {
+        if (first.len < HEADER_BYTES) {
+            result = PyLong_FromLong(MALFORMED);
+        } else if (first.len > HEADER_BYTES) { /* header and body share the frame */
+            result = check_views(&key, first.buf, first.len, (unsigned char *)first.buf + HEADER_BYTES,
+                                 first.len - HEADER_BYTES, items + 1, n - 1, upstream, trusted,
+                                 sender, sender_len);
+        } else if (n < 2) {
+            result = PyLong_FromLong(MALFORMED);
+        } else if (PyObject_GetBuffer(items[1], &body, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            result = PyLong_FromLong(FALL_BACK);
+        } else {
+            result = check_views(&key, first.buf, first.len, body.buf, body.len, items + 2, n - 2,
+                                 upstream, trusted, sender, sender_len);
+            PyBuffer_Release(&body);
+        }
+        PyBuffer_Release(&first);
+    }
+    Py_DECREF(frames);
+    return result;
+}
+
+/* libzmq's zmq_getsockopt, from the copy pyzmq already loaded (bind_zmq): asking
+   a socket for ZMQ_EVENTS through pyzmq looks the option up as an enum member
+   first, several times the cost of the question itself, and the wire asks it
+   before every message it takes. */
+#define ZMQ_EVENTS_OPTION 15
+static int (*zmq_getsockopt_fn)(void *, int, void *, size_t *) = NULL;
+
+/* bind_zmq(path) -> True if path is a libzmq already loaded in this process. */
+static PyObject *bind_zmq(PyObject *self, PyObject *arg) {
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL) return NULL;
+    /* RTLD_NOLOAD: only the copy pyzmq's sockets live in; a second copy of
+       libzmq must never touch them. */
+    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == NULL) Py_RETURN_FALSE;
+    void *fn = dlsym(lib, "zmq_getsockopt");
+    if (fn == NULL) Py_RETURN_FALSE;
+    zmq_getsockopt_fn = (int (*)(void *, int, void *, size_t *))fn;
+    Py_RETURN_TRUE;
+}
+
+/* events(handle) -> the socket's ZMQ_EVENTS, or -1 (unbound, or libzmq refused:
+   ask pyzmq, which raises the error). handle: zmq.Socket.underlying, of an open
+   socket (the caller checks). */
+static PyObject *events(PyObject *self, PyObject *arg) {
+    void *handle = PyLong_AsVoidPtr(arg);
+    if (handle == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyLong_FromLong(-1);
+    }
+    int value = 0;
+    size_t size = sizeof value;
+    if (zmq_getsockopt_fn == NULL || zmq_getsockopt_fn(handle, ZMQ_EVENTS_OPTION, &value, &size) != 0)
+        return PyLong_FromLong(-1);
+    return PyLong_FromLong(value);
+}
+
+static PyMethodDef methods[] = {
+    {"bind_zmq", bind_zmq, METH_O, "bind_zmq(path) -> whether the loaded libzmq at path is used"},
+    {"events", events, METH_O, "events(socket handle) -> ZMQ_EVENTS, or -1 to ask pyzmq"},
+    {"key_state", key_state, METH_O, "key_state(key) -> the HMAC key's precomputed hash states"},
+    {"digest", digest, METH_VARARGS,
+     "digest(body, buffers, by_length) -> (content digest, buffer bytes hashed), or None if too big"},
+    {"header", header, METH_VARARGS,
+     "header(state, sequence, flags, sender, digest) -> the signed 57-byte header"},
+    {"check", check, METH_VARARGS,
+     "check(state, frames, upstream, trusted, sender) -> refusal code, "
+     "(sequence, meta, buffer bytes hashed), or (None, None, bytes hashed): bad signature"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_fastwire",
+    .m_doc = "Signing and checking small control-wire messages in C (see monarch_nb._common._wire).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__fastwire(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "SMALL_HASH_LIMIT", SMALL_HASH_LIMIT) < 0 ||
+        PyModule_AddIntConstant(m, "FALL_BACK", FALL_BACK) < 0 ||
+        PyModule_AddIntConstant(m, "MALFORMED", MALFORMED) < 0 ||
+        PyModule_AddIntConstant(m, "MISDIRECTED", MISDIRECTED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,283 @@
+"""The C signing path (monarch_nb._common._fastwire) against the Python one.
+
+Both must put the same bytes on the wire and refuse the same frames, counted
+the same way: a mesh may mix them (a host built without a C compiler), and
+the Python path is what runs for big content.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from monarch_nb import Actor, endpoint, this_host
+from monarch_nb._common import _wire
+from monarch_nb._common._messages import Call, Value
+from monarch_nb._common._wire import (
+    CONTROLLER,
+    ReplayWindow,
+    Signer,
+    WireStats,
+    decode_payload,
+    new_key,
+    sender_tag,
+    socket_events,
+)
+
+pytestmark = pytest.mark.skipif(
+    _wire._fastwire is None, reason="monarch_nb._common._fastwire was not built"
+)
+
+RANK = sender_tag(b"rank-0")
+COUNTERS = (
+    "received",
+    "dropped_malformed",
+    "dropped_bad_signature",
+    "dropped_replayed",
+    "dropped_misdirected",
+    "bytes_digested",
+)
+
+
+def signers(key: bytes, trusted: bool) -> tuple[Signer, Signer]:
+    """The controller's signer and a rank's, on one kind of link."""
+    return (
+        Signer(key, WireStats(), sender=CONTROLLER, upstream=False, trusted_link=trusted),
+        Signer(key, WireStats(), sender=RANK, upstream=True, trusted_link=trusted),
+    )
+
+
+FAST = _wire._fastwire
+
+
+def seal(python: bool, key: bytes, trusted: bool, payload, first_sequence: int = 1) -> list:
+    """A Call sealed by the controller, through the Python or the C path."""
+    saved = _wire._fastwire
+    _wire._fastwire = None if python else FAST
+    try:
+        signer = Signer(
+            key,
+            WireStats(),
+            sender=CONTROLLER,
+            upstream=False,
+            trusted_link=trusted,
+            first_sequence=first_sequence,
+        )
+        return [
+            bytes(memoryview(f)) for f in signer.encode(Call(7, 1, "echo", True), payload).seal()
+        ]
+    finally:
+        _wire._fastwire = saved
+
+
+def verify(python: bool, key: bytes, trusted: bool, frames: list, sender=CONTROLLER):
+    """What a rank makes of ``frames``, and its counters, through one path."""
+    saved = _wire._fastwire
+    _wire._fastwire = None if python else FAST
+    try:
+        rank = Signer(key, WireStats(), sender=RANK, upstream=True, trusted_link=trusted)
+        message = rank.verify(frames, ReplayWindow(), sender=sender)
+        return message, {name: getattr(rank.stats, name) for name in COUNTERS}
+    finally:
+        _wire._fastwire = saved
+
+
+payloads = st.one_of(
+    st.none(),
+    st.binary(max_size=300),
+    # Bytes of 4 KiB or more travel as frames of their own; past 16 KiB hashed,
+    # the C path hands the content to hashlib.
+    st.lists(st.binary(min_size=4096, max_size=12_000), max_size=3),
+    st.text(max_size=20_000),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(payload=payloads, trusted=st.booleans(), sequence=st.integers(1, 2**40))
+def test_c_and_python_seal_the_same_bytes_and_accept_each_other(payload, trusted, sequence):
+    key = new_key()
+    by_c = seal(False, key, trusted, payload, sequence)
+    by_python = seal(True, key, trusted, payload, sequence)
+    assert by_c == by_python
+    for python in (False, True):
+        message, counters = verify(python, key, trusted, by_c)
+        assert message == Call(7, 1, "echo", True)
+        assert counters["received"] == 1
+        assert decode_payload(by_c) == payload
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    payload=payloads,
+    trusted=st.booleans(),
+    where=st.floats(0, 1, exclude_max=True),
+    bit=st.integers(0, 7),
+)
+def test_c_and_python_refuse_a_flipped_bit_alike(payload, trusted, where, bit):
+    key = new_key()
+    frames = seal(True, key, trusted, payload)
+    sizes = [len(f) for f in frames]
+    at = int(where * sum(sizes))
+    frame = 0
+    while at >= sizes[frame]:
+        at -= sizes[frame]
+        frame += 1
+    tampered = [bytearray(f) for f in frames]
+    tampered[frame][at] ^= 1 << bit
+    c_result = verify(False, key, trusted, tampered)
+    python_result = verify(True, key, trusted, tampered)
+    assert c_result == python_result
+    # On a trusted link buffer frames are covered by their length only (the transport
+    # protects them); anything else flipped is refused.
+    first_buffer = 1 if sizes[0] > 57 else 2  # 57: a header alone, the body its own frame
+    if not (trusted and frame >= first_buffer):
+        assert c_result[0] is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "empty",
+        "short header",
+        "header alone",
+        "short body",
+        "meta past the body",
+        "unknown flag",
+        "sent the other way",
+        "sealed by someone else",
+        "by length on an untrusted link",
+        "wrong key",
+    ],
+)
+def test_c_and_python_count_each_kind_of_refusal_alike(case):
+    key = new_key()
+    controller, rank = signers(key, trusted=True)
+    good = [bytes(f) for f in controller.encode(Call(1, 1, "echo", True), ((), {})).seal()]
+    header, body = good[0][:57], good[0][57:]
+    frames, sender = good, CONTROLLER
+    if case == "empty":
+        frames = []
+    elif case == "short header":
+        frames = [header[:40]]
+    elif case == "header alone":
+        frames = [header]
+    elif case == "short body":
+        frames = [header + body[:2]]
+    elif case == "meta past the body":
+        frames = [header + (10_000).to_bytes(4, "little") + body[4:]]
+    elif case == "unknown flag":
+        frames = [header[:40] + bytes([header[40] | 0x80]) + header[41:] + body]
+    elif case == "sent the other way":
+        up = rank.encode(Value(1), None).seal()
+        frames = [bytes(f) for f in up]
+        sender = None
+    elif case == "sealed by someone else":
+        sender = sender_tag(b"another")
+    elif case == "by length on an untrusted link":
+        pass  # sealed on a trusted link, received on an untrusted one
+    elif case == "wrong key":
+        other, _ = signers(new_key(), trusted=False)
+        frames = [bytes(f) for f in other.encode(Call(1, 1, "echo", True), ((), {})).seal()]
+    trusted = case != "by length on an untrusted link"
+    c_result = verify(False, key, trusted, frames, sender)
+    python_result = verify(True, key, trusted, frames, sender)
+    assert c_result == python_result
+    assert c_result[0] is None
+    assert c_result[1]["received"] == 0
+    assert sum(c_result[1].values()) == 1  # counted once, under one name
+
+
+def test_a_replayed_message_is_refused_on_the_c_path_too():
+    key = new_key()
+    controller, rank = signers(key, trusted=True)
+    frames = controller.encode(Call(1, 1, "echo", True), ((), {})).seal()
+    window = ReplayWindow()
+    assert rank.verify(frames, window, sender=CONTROLLER) == Call(1, 1, "echo", True)
+    assert rank.verify(frames, window, sender=CONTROLLER) is None
+    assert rank.stats.dropped_replayed == 1
+
+
+def test_the_c_path_takes_zmq_frames_and_reports_the_events_libzmq_reports():
+    key = new_key()
+    controller, rank = signers(key, trusted=False)
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        assert socket_events(dealer) == int(dealer.getsockopt(zmq.EVENTS))
+        blob = os.urandom(9000)  # a frame of its own, hashed on an untrusted link
+        for i in range(3):
+            dealer.send_multipart(rank.encode(Value(i), blob).seal())
+        taken = []
+        while len(taken) < 3:
+            assert router.poll(30_000), "the messages never arrived"
+            while socket_events(router) & zmq.POLLIN:
+                taken.append(router.recv_multipart(copy=False)[1:])
+        window = ReplayWindow()
+        for i, frames in enumerate(taken):
+            assert controller.verify(frames, window, sender=RANK) == Value(i)
+            assert decode_payload(frames) == blob
+        assert socket_events(router) == int(router.getsockopt(zmq.EVENTS))
+        assert controller.stats.bytes_digested == 3 * 9000
+    finally:
+        router.close(0)
+        dealer.close(0)
+    with pytest.raises(zmq.ZMQError):
+        socket_events(router)
+
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x: object) -> object:
+        return x
+
+    @endpoint
+    def wire(self) -> bool:
+        from monarch_nb._common import _wire
+
+        return _wire._fastwire is not None
+
+
+def test_a_controller_with_the_c_path_drives_ranks_without_it():
+    """A mesh mixing the two paths (a host built without a C compiler) works."""
+    procs = this_host().spawn_procs(per_host={"procs": 2}, env={"MONARCH_NB_PURE_PYTHON_WIRE": "1"})
+    try:
+        echo = procs.spawn("echo", Echo)
+        assert echo.wire.call().get(timeout=120).values() == [False, False]
+        big = os.urandom(100_000)
+        for value in (1, "x" * 20_000, big, [big, b"small"]):
+            assert echo.echo.call(value).get(timeout=120).values() == [value, value]
+    finally:
+        procs.stop()
+
+
+def test_a_controller_without_the_c_path_drives_a_mesh(tmp_path):
+    script = tmp_path / "pure.py"
+    script.write_text(
+        "from monarch_nb import Actor, endpoint, this_host\n"
+        "from monarch_nb._common import _wire\n"
+        "class Echo(Actor):\n"
+        "    @endpoint\n"
+        "    def echo(self, x):\n"
+        "        return x\n"
+        "assert _wire._fastwire is None\n"
+        "procs = this_host().spawn_procs(per_host={'procs': 2})\n"
+        "try:\n"
+        "    echo = procs.spawn('echo', Echo)\n"
+        "    for v in (1, 'x' * 20000, bytes(100000)):\n"
+        "        assert echo.echo.call(v).get(timeout=120).values() == [v, v]\n"
+        "finally:\n"
+        "    procs.stop()\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "MONARCH_NB_PURE_PYTHON_WIRE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
