@@ -281,3 +281,41 @@ def test_a_controller_without_the_c_path_drives_a_mesh(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+_DIGESTS_AGAINST_HASHLIB = """
+import hashlib, hmac, os, sys
+from monarch_nb._common import _fastwire
+print(_fastwire.sha_extensions())
+for n in list(range(0, 300)) + [4095, 4096, 9000, 16_000]:
+    body = os.urandom(n)
+    want = hashlib.sha256(n.to_bytes(8, "little") + body).digest()
+    assert _fastwire.digest(body, [], True) == (want, 0), n
+    buffer = os.urandom(min(n // 2, _fastwire.SMALL_HASH_LIMIT - n))
+    want = hashlib.sha256(
+        n.to_bytes(8, "little") + body + len(buffer).to_bytes(8, "little") + buffer
+    ).digest()
+    assert _fastwire.digest(body, [buffer], False) == (want, len(buffer)), n
+key, content = os.urandom(32), os.urandom(32)
+header = _fastwire.header(_fastwire.key_state(key), 9, 1, b"s" * 16, content)
+signed = header[32:] + content
+assert header[:32] == hmac.new(key, signed, hashlib.sha256).digest()
+"""
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_sha256_matches_hashlib_on_the_cpu_instructions_and_the_portable_rounds(portable):
+    env = {**os.environ, "MONARCH_NB_PORTABLE_SHA256": "1" if portable else ""}
+    done = subprocess.run(
+        [sys.executable, "-c", _DIGESTS_AGAINST_HASHLIB],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    uses_instructions = done.stdout.strip() == "True"
+    if portable:
+        assert not uses_instructions
+    elif not uses_instructions:
+        pytest.skip("this CPU has no SHA instructions: only the portable rounds ran")

@@ -301,7 +301,13 @@ static PyObject *events(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(value);
 }
 
+static PyObject *sha_extensions(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(sha256_uses_cpu_extensions());
+}
+
 static PyMethodDef methods[] = {
+    {"sha_extensions", sha_extensions, METH_NOARGS,
+     "sha_extensions() -> whether SHA-256 runs on the CPU's SHA instructions"},
     {"bind_zmq", bind_zmq, METH_O, "bind_zmq(path) -> whether the loaded libzmq at path is used"},
     {"events", events, METH_O, "events(socket handle) -> ZMQ_EVENTS, or -1 to ask pyzmq"},
     {"key_state", key_state, METH_O, "key_state(key) -> the HMAC key's precomputed hash states"},

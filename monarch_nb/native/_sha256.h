@@ -24,6 +24,8 @@ typedef struct {
 void sha256_init(sha256_t *s);
 void sha256_update(sha256_t *s, const unsigned char *p, size_t n);
 void sha256_final(sha256_t *s, unsigned char out[SHA256_SIZE]);
+/* 1 if the x86 SHA extensions do the rounds (unless MONARCH_NB_PORTABLE_SHA256 is set). */
+int sha256_uses_cpu_extensions(void);
 
 void hmac_sha256(const unsigned char *key, size_t key_len, const unsigned char *msg,
                  size_t msg_len, unsigned char out[SHA256_SIZE]);
