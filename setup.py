@@ -40,6 +40,8 @@ class OptionalBuildExt(build_ext):
         "monarch_nb.native._memory": "the native data plane (RDMABuffer)",
         "monarch_nb._common._fastwire": "signing small control messages in C "
         "(without it, the same in Python, slower)",
+        "monarch_nb._common._fastzmq": "the wire's socket operations on libzmq "
+        "(without it, through pyzmq, slower)",
     }
 
     def run(self) -> None:
@@ -198,6 +200,14 @@ setup(
             # hashlib (same bytes on the wire) when it is missing.
             sources=["monarch_nb/_common/_fastwire.c", "monarch_nb/native/_sha256.c"],
             depends=["monarch_nb/native/_sha256.h"],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "monarch_nb._common._fastzmq",
+            # The wire's per-message socket operations on the libzmq pyzmq loaded
+            # (dlopen at run time: no libzmq headers to build); pyzmq without it.
+            sources=["monarch_nb/_common/_fastzmq.c"],
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             extra_link_args=["-ldl"],
             optional=True,

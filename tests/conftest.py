@@ -44,6 +44,20 @@ def procs4() -> Iterator:
 
 
 @pytest.fixture
+def pair() -> Iterator:
+    """A ROUTER and a DEALER connected over TCP loopback (plain pyzmq sockets)."""
+    import zmq
+
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    yield router, dealer
+    router.close(0)
+    dealer.close(0)
+
+
+@pytest.fixture
 def procs2() -> Iterator:
     """A fresh 2-process mesh for tests that break it."""
     from monarch_nb import this_host

@@ -66,17 +66,6 @@ def from_rank(key: bytes, tag: bytes = RANK_0, **options) -> Signer:
     return Signer(key, WireStats(), sender=tag, upstream=True, **options)
 
 
-@pytest.fixture
-def pair():
-    ctx = zmq.Context.instance()
-    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    dealer.connect(f"tcp://127.0.0.1:{port}")
-    yield router, dealer
-    router.close(0)
-    dealer.close(0)
-
-
 def receive(router):
     assert router.poll(5000)
     return router.recv_multipart(copy=False)[1:]

@@ -17,7 +17,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <dlfcn.h>
 #include <string.h>
 
 #include "../native/_sha256.h"
@@ -264,43 +263,6 @@ static PyObject *check(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* libzmq's zmq_getsockopt, from the copy pyzmq already loaded (bind_zmq): asking
-   a socket for ZMQ_EVENTS through pyzmq looks the option up as an enum member
-   first, several times the cost of the question itself, and the wire asks it
-   before every message it takes. */
-#define ZMQ_EVENTS_OPTION 15
-static int (*zmq_getsockopt_fn)(void *, int, void *, size_t *) = NULL;
-
-/* bind_zmq(path) -> True if path is a libzmq already loaded in this process. */
-static PyObject *bind_zmq(PyObject *self, PyObject *arg) {
-    const char *path = PyUnicode_AsUTF8(arg);
-    if (path == NULL) return NULL;
-    /* RTLD_NOLOAD: only the copy pyzmq's sockets live in; a second copy of
-       libzmq must never touch them. */
-    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-    if (lib == NULL) Py_RETURN_FALSE;
-    void *fn = dlsym(lib, "zmq_getsockopt");
-    if (fn == NULL) Py_RETURN_FALSE;
-    zmq_getsockopt_fn = (int (*)(void *, int, void *, size_t *))fn;
-    Py_RETURN_TRUE;
-}
-
-/* events(handle) -> the socket's ZMQ_EVENTS, or -1 (unbound, or libzmq refused:
-   ask pyzmq, which raises the error). handle: zmq.Socket.underlying, of an open
-   socket (the caller checks). */
-static PyObject *events(PyObject *self, PyObject *arg) {
-    void *handle = PyLong_AsVoidPtr(arg);
-    if (handle == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        return PyLong_FromLong(-1);
-    }
-    int value = 0;
-    size_t size = sizeof value;
-    if (zmq_getsockopt_fn == NULL || zmq_getsockopt_fn(handle, ZMQ_EVENTS_OPTION, &value, &size) != 0)
-        return PyLong_FromLong(-1);
-    return PyLong_FromLong(value);
-}
-
 static PyObject *sha_extensions(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(sha256_uses_cpu_extensions());
 }
@@ -308,8 +270,6 @@ static PyObject *sha_extensions(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"sha_extensions", sha_extensions, METH_NOARGS,
      "sha_extensions() -> whether SHA-256 runs on the CPU's SHA instructions"},
-    {"bind_zmq", bind_zmq, METH_O, "bind_zmq(path) -> whether the loaded libzmq at path is used"},
-    {"events", events, METH_O, "events(socket handle) -> ZMQ_EVENTS, or -1 to ask pyzmq"},
     {"key_state", key_state, METH_O, "key_state(key) -> the HMAC key's precomputed hash states"},
     {"digest", digest, METH_VARARGS,
      "digest(body, buffers, by_length) -> (content digest, buffer bytes hashed), or None if too big"},

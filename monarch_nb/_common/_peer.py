@@ -47,6 +47,7 @@ from ._eventfd import clear_eventfd
 from ._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
 from ._pending import PendingCall
 from ._rundir import socket_path
+from ._sockets import socket_events
 from ._wire import (
     MAX_FRAME_BYTES,
     Encoded,
@@ -57,7 +58,6 @@ from ._wire import (
     new_key,
     receive,
     sender_tag,
-    socket_events,
 )
 
 _EVENTS = int(zmq.EVENTS)

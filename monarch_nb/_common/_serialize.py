@@ -63,7 +63,7 @@ def _wrap_large_bytes(obj: Any, depth: int = 3) -> Any:
     if kind is dict:
         changed: dict[Any, Any] | None = None
         for key, value in obj.items():
-            if type(value) in _SCANNED:
+            if type(value) in _SCANNED and value:  # an empty one holds nothing large
                 wrapped = _wrap_large_bytes(value, depth - 1)
                 if wrapped is not value:
                     changed = changed if changed is not None else dict(obj)
@@ -71,7 +71,7 @@ def _wrap_large_bytes(obj: Any, depth: int = 3) -> Any:
         return obj if changed is None else changed
     items: list[Any] | None = None
     for i, value in enumerate(obj):
-        if type(value) in _SCANNED:
+        if type(value) in _SCANNED and value:
             wrapped = _wrap_large_bytes(value, depth - 1)
             if wrapped is not value:
                 items = items if items is not None else list(obj)

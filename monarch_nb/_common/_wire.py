@@ -73,52 +73,11 @@ import zmq
 
 from ._messages import Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps, loads
+from ._sockets import ASK_PYZMQ as _ASK_PYZMQ
+from ._sockets import DRAINED as _DRAINED
+from ._sockets import load_extension, send_copied, send_each_copied, socket_events, take
 
-
-def _load_fastwire() -> Any:
-    """Small messages are signed and checked in C (the same bytes as the Python
-    below); built without a C compiler, or with ``MONARCH_NB_PURE_PYTHON_WIRE=1``,
-    hashlib does it all."""
-    if os.environ.get("MONARCH_NB_PURE_PYTHON_WIRE", "") not in ("", "0"):
-        return None
-    try:
-        from . import _fastwire
-    except ImportError:
-        return None
-    return _fastwire
-
-
-_fastwire = _load_fastwire()
-
-
-def _loaded_libzmq() -> str | None:
-    """The path of the libzmq pyzmq loaded (a shared library beside it, as pip's
-    wheels ship it), or None (linked into pyzmq itself, or not Linux)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                if "/libzmq" in path and ".so" in path:
-                    return path
-    except OSError:
-        pass
-    return None
-
-
-_zmq_path = _loaded_libzmq() if _fastwire is not None else None
-_fast_events = _zmq_path is not None and _fastwire.bind_zmq(_zmq_path)
-
-
-def socket_events(socket: zmq.Socket) -> int:
-    """``ZMQ_EVENTS`` of an open ``socket``: straight from libzmq where
-    :mod:`._fastwire` found it (pyzmq's ``getsockopt`` costs a few microseconds,
-    and the wire asks before every message it takes); else, or if libzmq
-    refuses, through pyzmq, which raises the error."""
-    if _fast_events and not socket.closed:
-        events = _fastwire.events(socket.underlying)
-        if events >= 0:
-            return events
-    return int(socket.getsockopt(_EVENTS))
+_fastwire = load_extension("_fastwire")
 
 
 KEY_BYTES = 32
@@ -266,17 +225,32 @@ class Encoded:
         identity and the message, tells a host agent what to do with it (relay)."""
         if frames is None:
             frames = self.seal()
+        if self.copy is _ONE_COPIED_FRAME:  # most messages: in C, then pyzmq if need be
+            parts = frames
+            if envelope is not None:
+                parts = [envelope, *parts]
+            if identity is not None:
+                parts = [identity, *parts]
+            last = len(parts) - 1
+            for i in range(send_copied(socket, parts), last + 1):
+                socket.send(parts[i], _SNDMORE if i < last else 0)
+            return
         send = socket.send
         if identity is not None:
             send(identity, _SNDMORE)
         if envelope is not None:
             send(envelope, _SNDMORE)
-        if self.copy is _ONE_COPIED_FRAME:
-            send(frames[0], 0)
-            return
         last = len(frames) - 1
         for i, (frame, copy) in enumerate(zip(frames, self.copy, strict=True)):
             send(frame, _SNDMORE if i < last else 0, copy=copy)
+
+    def send_each(self, socket: zmq.Socket, identities: list[bytes], frames: list[Any]) -> None:
+        """Send sealed ``frames`` to each of ``identities`` on a ROUTER (a cast)."""
+        if self.copy is _ONE_COPIED_FRAME:  # one call into C for the whole cast
+            send_each_copied(socket, identities, frames[0])
+            return
+        for identity in identities:
+            self.send(socket, identity, frames)
 
 
 def receive(socket: zmq.Socket, stats: WireStats | None = None) -> list[zmq.Frame] | None:
@@ -287,13 +261,7 @@ def receive(socket: zmq.Socket, stats: WireStats | None = None) -> list[zmq.Fram
     :data:`MAX_FRAMES_PER_MESSAGE` frames is dropped (counted in ``stats``) and the
     next one returned.
     """
-    receiver = Receiver(socket, stats)
-    while True:
-        messages, more = receiver.take(frames=MAX_FRAMES_PER_MESSAGE + 1, messages=1)
-        if messages:
-            return messages[0]
-        if not more:
-            return None
+    return Receiver(socket, stats).next()
 
 
 class Receiver:
@@ -317,8 +285,32 @@ class Receiver:
     def take(self, frames: int = 4096, messages: int = 64) -> tuple[list[list[zmq.Frame]], bool]:
         """Up to ``messages`` whole messages, reading at most ``frames`` frames; and
         whether the socket may hold more (False: it said it had nothing waiting)."""
+        taken = take(
+            self.socket, self._partial, self._dropping, frames, messages, MAX_FRAMES_PER_MESSAGE
+        )
+        if taken is None:  # no C path
+            return self._take(frames, messages, [])
+        done, self._partial, self._dropping, dropped, status = taken
+        if dropped and self.stats is not None:
+            self.stats.dropped_oversized += dropped
+        if status == _ASK_PYZMQ:  # libzmq refused: pyzmq raises, or takes one more
+            return self._take(1, messages, done)
+        return done, status != _DRAINED
+
+    def next(self) -> list[Any] | None:
+        """The next whole message, or None if none is waiting (see :func:`receive`)."""
+        while True:
+            messages, more = self.take(frames=MAX_FRAMES_PER_MESSAGE + 1, messages=1)
+            if messages:
+                return messages[0]
+            if not more:
+                return None
+
+    def _take(
+        self, frames: int, messages: int, done: list[list[Any]]
+    ) -> tuple[list[list[Any]], bool]:
+        """:meth:`take` through pyzmq, adding to ``done``."""
         socket = self.socket
-        done: list[list[zmq.Frame]] = []
         while frames > 0 and len(done) < messages:
             if self._partial is None:
                 if not socket_events(socket) & _POLLIN:
@@ -585,11 +577,13 @@ class ReplayWindow:
 
 def decode_payload(frames: Sequence[Any]) -> Any:
     """Unpickle the payload of a verified message (buffers stay zero-copy)."""
-    split = _split(frames)
-    assert split is not None, "decode_payload() of a message that verify() refused"
-    _, body, buffers = split
-    meta_end = _META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little")
-    payload = body[meta_end:]
+    # verify() checked the layout: no checks again (this runs on every call).
+    first = memoryview(frames[0])
+    if first.nbytes > _HEADER_BYTES:  # header and body share the first frame
+        body, buffers = first[_HEADER_BYTES:], frames[1:]
+    else:
+        body, buffers = memoryview(frames[1]), frames[2:]
+    payload = body[_META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little") :]
     if payload.nbytes == 0:
         return None
-    return loads(payload, [memoryview(f) for f in buffers])
+    return loads(payload, [memoryview(f) for f in buffers] if buffers else ())

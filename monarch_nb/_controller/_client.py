@@ -54,6 +54,7 @@ from .._common._errors import MeshFailure, RemoteFailure
 from .._common._eventfd import clear_eventfd
 from .._common._future import Future, deferred_callbacks, pumps_here
 from .._common._messages import Failure, Message, UnknownMessage, Value
+from .._common._sockets import socket_events
 from .._common._wire import (
     MAX_FRAME_BYTES,
     OWN,
@@ -64,7 +65,6 @@ from .._common._wire import (
     WireStats,
     decode_payload,
     sender_tag,
-    socket_events,
 )
 from ._calls import PendingCall
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
@@ -292,8 +292,7 @@ class Controller:
                 frames = message.seal()  # in send order: see _wire's docstring
                 for via, identities in routes:
                     if via is None:
-                        for identity in identities:
-                            message.send(router, identity, frames)
+                        message.send_each(router, identities, frames)
                     else:  # once per host: its agent relays to each
                         router = self._hosts()
                         message.send(router, via, frames, RELAY + b"\n".join(identities))

@@ -64,7 +64,8 @@ from .._common._messages import (
     StatusReply,
     UnknownMessage,
 )
-from .._common._wire import CONTROLLER, ReplayWindow, Signer, receive, socket_events
+from .._common._sockets import socket_events
+from .._common._wire import CONTROLLER, Receiver, ReplayWindow, Signer
 from . import _resources
 
 _EVENTS = int(zmq.EVENTS)
@@ -94,6 +95,7 @@ class WireThread:
     ) -> None:
         self.socket = socket
         self.signer = signer
+        self._receiver = Receiver(socket, signer.stats)
         self.lock = threading.Lock()
         self._deliver = deliver  # hands work to the main thread
         self._busy = busy  # (what the main thread runs, since when), "" when idle
@@ -283,7 +285,7 @@ class WireThread:
             if at_most is not None:
                 at_most -= 1
             with self.lock:
-                frames = receive(self.socket, self.signer.stats)
+                frames = self._receiver.next()
             if frames is None:
                 return False
             try:

@@ -1,0 +1,115 @@
+"""The wire's per-message socket operations: on libzmq directly where the C
+extension :mod:`._fastzmq` is built, else (or where libzmq says no) pyzmq.
+
+pyzmq costs a few microseconds around every libzmq call it makes (argument
+parsing, a ``Frame`` object per part, ``ZMQ_EVENTS`` looked up as an enum
+member first), and a no-op call crossed it a dozen times. :mod:`._fastzmq`
+works on the very libzmq pyzmq loaded (found in this process's memory map,
+opened with ``RTLD_NOLOAD``: never a second copy), on the socket's handle
+(``zmq.Socket.underlying``), and never waits or raises libzmq's errors: where
+libzmq refuses (a full queue, a closed context) it says how far it got, and
+pyzmq does the rest, waiting, raising and handling signals as it always did.
+
+``MONARCH_NB_PURE_PYTHON_WIRE=1`` turns off this module's C and
+:mod:`._fastwire`'s (the tests run meshes mixing both ways).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any
+
+import zmq
+
+_EVENTS = int(zmq.EVENTS)
+_SNDMORE = int(zmq.SNDMORE)
+# take()'s status: the socket said nothing waits; a budget is spent; libzmq refused.
+DRAINED, BUDGET_SPENT, ASK_PYZMQ = 0, 1, 2
+
+
+def load_extension(name: str) -> ModuleType | None:
+    """``monarch_nb._common.<name>``, or None: not built (no C compiler at install
+    time) or turned off (``MONARCH_NB_PURE_PYTHON_WIRE``)."""
+    if os.environ.get("MONARCH_NB_PURE_PYTHON_WIRE", "") not in ("", "0"):
+        return None
+    try:
+        return importlib.import_module(f"monarch_nb._common.{name}")
+    except ImportError:
+        return None
+
+
+def _loaded_libzmq() -> str | None:
+    """The path of the libzmq pyzmq loaded (a shared library beside it, as pip's
+    wheels and most distributions ship it), or None (linked into pyzmq itself)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if "/libzmq" in path and ".so" in path:
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _bind() -> Any:
+    fast = load_extension("_fastzmq")
+    if fast is None:
+        return None
+    path = _loaded_libzmq()
+    return fast if path is not None and fast.bind(path) else None
+
+
+_fastzmq = _bind()
+
+
+def socket_events(socket: zmq.Socket) -> int:
+    """``ZMQ_EVENTS`` of ``socket`` (through pyzmq, which raises, if libzmq refuses)."""
+    if _fastzmq is not None and not socket.closed:
+        events = _fastzmq.events(socket.underlying)
+        if events >= 0:
+            return events
+    return int(socket.getsockopt(_EVENTS))
+
+
+def take(
+    socket: zmq.Socket,
+    partial: list[Any] | None,
+    dropping: bool,
+    frames: int,
+    messages: int,
+    max_per_message: int,
+) -> tuple[list[list[Any]], list[Any] | None, bool, int, int] | None:
+    """Whole messages off ``socket`` in C, as :class:`._wire.Receiver` takes them:
+    ``(done, partial, dropping, dropped, status)``; status 0: the socket said
+    nothing waits, 1: a budget is spent, 2: libzmq refused (ask pyzmq). None
+    where the C path is unavailable."""
+    if _fastzmq is None or socket.closed:
+        return None
+    return _fastzmq.take(socket.underlying, partial, dropping, frames, messages, max_per_message)
+
+
+def send_copied(socket: zmq.Socket, parts: list[Any]) -> int:
+    """Send the parts of one message (small frames, copied) without waiting; how
+    many libzmq took: the caller sends the rest through pyzmq."""
+    if _fastzmq is None or socket.closed:
+        return 0
+    sent: int = _fastzmq.send_copied(socket.underlying, parts)
+    return sent
+
+
+def send_each_copied(socket: zmq.Socket, identities: list[bytes], frame: bytes) -> None:
+    """Send the one-frame message ``frame`` to each of ``identities`` (a ROUTER's
+    cast): in C, then through pyzmq from where libzmq stopped, waiting or raising
+    as pyzmq does."""
+    start = 0
+    if _fastzmq is not None and not socket.closed:
+        start = _fastzmq.send_each_copied(socket.underlying, identities, frame)
+        if start < 0:  # the identity part of message -start - 1 went, not its frame
+            socket.send(frame, 0)
+            start = -start
+    for identity in identities[start:]:
+        socket.send(identity, _SNDMORE)
+        socket.send(frame, 0)
