@@ -70,6 +70,9 @@ from . import _resources
 
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+# Messages a drain takes off the socket at a time (control messages are handled
+# as they come; work waits in order in the main thread's inbox).
+_DRAIN_BATCH = 64
 _WATCH_INTERVAL_S = 0.2  # how often the controller's liveness is checked
 # A status's stack waits at most this long for the main thread to leave these
 # files (the worker's dispatch) for the work it has begun.
@@ -281,13 +284,21 @@ class WireThread:
 
     def _drain(self, at_most: int | None) -> bool:
         on_main = threading.current_thread() is not self._thread
-        while at_most is None or at_most > 0:
-            if at_most is not None:
-                at_most -= 1
-            with self.lock:
-                frames = self._receiver.next()
-            if frames is None:
-                return False
+        batch: list[list[Any]] = []
+        more = True
+        while batch or more:
+            if not batch:
+                if at_most is not None and at_most <= 0:
+                    return True
+                # A batch at a time: the receive that ends it costs no system call,
+                # where asking the socket again for each message did.
+                with self.lock:
+                    batch, more = self._receiver.take(messages=at_most or _DRAIN_BATCH)
+                if at_most is not None:
+                    at_most -= len(batch)
+                batch.reverse()  # taken from the end, in arrival order
+                continue
+            frames = batch.pop()
             try:
                 message = self.signer.verify(frames, self._window, sender=CONTROLLER)
             except UnknownMessage as exc:
@@ -309,7 +320,7 @@ class WireThread:
                 self._control(message)
             else:
                 self._deliver(message, frames)
-        return True
+        return False
 
     def release_status(self) -> None:
         """Main thread: it is in its work now (user code), done with it, or idle, so
