@@ -5,6 +5,7 @@ the same way: a mesh may mix them (a host built without a C compiler), and
 the Python path is what runs for big content.
 """
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -29,8 +30,15 @@ from monarch_nb._common._wire import (
 )
 
 pytestmark = pytest.mark.skipif(
-    _wire._fastwire is None, reason="monarch_nb._common._fastwire was not built"
+    importlib.util.find_spec("monarch_nb._common._fastwire") is None,
+    reason="monarch_nb._common._fastwire was not built",
 )
+
+
+def test_the_c_path_is_in_use_where_it_was_built():
+    assert os.environ.get("MONARCH_NB_PURE_PYTHON_WIRE", "") in ("", "0")
+    assert _wire._fastwire is not None
+
 
 RANK = sender_tag(b"rank-0")
 COUNTERS = (

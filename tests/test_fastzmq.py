@@ -5,6 +5,7 @@ frame (zero-copy, writable, as ``zmq.Frame``), across budgets and oversized
 messages; sends in C must never wait: pyzmq does what libzmq refuses.
 """
 
+import importlib.util
 import os
 
 import pytest
@@ -15,8 +16,16 @@ from monarch_nb._common import _serialize, _sockets, _wire
 from monarch_nb._common._wire import Receiver, WireStats
 
 pytestmark = pytest.mark.skipif(
-    _sockets._fastzmq is None, reason="monarch_nb._common._fastzmq was not built"
+    importlib.util.find_spec("monarch_nb._common._fastzmq") is None,
+    reason="monarch_nb._common._fastzmq was not built",
 )
+
+
+def test_the_c_path_is_bound_to_the_libzmq_pyzmq_calls():
+    """Built, it must be in use: a lookup that failed would only make things slower,
+    silently, so say it here."""
+    assert os.environ.get("MONARCH_NB_PURE_PYTHON_WIRE", "") in ("", "0")
+    assert _sockets._fastzmq is not None
 
 
 def take_all(receiver: Receiver, count: int, **budgets) -> list[list]:

@@ -3,9 +3,9 @@
  *
  * pyzmq costs a few microseconds a frame around each libzmq call (argument
  * parsing, a Frame object, ZMQ_EVENTS looked up as an enum member), and a
- * no-op call crosses it a dozen times. Here, on the libzmq pyzmq already
- * loaded (bind(): found by path with RTLD_NOLOAD, never a second copy), each
- * of the wire's loops is one call:
+ * no-op call crosses it a dozen times. Here, on the libzmq functions pyzmq
+ * itself calls (bind(): looked up through pyzmq's compiled backend, already
+ * loaded; never a second copy of libzmq), each of the wire's loops is one call:
  *
  * - events(): a socket's ZMQ_EVENTS;
  * - take(): whole messages, under budgets of frames and messages, as Frame
@@ -48,7 +48,10 @@ static struct {
 
 static int bound = 0;
 
-/* bind(path) -> True if path is a libzmq already loaded here (pyzmq's). */
+/* bind(path) -> True if path is a library already loaded here (pyzmq's compiled
+   backend) through which libzmq's functions resolve: looked up in it and its
+   dependencies, they are the ones pyzmq calls, whether libzmq is a library of
+   its own beside it or linked into it. */
 static PyObject *bind(PyObject *self, PyObject *arg) {
     const char *path = PyUnicode_AsUTF8(arg);
     if (path == NULL) return NULL;

@@ -4,8 +4,8 @@ extension :mod:`._fastzmq` is built, else (or where libzmq says no) pyzmq.
 pyzmq costs a few microseconds around every libzmq call it makes (argument
 parsing, a ``Frame`` object per part, ``ZMQ_EVENTS`` looked up as an enum
 member first), and a no-op call crossed it a dozen times. :mod:`._fastzmq`
-works on the very libzmq pyzmq loaded (found in this process's memory map,
-opened with ``RTLD_NOLOAD``: never a second copy), on the socket's handle
+works on the very libzmq functions pyzmq calls (looked up through pyzmq's own
+compiled backend, opened with ``RTLD_NOLOAD``: never a second copy), on the socket's handle
 (``zmq.Socket.underlying``), and never waits or raises libzmq's errors: where
 libzmq refuses (a full queue, a closed context) it says how far it got, and
 pyzmq does the rest, waiting, raising and handling signals as it always did.
@@ -40,25 +40,21 @@ def load_extension(name: str) -> ModuleType | None:
         return None
 
 
-def _loaded_libzmq() -> str | None:
-    """The path of the libzmq pyzmq loaded (a shared library beside it, as pip's
-    wheels and most distributions ship it), or None (linked into pyzmq itself)."""
+def _pyzmq_extension() -> str | None:
+    """The file of pyzmq's compiled backend, whose libzmq is the one to call: its
+    own dependency (pip's wheels ship it beside pyzmq) or linked into it."""
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                if "/libzmq" in path and ".so" in path:
-                    return path
-    except OSError:
-        pass
-    return None
+        from zmq.backend.cython import _zmq
+    except ImportError:  # another backend (CFFI on PyPy): pyzmq does it all
+        return None
+    return getattr(_zmq, "__file__", None)
 
 
 def _bind() -> Any:
     fast = load_extension("_fastzmq")
     if fast is None:
         return None
-    path = _loaded_libzmq()
+    path = _pyzmq_extension()
     return fast if path is not None and fast.bind(path) else None
 
 
