@@ -221,7 +221,10 @@ class PendingCall:
     def add_value(self, rank: int, value: Any) -> None:
         self.values[rank] = value
         self._answer(rank)
-        self._next_stream_item(lambda f: f.set_result((self.shape.point_of_rank(rank), value)))
+        if self.stream_futures:
+            self._next_stream_item(lambda f: f.set_result((self.shape.point_of_rank(rank), value)))
+        else:  # every reply of a gather comes here: no closure to build
+            self._arrived += 1
         self._maybe_finish()
 
     def add_failure(self, failure: RemoteFailure, *, serialization: bool = False) -> None:

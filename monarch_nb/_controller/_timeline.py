@@ -105,10 +105,13 @@ class TimelineRecorder:
 
     def answered(self, call_id: int, rank: int, error: str | None) -> None:
         """``rank`` replied to ``call_id``: with ``error`` ("Type: message") or a value."""
+        end: tuple[float, Outcome, str] = (
+            (time.time(), "ok", "") if error is None else (time.time(), *_outcome_of(error))
+        )
         with self._lock:
             call = self._calls.get(call_id)
             if call is not None and rank not in call.ends:
-                call.ends[rank] = (time.time(), *_outcome_of(error))
+                call.ends[rank] = end
 
     def ended(self, call_id: int, error: str | None) -> None:
         """The call is over (``error``: "Type: message" if it failed): the ranks that
