@@ -6,10 +6,10 @@ import time
 
 import pytest
 from process_checks import voluntary_switches
-from worker_actors import Raiser, Sleeper, Unpicklable, WireWatcher
+from worker_actors import Raiser, Sleeper, SlowSampler, Unpicklable, WireWatcher
 
 from monarch_nb import MeshFailure, RemoteError, this_host
-from monarch_nb.events import EventLog, RankFailed
+from monarch_nb.events import EventLog, RankFailed, RankState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,6 +89,31 @@ def test_an_idle_rank_answers_a_call_behind_a_burst_of_control_messages(monkeypa
         burst = group.signer.encode(Interrupt(10**9))
         group.controller.send(group, [0] * 500, burst, even_if_failed=True)  # one seal
         assert watcher.noop.call_one().get(timeout=30) is None
+
+
+def test_a_heartbeat_never_says_a_rank_runs_a_call_whose_reply_it_sent():
+    # A heartbeat read what the main thread ran, then its resources (file reads,
+    # during which the main thread ran on, finished the call and sent the reply),
+    # then went out after the reply: the controller saw the rank busy in a call it
+    # had answered, until the next heartbeat (a `%mesh start` status showed a
+    # rank busy in its finished dist setup). Slow resource reads make it likely.
+    from monarch_nb import config
+
+    with config.configured(heartbeat=0.02), this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        sampler = procs.spawn("slow_sampler", SlowSampler)
+        sampler.slow_samples.call_one(0.05).get(timeout=30)
+        for _ in range(8):
+            sampler.work.call_one(0.03).get(timeout=30)
+            replied = time.monotonic()
+            deadline = replied + 30
+            while True:  # the first heartbeat the controller took after the reply
+                rank = procs.status().ranks[0]
+                age = rank.heartbeat_age
+                if age is not None and age < time.monotonic() - replied:
+                    break
+                assert time.monotonic() < deadline, "no heartbeat after the reply"
+                time.sleep(0.005)
+            assert rank.state is RankState.IDLE, (rank.state, rank.work)
 
 
 def test_an_exception_whose_str_raises_is_reported_not_fatal(procs2):

@@ -71,3 +71,25 @@ class WireWatcher(Actor):
     @endpoint
     def noop(self) -> None:
         return None
+
+
+class SlowSampler(Actor):
+    """A rank whose heartbeat reads its resources slowly, as a loaded host does (a
+    file read lets the main thread run meanwhile)."""
+
+    @endpoint
+    def slow_samples(self, delay: float) -> None:
+        from monarch_nb._worker import _resources
+
+        real = _resources.sample
+
+        def slow() -> object:
+            sample = real()
+            time.sleep(delay)
+            return sample
+
+        _resources.sample = slow
+
+    @endpoint
+    def work(self, seconds: float) -> None:
+        time.sleep(seconds)

@@ -141,7 +141,11 @@ class WireThread:
         self.send_encoded(self.signer.encode(message, payload, by_value=False))
 
     def send_encoded(self, encoded: Any) -> None:
+        """Send an encoded message; or, given a function, send what it encodes under
+        the lock that orders this rank's sends (see :meth:`_heartbeat`)."""
         with self.lock:
+            if callable(encoded):
+                encoded = encoded()
             encoded.send(self.socket)
             pending = socket_events(self.socket) & _POLLIN
         if not pending:
@@ -366,9 +370,19 @@ class WireThread:
         return sys._current_frames().get(self._main_ident or 0)
 
     def _heartbeat(self) -> None:
-        work, seconds = self._busy()
+        sample, metrics = _resources.sample(), _metrics.drain()
+
+        def encode() -> Any:
+            # What the main thread runs, read under the send lock: read before, a
+            # call could end and its reply leave first, and this heartbeat, saying
+            # the call still runs, would make the controller think the rank busy
+            # after its reply (till the next heartbeat). Seen as a `%mesh start`
+            # status that showed a rank busy in its finished dist setup.
+            work, seconds = self._busy()
+            return self.signer.encode(Heartbeat(sample, work, seconds, metrics), by_value=False)
+
         try:
-            self.send(Heartbeat(_resources.sample(), work, seconds, _metrics.drain()))
+            self.send_encoded(encode)
         except zmq.ZMQError:
             pass  # the socket is closing: we are shutting down
 
