@@ -100,6 +100,11 @@ def balanced_map(
                 return
             index = cursor[0]
             cursor[0] += 1
+        start(rank, index)
+
+    def start(rank: int, index: int) -> None:
+        if result.done() or result._stop.is_set():
+            return
         try:
             future = send(rank, todo[index])
         except BaseException as exc:  # a send that raises fails the map, not the sender
@@ -124,9 +129,15 @@ def balanced_map(
         else:
             launch(rank)
 
-    for _ in range(in_flight):
-        for rank in ranks:
-            launch(rank)
+    # Every rank's first items are chosen before any is sent: a rank that answers
+    # while the others are still being served (its reply can be taken during the
+    # next send) must not take the slots of the ranks after it.
+    with lock:
+        first = [(rank, index) for index, rank in enumerate(list(ranks) * in_flight)]
+        first = first[: len(todo)]
+        cursor[0] = len(first)
+    for rank, index in first:
+        start(rank, index)
     return result
 
 

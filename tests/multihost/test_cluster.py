@@ -155,17 +155,22 @@ def test_cut_link_isolates_a_host_until_restored(netns_cluster: MakeCluster) -> 
 def test_kill_host_kills_its_processes_and_keeps_sshd(netns_cluster: MakeCluster) -> None:
     cluster = netns_cluster(2)
     session = subprocess.Popen(cluster.ssh_argv(0, "sleep 300"), stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while not _sleepers(cluster, 0) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    sleepers = _sleepers(cluster, 0)
-    assert len(sleepers) == 1
-    sshd = cluster.sshd_pid(0)
-    killed = cluster.kill_host(0)
-    assert sleepers[0] in killed
-    assert sshd not in killed
-    assert_all_dead(killed)
-    assert session.wait(timeout=10) == 255  # its sshd session died with the host
+    try:
+        deadline = time.monotonic() + 60
+        while not _sleepers(cluster, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sleepers = _sleepers(cluster, 0)
+        assert len(sleepers) == 1
+        sshd = cluster.sshd_pid(0)
+        killed = cluster.kill_host(0)
+        assert sleepers[0] in killed
+        assert sshd not in killed
+        assert_all_dead(killed)
+        assert session.wait(timeout=10) == 255  # its sshd session died with the host
+    finally:  # failed early, it must not outlive the test (nor warn in the next one)
+        if session.poll() is None:
+            session.kill()
+            session.wait()
     assert cluster.pids(0) == [sshd]
     assert cluster.ssh(0, "hostname").stdout.strip() == "host0"
     assert cluster.pids(1) == [cluster.sshd_pid(1)]  # the other host untouched
@@ -232,6 +237,6 @@ def _sleepers(cluster: NetnsCluster, i: int) -> list[int]:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if f.read().split(b"\0")[:2] == [b"sleep", b"300"]:
                     found.append(pid)
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # exited since it was listed
             pass
     return found
