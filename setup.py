@@ -190,7 +190,16 @@ setup(
                 "monarch_nb/native/_sha256.h",
                 "monarch_nb/native/_seal.h",
             ],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=[
+                "-O2",
+                "-std=gnu11",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unused-parameter",
+                # Only PyInit_* is exported: the shared SHA-256 (and every other
+                # helper) cannot be interposed by another library's symbols.
+                "-fvisibility=hidden",
+            ],
             extra_link_args=["-pthread", "-ldl"],
             optional=True,
         ),
@@ -200,7 +209,16 @@ setup(
             # hashlib (same bytes on the wire) when it is missing.
             sources=["monarch_nb/_common/_fastwire.c", "monarch_nb/native/_sha256.c"],
             depends=["monarch_nb/native/_sha256.h"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=[
+                "-O2",
+                "-std=gnu11",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unused-parameter",
+                # Only PyInit_* is exported: the shared SHA-256 (and every other
+                # helper) cannot be interposed by another library's symbols.
+                "-fvisibility=hidden",
+            ],
             optional=True,
         ),
         Extension(
@@ -208,7 +226,16 @@ setup(
             # The wire's per-message socket operations on the libzmq pyzmq loaded
             # (dlopen at run time: no libzmq headers to build); pyzmq without it.
             sources=["monarch_nb/_common/_fastzmq.c"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=[
+                "-O2",
+                "-std=gnu11",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unused-parameter",
+                # Only PyInit_* is exported: the shared SHA-256 (and every other
+                # helper) cannot be interposed by another library's symbols.
+                "-fvisibility=hidden",
+            ],
             extra_link_args=["-ldl"],
             optional=True,
         ),

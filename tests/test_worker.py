@@ -194,6 +194,37 @@ def test_a_status_asked_as_a_call_arrives_describes_the_call(procs2):
         call.get(timeout=30)
 
 
+def test_a_message_whose_handling_raises_does_not_lose_the_ones_taken_with_it(procs2):
+    # A rank drains the messages waiting as one batch. One whose handling raises
+    # (a bug in a control handler: the drain's callers say it and go on) must not
+    # take the rest of the batch with it: here a call, queued behind it.
+    import os
+    import signal
+
+    from monarch_nb._common._messages import CommToRank
+
+    procs2.slice(procs=0).run(
+        "from monarch_nb._worker import _comms\n"
+        "from monarch_nb._common._messages import CommToRank\n"
+        "def _broken(message):\n"
+        "    raise RuntimeError('a broken control handler')\n"
+        "_comms._worker.wire.control_handlers[CommToRank] = _broken\n",
+        timeout=30,
+    )
+    sleepers = procs2.slice(procs=0).spawn("behind_a_broken_one", Sleeper)
+    assert sleepers.take.call_one(1).get(timeout=30) == 1
+    group = procs2._group
+    rank0 = procs2.pids[0]
+    os.kill(rank0, signal.SIGSTOP)  # both arrive before it looks: one batch
+    try:
+        broken = group.signer.encode(CommToRank("nobody", "comm_msg", {}, ()))
+        group.controller.send(group, [0], broken)
+        call = sleepers.take.call_one(2)
+    finally:
+        os.kill(rank0, signal.SIGCONT)
+    assert call.get(timeout=30) == 2
+
+
 SEGFAULT = """
 import ctypes
 

@@ -65,6 +65,7 @@ static PyObject *key_state(PyObject *self, PyObject *arg) {
     }
     unsigned char pad[64] = {0};
     key_state_t state;
+    memset(&state, 0, sizeof state); /* every byte of it is handed out */
     memcpy(pad, key.buf, KEY_BYTES);
     PyBuffer_Release(&key);
     for (int i = 0; i < 64; i++) pad[i] ^= 0x36;

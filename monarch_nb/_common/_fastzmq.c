@@ -55,24 +55,24 @@ static int bound = 0;
 static PyObject *bind(PyObject *self, PyObject *arg) {
     const char *path = PyUnicode_AsUTF8(arg);
     if (path == NULL) return NULL;
-    void *lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (bound) Py_RETURN_TRUE; /* once: live frames close through the table */
+    void *lib = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
     if (lib == NULL) Py_RETURN_FALSE;
+    __typeof__(zmq) found;
     struct {
         const char *name;
         void **slot;
     } table[] = {
-        {"zmq_getsockopt", (void **)&zmq.getsockopt}, {"zmq_msg_init", (void **)&zmq.msg_init},
-        {"zmq_msg_recv", (void **)&zmq.msg_recv},     {"zmq_msg_data", (void **)&zmq.msg_data},
-        {"zmq_msg_size", (void **)&zmq.msg_size},     {"zmq_msg_more", (void **)&zmq.msg_more},
-        {"zmq_msg_close", (void **)&zmq.msg_close},   {"zmq_send", (void **)&zmq.send},
+        {"zmq_getsockopt", (void **)&found.getsockopt}, {"zmq_msg_init", (void **)&found.msg_init},
+        {"zmq_msg_recv", (void **)&found.msg_recv},     {"zmq_msg_data", (void **)&found.msg_data},
+        {"zmq_msg_size", (void **)&found.msg_size},     {"zmq_msg_more", (void **)&found.msg_more},
+        {"zmq_msg_close", (void **)&found.msg_close},   {"zmq_send", (void **)&found.send},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         *table[i].slot = dlsym(lib, table[i].name);
-        if (*table[i].slot == NULL) {
-            bound = 0;
-            Py_RETURN_FALSE;
-        }
+        if (*table[i].slot == NULL) Py_RETURN_FALSE; /* the table stays as it was */
     }
+    zmq = found;
     bound = 1;
     Py_RETURN_TRUE;
 }
@@ -166,10 +166,11 @@ static PyObject *take(PyObject *self, PyObject *args) {
     int status = BUDGET_SPENT;
     /* Whether ZMQ_EVENTS was asked in this take. It is asked before the first
        message: asking makes libzmq process its pending commands (a new pipe, a
-       message's arrival), which a bare receive does only every millisecond or so.
-       After a whole message, a receive that finds nothing (EAGAIN) ends the take
-       just as well, and costs no system call: if commands were left pending, the
-       socket's fd is still readable, so the next poll comes straight back here. */
+       message's arrival), which a receive that finds a message does only every
+       so many receives. After a whole message, a receive that finds nothing
+       (EAGAIN) ends the take just as well: before it says EAGAIN, libzmq
+       processes its commands as ZMQ_EVENTS does, so the fd is re-armed, and a
+       message to take costs no system call. */
     int asked = 0;
     while (frames > 0 && PyList_GET_SIZE(done) < messages) {
         if (!bound) {
@@ -209,6 +210,11 @@ static PyObject *take(PyObject *self, PyObject *args) {
                 break;
             }
             status = ASK_PYZMQ;
+            if (PyList_GET_SIZE(partial) == 0) { /* no message begun: pyzmq asks first */
+                Py_DECREF(partial);
+                partial = Py_None;
+                Py_INCREF(partial);
+            }
             break;
         }
         frames--;
@@ -245,9 +251,12 @@ error:
     return NULL;
 }
 
-/* send_copied(handle, parts) -> how many parts libzmq took, copied, without
-   waiting (the parts of one message, SNDMORE on all but the last). Fewer than
-   all: pyzmq sends the rest, waiting or raising as it would have. */
+/* send_copied(handle, parts) -> how many parts went, copied (the parts of one
+   message, SNDMORE on all but the last). 0: libzmq would not take the first
+   part now (or at all): pyzmq sends the message, waiting or raising as it
+   would have. Once the first part went, the rest go here as pyzmq's blocking
+   send sends them (a peer gone mid-message drops it); fewer than all only on a
+   lasting error, which pyzmq then raises. */
 static PyObject *send_copied(PyObject *self, PyObject *args) {
     PyObject *handle_obj, *parts_obj;
     if (!PyArg_ParseTuple(args, "OO", &handle_obj, &parts_obj)) return NULL;
@@ -263,13 +272,25 @@ static PyObject *send_copied(PyObject *self, PyObject *args) {
             PyErr_Clear(); /* pyzmq says what is wrong with it */
             break;
         }
-        int flags = ZMQ_DONTWAIT_FLAG | (sent < n - 1 ? ZMQ_SNDMORE_FLAG : 0);
+        int flags = sent < n - 1 ? ZMQ_SNDMORE_FLAG : 0;
         int rc;
-        do {
-            rc = zmq.send(handle, view.buf, (size_t)view.len, flags);
-        } while (rc < 0 && errno == EINTR);
+        if (sent == 0) { /* whether the message goes at all: never wait for it */
+            do {
+                rc = zmq.send(handle, view.buf, (size_t)view.len, flags | ZMQ_DONTWAIT_FLAG);
+            } while (rc < 0 && errno == EINTR);
+        } else {
+            /* The rest of a message libzmq took: never refused for a full queue
+               (the high-water mark counts whole messages), and as pyzmq sends it
+               (a part that fails drops the message, it never starts a new one);
+               without the GIL, in case libzmq waits after all. */
+            Py_BEGIN_ALLOW_THREADS
+            do {
+                rc = zmq.send(handle, view.buf, (size_t)view.len, flags);
+            } while (rc < 0 && errno == EINTR);
+            Py_END_ALLOW_THREADS
+        }
         PyBuffer_Release(&view);
-        if (rc < 0) break;
+        if (rc < 0) break; /* an error (ETERM, ENOTSOCK...): pyzmq raises it */
         sent++;
     }
     Py_DECREF(parts);

@@ -43,10 +43,12 @@ def load_extension(name: str) -> ModuleType | None:
 def _pyzmq_extension() -> str | None:
     """The file of pyzmq's compiled backend, whose libzmq is the one to call: its
     own dependency (pip's wheels ship it beside pyzmq) or linked into it."""
-    try:
-        from zmq.backend.cython import _zmq
-    except ImportError:  # another backend (CFFI on PyPy): pyzmq does it all
-        return None
+    import zmq.backend
+
+    if zmq.backend.Socket.__module__ != "zmq.backend.cython._zmq":
+        return None  # another backend in use (CFFI, PyPy): pyzmq does it all
+    from zmq.backend.cython import _zmq
+
     return getattr(_zmq, "__file__", None)
 
 

@@ -99,6 +99,7 @@ class WireThread:
         self.socket = socket
         self.signer = signer
         self._receiver = Receiver(socket, signer.stats)
+        self._taken: deque[list[Any]] = deque()  # taken off the socket, not handled yet
         self.lock = threading.Lock()
         self._deliver = deliver  # hands work to the main thread
         self._busy = busy  # (what the main thread runs, since when), "" when idle
@@ -288,21 +289,25 @@ class WireThread:
 
     def _drain(self, at_most: int | None) -> bool:
         on_main = threading.current_thread() is not self._thread
-        batch: list[list[Any]] = []
+        taken = self._taken
         more = True
-        while batch or more:
-            if not batch:
+        while True:
+            if not taken:
+                if not more:
+                    return False
                 if at_most is not None and at_most <= 0:
                     return True
                 # A batch at a time: the receive that ends it costs no system call,
-                # where asking the socket again for each message did.
+                # where asking the socket again for each message did. What is taken
+                # waits in self._taken: a message whose handling raises (the drain's
+                # callers say it and go on) leaves the rest for the next drain.
                 with self.lock:
                     batch, more = self._receiver.take(messages=at_most or _DRAIN_BATCH)
                 if at_most is not None:
                     at_most -= len(batch)
-                batch.reverse()  # taken from the end, in arrival order
+                taken.extend(batch)
                 continue
-            frames = batch.pop()
+            frames = taken.popleft()
             try:
                 message = self.signer.verify(frames, self._window, sender=CONTROLLER)
             except UnknownMessage as exc:
@@ -324,7 +329,6 @@ class WireThread:
                 self._control(message)
             else:
                 self._deliver(message, frames)
-        return False
 
     def release_status(self) -> None:
         """Main thread: it is in its work now (user code), done with it, or idle, so
