@@ -173,6 +173,10 @@ def labextension_data_files() -> list[tuple[str, list[str]]]:
 if _BUILDS & set(sys.argv[1:]):
     build_labextension()
 
+# Only PyInit_* is exported: the shared SHA-256 (and every other helper) cannot be
+# interposed by another library's symbols.
+C_FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"]
+
 setup(
     data_files=labextension_data_files(),
     ext_modules=[
@@ -190,16 +194,7 @@ setup(
                 "monarch_nb/native/_sha256.h",
                 "monarch_nb/native/_seal.h",
             ],
-            extra_compile_args=[
-                "-O2",
-                "-std=gnu11",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-                # Only PyInit_* is exported: the shared SHA-256 (and every other
-                # helper) cannot be interposed by another library's symbols.
-                "-fvisibility=hidden",
-            ],
+            extra_compile_args=C_FLAGS,
             extra_link_args=["-pthread", "-ldl"],
             optional=True,
         ),
@@ -209,16 +204,7 @@ setup(
             # hashlib (same bytes on the wire) when it is missing.
             sources=["monarch_nb/_common/_fastwire.c", "monarch_nb/native/_sha256.c"],
             depends=["monarch_nb/native/_sha256.h"],
-            extra_compile_args=[
-                "-O2",
-                "-std=gnu11",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-                # Only PyInit_* is exported: the shared SHA-256 (and every other
-                # helper) cannot be interposed by another library's symbols.
-                "-fvisibility=hidden",
-            ],
+            extra_compile_args=C_FLAGS,
             optional=True,
         ),
         Extension(
@@ -226,16 +212,7 @@ setup(
             # The wire's per-message socket operations on the libzmq pyzmq loaded
             # (dlopen at run time: no libzmq headers to build); pyzmq without it.
             sources=["monarch_nb/_common/_fastzmq.c"],
-            extra_compile_args=[
-                "-O2",
-                "-std=gnu11",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-                # Only PyInit_* is exported: the shared SHA-256 (and every other
-                # helper) cannot be interposed by another library's symbols.
-                "-fvisibility=hidden",
-            ],
+            extra_compile_args=C_FLAGS,
             extra_link_args=["-ldl"],
             optional=True,
         ),
