@@ -60,7 +60,6 @@ from ._wire import (
     sender_tag,
 )
 
-_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 # Monitor events that mean "that process is not there": it closed its socket
 # (exit, kill) or refuses connections (gone before we connected).

@@ -112,7 +112,6 @@ _ZERO_COPY_BYTES = 1 << 16
 # pyzmq's send_multipart combines IntFlag enums on every frame; plain ints are
 # several times cheaper on the per-call path.
 _SNDMORE = int(zmq.SNDMORE)
-_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 
 

@@ -73,7 +73,6 @@ from ._io_loop import IOLoop
 if TYPE_CHECKING:
     from ._process_group import ProcGroup
 
-_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 # While a caller receives, the I/O thread looks at the workers' socket again
 # after this long (work for nobody waits at most this much).

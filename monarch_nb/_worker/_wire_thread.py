@@ -68,7 +68,6 @@ from .._common._sockets import socket_events
 from .._common._wire import CONTROLLER, Receiver, ReplayWindow, Signer
 from . import _resources
 
-_EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 # Messages a drain takes off the socket at a time (control messages are handled
 # as they come; work waits in order in the main thread's inbox).
