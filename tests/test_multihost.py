@@ -28,6 +28,7 @@ from monarch_nb import (
     attach,
     ssh_hosts,
 )
+from monarch_nb._common._network import free_port
 from monarch_nb._common._wire import OWN, Signer, WireStats
 
 # "ssh HOST COMMAND" without ssh: run COMMAND here, with a shell, as sshd would.
@@ -398,9 +399,7 @@ def _heartbeat():
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port("127.0.0.1")
 
 
 def _attach_when_listening(addresses: list[str], key_file: str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import socket
 import struct
 from urllib.parse import urlsplit
@@ -38,10 +39,53 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def free_port() -> int:
+# Where to look for a port that a later listener will bind: below the kernel's
+# ephemeral range, which every outgoing connection (zmq, gloo, ssh) draws its
+# local port from. A port bind(0) hands out lies inside that range, so between
+# choosing it and binding it (a worker's start, torch's import) a connection on
+# the same host could take it: EADDRINUSE for MASTER_PORT on a busy host.
+_LISTEN_PORTS_FLOOR = 10_000
+_TRIES = 64
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(part) for part in f.read().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on ``host`` now, for a listener that binds it later.
+
+    Chosen at random outside the ephemeral range where there is room, so that no
+    outgoing connection can take it meanwhile; ``bind(0)``'s port otherwise."""
+    low, high = _ephemeral_ports()
+    if low - _LISTEN_PORTS_FLOOR >= 1000:
+        choices = range(_LISTEN_PORTS_FLOOR, low)
+    elif 65535 - high >= 1000:
+        choices = range(high + 1, 65536)
+    else:
+        choices = range(0)
+    for _ in range(_TRIES if choices else 0):
+        port = random.choice(choices)
+        if _bindable(host, port):
+            return port
     with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _bindable(host: str, port: int) -> bool:
+    # No SO_REUSEADDR: a port with a connection in TIME_WAIT counts as taken too.
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def worker_env(address: str, env: dict[str, str]) -> dict[str, str]:

@@ -21,12 +21,7 @@ from typing import Any
 
 from ._actors import Actor, endpoint
 from ._context import current_rank, current_size
-
-
-def _free_port(host: str = "") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from ._network import free_port
 
 
 def _address(use_ipaddr: str | None) -> str:
@@ -136,14 +131,14 @@ class SPMDActor(Actor):
     @endpoint
     def get_host_port(self, use_ipaddr: str | None = None) -> tuple[str, int]:
         """This host's name (or its ``"ipv4"`` / ``"ipv6"`` address) and a free port."""
-        return _address(use_ipaddr), _free_port()
+        return _address(use_ipaddr), free_port()
 
     @endpoint
     def launch_master(self, use_ipaddr: str | None = None) -> tuple[str, int]:
         """The master the mesh was started with, or this host and a free port."""
         if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-        return _address(use_ipaddr), _free_port()
+        return _address(use_ipaddr), free_port()
 
     @endpoint
     def setup_env(self, master_addr: str, master_port: int) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from .._common import _keys
 from .._common._errors import MeshUsageError
+from .._common._network import free_port
 from .._common._pids import pid_alive
 from ._launchers import attach, host_prelude
 from ._proc_mesh import HostMesh, this_host
@@ -313,7 +314,7 @@ class SSHJob(JobTrait):
 
     def _remote_start(self, host: str, index: int, remote_key: str) -> str:
         name = host.rpartition("@")[2]
-        free = 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+        free = "from monarch_nb._common._network import free_port; print(free_port())"
         listen = f"tcp://{name}:$PORT"
         # env_setup first: if it fails, the key (on stdin) is never written there.
         return (
@@ -397,9 +398,7 @@ def _key_file_for(cached_path: str | None) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port("127.0.0.1")
 
 
 def _terminate(pid: int, grace: float = 10.0) -> None:

@@ -64,7 +64,7 @@ from .._common._messages import (
     StatusReply,
     Supervision,
 )
-from .._common._network import visible_gpus
+from .._common._network import free_port, visible_gpus
 from .._common._shape import Shape
 from .._common._spawn import kill_leftovers, start_worker
 from .._common._wire import CONTROLLER, Encoded, Signer, decode_payload, new_key
@@ -145,12 +145,6 @@ class SpawnRecord:
     sizes: tuple[int, ...]
     ranks: tuple[int, ...]
     stopped: set[int] = field(default_factory=set)  # ranks whose actor was stopped
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class WorkerProcess:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from .._common._dist import STORE_ENV, fresh_store_path
 from .._common._errors import MeshFailure, MeshUsageError
 from .._common._messages import Renumber
+from .._common._network import free_port
 from .._common._shape import Shape
 from ._calls import send_call
 from ._process_group import (
@@ -40,7 +41,6 @@ from ._process_group import (
     Stopped,
     WorkerProcess,
     _describe_ranks,
-    free_port,
 )
 
 if TYPE_CHECKING:

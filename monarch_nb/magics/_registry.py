@@ -343,10 +343,8 @@ class NotebookMesh:
     def _free_master_port(self) -> int:
         """A port free on rank 0's host (where the process group's store listens)."""
         first = self.procs.slice(**dict.fromkeys(self.procs.shape.labels, 0))
-        source = (  # one expression: nothing is left in rank 0's namespace
-            "(lambda s: (s.bind(('', 0)), s.getsockname()[1], s.close())[1])"
-            "(__import__('socket').socket())"
-        )
+        # One expression: nothing is left in rank 0's namespace.
+        source = "__import__('monarch_nb._common._network', fromlist=['_']).free_port()"
         probe = run_cell(first, source, record=False)  # not a step of the user's history
         return int(wait_for(probe, timeout=DIST_INIT_TIMEOUT_S).values()[0])
 
