@@ -81,13 +81,17 @@ class ScaleRow:
 class RawGather:
     """``procs`` bare echo processes behind one ROUTER: the floor for a gather."""
 
-    def __init__(self, procs: int) -> None:
+    def __init__(self, procs: int, ipc_dir: str | None = None) -> None:
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.SNDHWM, 0)
         self.router.setsockopt(zmq.RCVHWM, 0)
-        port = self.router.bind_to_random_port("tcp://127.0.0.1")
-        address = f"tcp://127.0.0.1:{port}"
+        if ipc_dir is None:
+            port = self.router.bind_to_random_port("tcp://127.0.0.1")
+            address = f"tcp://127.0.0.1:{port}"
+        else:  # a local mesh's transport: a Unix socket in a private directory
+            address = f"ipc://{ipc_dir}/gather"
+            self.router.bind(address)
         self.children = [
             subprocess.Popen([sys.executable, "-c", _ECHO, address]) for _ in range(procs)
         ]

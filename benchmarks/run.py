@@ -20,6 +20,7 @@ _AREAS = [
     "native",
     "notebook",
     "scale",
+    "cast",
     "chaos",
     "recovery",
     "multihost",
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> None:
         scale = importlib.import_module("bench_scale")
         print("## Scale (a call gathered from many ranks)\n")
         print(scale.render(scale.measure(quick=args.quick)), "\n", flush=True)
+    if "cast" in wanted:
+        cast = importlib.import_module("bench_cast")
+        print("## Cast (what one more rank adds)\n")
+        cast.main(["--rounds", "2" if args.quick else "5"])
+        print(flush=True)
     if "chaos" in wanted:
         chaos = importlib.import_module("bench_chaos")
         print("## Hardening (faults, load, bad input)\n")
