@@ -1,8 +1,9 @@
-"""Build hooks for the optional C extension and JupyterLab panel; metadata is in pyproject.toml.
+"""Build hooks for the optional C extensions and JupyterLab panel; metadata is in pyproject.toml.
 
-The C extension is optional: if it cannot be compiled (no C compiler, not
-Linux), installation still succeeds and ``monarch_nb.native.RDMABuffer`` raises
-an error that says why the native data plane is unavailable.
+The C extensions are optional: if one cannot be compiled (no C compiler, not
+Linux), installation still succeeds; ``monarch_nb.native.RDMABuffer`` then raises
+an error that says why the native data plane is unavailable, and the wire's
+fast paths (``_common/_fast*.c``) run in Python instead, with the same bytes.
 
 The JupyterLab "Mesh" panel (``labextension/``) is optional too: when Node.js
 and npm are on PATH, building a wheel or an sdist (``pip install .``, ``pip
@@ -42,6 +43,8 @@ class OptionalBuildExt(build_ext):
         "(without it, the same in Python, slower)",
         "monarch_nb._common._fastzmq": "the wire's socket operations on libzmq "
         "(without it, through pyzmq, slower)",
+        "monarch_nb._common._fastpickle": "finding large bytes to send out of band in C "
+        "(without it, the same in Python, slower for large containers)",
     }
 
     def run(self) -> None:
@@ -214,6 +217,14 @@ setup(
             sources=["monarch_nb/_common/_fastzmq.c"],
             extra_compile_args=C_FLAGS,
             extra_link_args=["-ldl"],
+            optional=True,
+        ),
+        Extension(
+            "monarch_nb._common._fastpickle",
+            # What _serialize.dumps looks for before pickling (large bytes to send
+            # out of band); the same look in Python without it.
+            sources=["monarch_nb/_common/_fastpickle.c"],
+            extra_compile_args=C_FLAGS,
             optional=True,
         ),
     ],

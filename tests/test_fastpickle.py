@@ -1,0 +1,82 @@
+"""The C look for large bytes (monarch_nb._common._fastpickle) against the Python one.
+
+``_serialize.dumps`` wraps large bytes to send them out of band only when the
+C look says ``_wrap_large_bytes`` would find some: both must agree on every
+object, or a large bytes would travel in-band (slow, never wrong) or a wrap
+would be skipped that the Python path makes.
+"""
+
+import importlib.util
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from monarch_nb._common import _serialize
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("monarch_nb._common._fastpickle") is None,
+    reason="monarch_nb._common._fastpickle was not built",
+)
+
+THRESHOLD = 8  # small, so examples reach it: the rules do not depend on the size
+
+
+class BytesKind(bytes):
+    """A bytes subclass: the pickler asks reducer_override for it, so it is not wrapped."""
+
+
+leaves = st.one_of(
+    st.integers(),
+    st.text(max_size=12),
+    st.none(),
+    st.binary(max_size=12),
+    st.binary(max_size=12).map(bytearray),
+    st.binary(max_size=12).map(BytesKind),
+)
+objects = st.recursive(
+    leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.integers(), inner, max_size=4),
+        st.dictionaries(st.binary(min_size=THRESHOLD, max_size=12), inner, max_size=2),
+    ),
+    max_leaves=24,
+)
+
+
+def test_the_c_look_is_in_use_where_it_was_built():
+    assert _serialize._holds_large_bytes is not None
+
+
+@settings(max_examples=400, deadline=None)
+@given(objects)
+def test_the_c_look_agrees_with_the_python_wrap(obj):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_serialize, "OUT_OF_BAND_THRESHOLD", THRESHOLD)
+        wraps = _serialize._wrap_large_bytes(obj) is not obj
+    assert _serialize._holds_large_bytes(obj, _serialize._WRAP_DEPTH, THRESHOLD) is wraps
+
+
+def test_the_depth_and_the_size_are_the_python_ones():
+    big = b"x" * THRESHOLD
+    look = _serialize._holds_large_bytes
+    assert look(big, 0, THRESHOLD)
+    assert not look(big[:-1], 3, THRESHOLD)
+    assert look(bytearray(big), 3, THRESHOLD)
+    assert look([[[big]]], 3, THRESHOLD)
+    assert not look([[[[big]]]], 3, THRESHOLD)  # deeper ones go in-band, as in Python
+    assert look({"k": (big,)}, 3, THRESHOLD)
+    assert not look({big: 1}, 3, THRESHOLD)  # keys are not looked at
+    assert not look(BytesKind(big), 3, THRESHOLD)
+    assert not look(memoryview(big), 3, THRESHOLD)
+
+
+def test_large_bytes_inside_a_big_container_still_travel_out_of_band():
+    payload = ([0] * 1000 + [bytes(1 << 20)], {})
+    body, buffers = _serialize.dumps(payload)
+    assert len(body) < 16_384  # 1,000 small ints, but not the MiB
+    assert [memoryview(b).nbytes for b in buffers] == [1 << 20]
+    args, _ = _serialize.loads(body, [bytearray(b.raw()) for b in buffers])
+    assert args[-1] == bytes(1 << 20)
