@@ -297,13 +297,14 @@ def test_large_buffers_travel_out_of_band(procs4, value):
 
 
 def test_the_controller_pickles_tensors_and_bulk_bytes_without_cloudpickle(monkeypatch):
-    # The rebuilders of tensors and large bytes are monarch_nb's own functions:
+    # The rebuilders of tensors, arrays and large bytes are monarch_nb's, torch's
+    # and numpy's functions:
     # the controller's fast pickler must send them by reference, not give up on
     # the first function it meets and start over in cloudpickle (2.5-3.5x the
     # cost of pickling a tensor or 1 MiB of bytes).
     payload = (
         (torch.arange(6.0), torch.zeros(1 << 16), bytes(1 << 20), bytearray(1 << 20)),
-        {"shape": torch.Size([2, 3]), "dtype": torch.float16},
+        {"shape": torch.Size([2, 3]), "dtype": torch.float16, "array": np.arange(3.0)},
     )
 
     def no_cloudpickle():
@@ -316,7 +317,8 @@ def test_the_controller_pickles_tensors_and_bulk_bytes_without_cloudpickle(monke
     assert torch.equal(args[1], payload[0][1])
     assert args[2] == payload[0][2]
     assert args[3] == payload[0][3]
-    assert kwargs == payload[1]
+    assert kwargs.pop("array").tolist() == [0.0, 1.0, 2.0]
+    assert kwargs == {"shape": torch.Size([2, 3]), "dtype": torch.float16}
 
     def made_in_a_cell():
         return 1

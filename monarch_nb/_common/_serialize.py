@@ -161,9 +161,10 @@ def _rebuild_bytearray(data: Any) -> bytearray:
     return bytearray(data)
 
 
-# Modules whose functions and classes the controller's fast pickler sends by
-# reference (every rank imports monarch_nb; a rank that receives a tensor has torch).
-_BY_REFERENCE = frozenset({"monarch_nb", "torch"})
+# Packages whose functions and classes the controller's fast pickler sends by
+# reference, as cloudpickle would (every rank imports monarch_nb; a rank that
+# receives a tensor or an array needs torch or numpy to rebuild it anyway).
+_BY_REFERENCE = frozenset({"monarch_nb", "torch", "numpy"})
 
 
 class _NeedsByValue(Exception):
@@ -181,10 +182,10 @@ class _FastPickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
         if kind is types.FunctionType or kind is type:
-            # Ours and torch's (the rebuilders of every tensor and large bytes we
-            # send, torch's own) are importable wherever a rank runs: by reference,
-            # as cloudpickle would send them. Falling back for them cost a tensor
-            # argument 2.5x its whole pickling, a large bytes 3.5x.
+            # Ours, torch's and numpy's (the rebuilders of every tensor, array and
+            # large bytes we send) are importable wherever a rank needs them: by
+            # reference, as cloudpickle would send them. Falling back for them cost
+            # a tensor argument 2.5x its whole pickling, a large bytes 3.5x.
             module = getattr(obj, "__module__", None) or ""
             by_value = module.partition(".")[0] not in _BY_REFERENCE
         else:
