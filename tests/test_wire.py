@@ -296,15 +296,31 @@ def test_large_buffers_travel_out_of_band(procs4, value):
     assert stats.bytes_in_band - in_band < 1024
 
 
-def test_the_controller_pickles_tensors_and_bulk_bytes_without_cloudpickle(monkeypatch):
-    # The rebuilders of tensors, arrays and large bytes are monarch_nb's, torch's
-    # and numpy's functions:
-    # the controller's fast pickler must send them by reference, not give up on
-    # the first function it meets and start over in cloudpickle (2.5-3.5x the
-    # cost of pickling a tensor or 1 MiB of bytes).
+def test_the_controller_pickles_what_cloudpickle_would_send_by_reference_itself(monkeypatch):
+    # The controller pickles with the C pickler and starts over in cloudpickle
+    # when a function or class may have to travel by value. Those found under
+    # their name in an imported module other than __main__ go by reference in
+    # cloudpickle too, so the C pickler sends them itself: tensors, arrays and
+    # bulk bytes (whose rebuilders are monarch_nb's, torch's and numpy's
+    # functions), and the stdlib's and other packages' classes. Each of these
+    # fell back before, at 2.5-4x the cost of the whole pickling.
+    import datetime
+    import decimal
+    import pathlib
+
     payload = (
         (torch.arange(6.0), torch.zeros(1 << 16), bytes(1 << 20), bytearray(1 << 20)),
-        {"shape": torch.Size([2, 3]), "dtype": torch.float16, "array": np.arange(3.0)},
+        {
+            "shape": torch.Size([2, 3]),
+            "dtype": torch.float16,
+            "array": np.arange(3.0),
+            "error": ValueError("bad"),
+            "when": datetime.datetime(2026, 11, 26),
+            "path": pathlib.PurePosixPath("/tmp"),
+            "amount": decimal.Decimal("1.5"),
+            "layer": torch.nn.Linear(2, 2),
+            "kind": zmq.SocketType.ROUTER,
+        },
     )
 
     def no_cloudpickle():
@@ -318,14 +334,58 @@ def test_the_controller_pickles_tensors_and_bulk_bytes_without_cloudpickle(monke
     assert args[2] == payload[0][2]
     assert args[3] == payload[0][3]
     assert kwargs.pop("array").tolist() == [0.0, 1.0, 2.0]
-    assert kwargs == {"shape": torch.Size([2, 3]), "dtype": torch.float16}
+    assert repr(kwargs.pop("error")) == "ValueError('bad')"
+    assert torch.equal(kwargs.pop("layer").weight, payload[1]["layer"].weight)
+    expected = dict(payload[1])
+    for key in ("array", "error", "layer"):
+        del expected[key]
+    assert kwargs == expected
+
+
+def test_what_cloudpickle_would_send_by_value_still_goes_through_it(monkeypatch):
+    def no_cloudpickle():
+        raise AssertionError("fell back to cloudpickle")
+
+    monkeypatch.setattr(_serialize, "_cloudpickler", no_cloudpickle)
 
     def made_in_a_cell():
         return 1
 
     made_in_a_cell.__module__ = "__main__"
-    with pytest.raises(AssertionError, match="fell back"):  # this one must go by value
+    with pytest.raises(AssertionError, match="fell back"):  # a notebook's function
         _serialize.dumps((made_in_a_cell,))
+
+    def local():
+        return 2
+
+    with pytest.raises(AssertionError, match="fell back"):  # not found under its name
+        _serialize.dumps((local,))
+
+    class Local:
+        pass
+
+    with pytest.raises(AssertionError, match="fell back"):  # a local class, an instance
+        _serialize.dumps((Local,))
+
+    import types
+
+    import cloudpickle
+
+    module = types.ModuleType("user_helpers")  # a user's module, imported
+
+    class Helper:
+        pass
+
+    Helper.__module__, Helper.__qualname__ = "user_helpers", "Helper"
+    module.Helper = Helper
+    monkeypatch.setitem(sys.modules, "user_helpers", module)
+    _serialize.dumps((Helper,))  # found by its name: by reference, no fallback
+    cloudpickle.register_pickle_by_value(module)  # as bench_runtime.py does itself
+    try:
+        with pytest.raises(AssertionError, match="fell back"):
+            _serialize.dumps((Helper,))
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
 
 
 @pytest.mark.parametrize(

@@ -161,10 +161,37 @@ def _rebuild_bytearray(data: Any) -> bytearray:
     return bytearray(data)
 
 
-# Packages whose functions and classes the controller's fast pickler sends by
-# reference, as cloudpickle would (every rank imports monarch_nb; a rank that
-# receives a tensor or an array needs torch or numpy to rebuild it anyway).
-_BY_REFERENCE = frozenset({"monarch_nb", "torch", "numpy"})
+# Packages whose functions and classes go by reference without a further look:
+# nobody registers them to go by value (every rank imports monarch_nb; a rank
+# that receives a tensor or an array needs torch or numpy to rebuild it anyway).
+_ALWAYS_BY_REFERENCE = frozenset({"monarch_nb", "torch", "numpy", "builtins"})
+
+
+def _by_reference(obj: Any) -> bool:
+    """Whether cloudpickle would send the function or class ``obj`` by reference:
+    its module is imported and is not ``__main__``, and neither it nor a package
+    above it is registered to go by value (``cloudpickle.register_pickle_by_value``).
+    The fast pickler then sends it so itself; otherwise cloudpickle sends it. (A
+    local function or class, which cannot be found under its name, makes the
+    fast pickler raise PicklingError: cloudpickle sends that one too.)"""
+    module_name = getattr(obj, "__module__", None)
+    if not isinstance(module_name, str) or module_name == "__main__":
+        return False
+    if module_name not in sys.modules:  # pickle would import it here to look
+        return False
+    if module_name.partition(".")[0] in _ALWAYS_BY_REFERENCE:
+        return True
+    import cloudpickle  # here: a worker imports it only if it falls back
+
+    registered = cloudpickle.list_registry_pickle_by_value()
+    name = module_name
+    while True:
+        if name in registered:
+            return False
+        parent = name.rpartition(".")[0]
+        if not parent:
+            return True
+        name = parent
 
 
 class _NeedsByValue(Exception):
@@ -174,24 +201,26 @@ class _NeedsByValue(Exception):
 class _FastPickler(pickle.Pickler):
     """The standard C pickler, plus our buffers; refuses what must go by value.
 
-    Functions, classes and instances of classes from ``__main__`` cannot be
-    found by reference on a worker, so for those it gives up early and
+    Functions and classes that cloudpickle would send by value (from
+    ``__main__``, a notebook cell; from a module registered to go by value;
+    from a module not imported here) and instances of classes from ``__main__``
+    cannot be found by reference on a worker, so for those it gives up early and
     :func:`dumps` starts over with cloudpickle.
     """
 
     def reducer_override(self, obj: Any) -> Any:
-        kind = type(obj)
-        if kind is types.FunctionType or kind is type:
-            # Ours, torch's and numpy's (the rebuilders of every tensor, array and
-            # large bytes we send) are importable wherever a rank needs them: by
-            # reference, as cloudpickle would send them. Falling back for them cost
-            # a tensor argument 2.5x its whole pickling, a large bytes 3.5x.
-            module = getattr(obj, "__module__", None) or ""
-            by_value = module.partition(".")[0] not in _BY_REFERENCE
-        else:
-            by_value = kind.__module__ == "__main__"
-        if by_value and self.strict:
-            raise _NeedsByValue
+        if self.strict:
+            kind = type(obj)
+            if kind is types.FunctionType or isinstance(obj, type):
+                # By reference where cloudpickle would send it so (see
+                # _by_reference): falling back for every one (a tensor's
+                # rebuilder, a datetime's class, ValueError) cost 2.5-4x the
+                # whole pickling.
+                by_value = not _by_reference(obj)
+            else:
+                by_value = kind.__module__ == "__main__"
+            if by_value:
+                raise _NeedsByValue
         return _reduce_buffers(obj)
 
     strict = False
