@@ -25,6 +25,10 @@ T = TypeVar("T")
 
 _log = logging.getLogger("monarch_nb")
 _PENDING = object()
+# Guards every future's completion, latch and callback list: held for a few
+# bytecodes at a time and never while a callback runs or a thread waits, so one
+# lock for all costs less than a lock per future (made on every call).
+_STATE_LOCK = threading.Lock()
 _SIGNAL_CHECK_S = 0.25
 # Set in a worker: while its main thread waits on a future, it keeps serving
 # messages to other actors of the process (else two actors of one process that
@@ -87,18 +91,21 @@ class Future(Generic[T]):
         value = await actor.ping.call_one()
     """
 
-    __slots__ = ("_callbacks", "_done", "_exception", "_latch", "_lock", "_result")
+    # A future is made on every call, and a pipelined caller keeps thousands
+    # alive: it owns no lock and no list until it needs one, so the garbage
+    # collector, which scans every live container, has one object to look at.
+    __slots__ = ("_callbacks", "_done", "_exception", "_latch", "_result")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        # A lock held until completion: waiting on it is cheaper than an Event,
-        # and futures are made on every call. Waiters release it again at once.
-        self._latch = threading.Lock()
-        self._latch.acquire()
         self._done = False
         self._result: Any = _PENDING
         self._exception: BaseException | None = None
-        self._callbacks: list[Callable[[Future[T]], None]] = []
+        # Done-callbacks, under _STATE_LOCK; None until the first is added.
+        self._callbacks: list[Callable[[Future[T]], None]] | None = None
+        # Made (held) by the first thread that blocks on this future, released at
+        # completion: waiting on a lock is cheaper than on an Event. Waiters
+        # release it again at once, for the next one.
+        self._latch: threading.Lock | None = None
 
     def _wait(self, timeout: float | None) -> bool:
         if self._done:
@@ -107,15 +114,22 @@ class Future(Generic[T]):
         if pump is not None and threading.get_ident() == _pump_thread:
             pump(self, timeout)
             return self._done
+        with _STATE_LOCK:
+            if self._done:
+                return True
+            latch = self._latch
+            if latch is None:
+                latch = self._latch = threading.Lock()
+                latch.acquire()
         if timeout is None:
             # In slices: Ctrl-C delivered to another of this process's threads only
             # flags the signal, and a thread blocked in C never looks; between
             # slices Python runs the handler here, so KeyboardInterrupt is raised.
-            while not self._latch.acquire(timeout=_SIGNAL_CHECK_S):
+            while not latch.acquire(timeout=_SIGNAL_CHECK_S):
                 pass
-        elif not self._latch.acquire(timeout=max(0.0, timeout)):
+        elif not latch.acquire(timeout=max(0.0, timeout)):
             return False
-        self._latch.release()
+        latch.release()
         return True
 
     # -- completion (internal: called by whoever produces the value) ---------
@@ -129,13 +143,16 @@ class Future(Generic[T]):
         return self._complete(None, exc)
 
     def _complete(self, value: Any, exc: BaseException | None) -> bool:
-        with self._lock:
+        with _STATE_LOCK:
             if self._done:
                 return False
             self._result, self._exception = value, exc
             self._done = True
-            self._latch.release()
-            callbacks, self._callbacks = self._callbacks, []
+            if self._latch is not None:
+                self._latch.release()
+            callbacks, self._callbacks = self._callbacks, None
+        if not callbacks:
+            return True
         deferred = _deferred.calls
         if deferred is not None:  # run once the completing thread's locks are free
             deferred.extend((callback, self) for callback in callbacks)
@@ -155,9 +172,12 @@ class Future(Generic[T]):
 
         The callback runs on the thread that completes the future: keep it short.
         """
-        with self._lock:
+        with _STATE_LOCK:
             if not self._done:
-                self._callbacks.append(callback)
+                if self._callbacks is None:
+                    self._callbacks = [callback]
+                else:
+                    self._callbacks.append(callback)
                 return
         callback(self)
 

@@ -72,7 +72,7 @@ class Straggler:
         )
 
 
-@dataclass
+@dataclass(slots=True)  # kept for the last MAX_CALLS calls: no __dict__ each for the GC
 class _Call:
     label: str
     ranks: tuple[int, ...]
