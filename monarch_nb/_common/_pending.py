@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from typing import Any, Protocol
 
 from ._errors import (
@@ -189,11 +189,14 @@ class PendingCall:
         self.collect = collect
         self.error_class = error_class
         self.values: dict[int, Any] = {}
-        self.failures: list[RemoteFailure] = []
-        self.serialization_failures: list[RemoteFailure] = []
+        # Lists once something arrives; () until then: a pipelined caller keeps
+        # thousands of calls in flight, and each container is one more object
+        # for the garbage collector to scan.
+        self.failures: Sequence[RemoteFailure] = ()
+        self.serialization_failures: Sequence[RemoteFailure] = ()
         self.future: CallFuture = CallFuture(self)
-        self.stream_futures: list[Future[tuple[Point, Any]]] = (
-            [Future() for _ in self.ranks] if collect == "stream" else []
+        self.stream_futures: Sequence[Future[tuple[Point, Any]]] = (
+            [Future() for _ in self.ranks] if collect == "stream" else ()
         )
         self._arrived = 0
         self.group: Any = None  # the controller's ProcGroup, set when sent
@@ -228,7 +231,13 @@ class PendingCall:
         self._maybe_finish()
 
     def add_failure(self, failure: RemoteFailure, *, serialization: bool = False) -> None:
-        (self.serialization_failures if serialization else self.failures).append(failure)
+        failures = self.serialization_failures if serialization else self.failures
+        if isinstance(failures, list):
+            failures.append(failure)
+        elif serialization:
+            self.serialization_failures = [failure]
+        else:
+            self.failures = [failure]
         self._answer(failure.rank)
         if self.on_failure is not None:
             self.on_failure(failure)
@@ -271,7 +280,7 @@ class PendingCall:
         call ended before every rank answered)."""
         return self._error(list(self.failures), False)
 
-    def _error(self, failures: list[RemoteFailure], serialization: bool) -> Exception:
+    def _error(self, failures: Sequence[RemoteFailure], serialization: bool) -> Exception:
         if serialization:
             f = failures[0]
             ranks = sorted(x.rank for x in failures)
@@ -331,7 +340,7 @@ class ReplyStream:
     ``(point, value)`` pairs; each is also a future of its value, as Monarch's
     ``stream()`` yields (``for f in ep.stream(): f.get()``)."""
 
-    def __init__(self, items: list[Future[tuple[Point, Any]]]) -> None:
+    def __init__(self, items: Sequence[Future[tuple[Point, Any]]]) -> None:
         self._items = items
 
     def __len__(self) -> int:
