@@ -148,3 +148,60 @@ def test_cancelling_the_asyncio_future_leaves_the_operation_alone():
     asyncio.run(main())
     fut.set_result(1)
     assert fut.get() == 1
+
+
+def test_many_threads_wait_on_one_future_and_all_wake():
+    fut: Future[int] = Future()
+    got: list[int] = []
+    waiters = [threading.Thread(target=lambda: got.append(fut.get(timeout=30))) for _ in range(8)]
+    for waiter in waiters:
+        waiter.start()
+    complete_later(fut, 3, delay=0.2)
+    for waiter in waiters:
+        waiter.join(30)
+    assert got == [3] * 8
+
+
+def test_a_forked_child_can_use_futures_while_the_parent_held_their_lock():
+    # Futures share one lock; a fork while another thread held it (a rank's wire
+    # thread completing a call as a DataLoader forks) must not leave the child's
+    # futures locked forever.
+    import os
+
+    from monarch_nb._common import _future
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with _future._STATE_LOCK:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: the holder thread is gone, its lock copied held
+            code = 1
+            try:
+                child: Future[int] = Future()
+                child.set_result(5)
+                child.add_done_callback(lambda f: None)
+                code = 0 if child.get(timeout=5) == 5 else 1
+            finally:
+                os._exit(code)
+        waited = 0
+        for _ in range(300):  # up to 30 s: a deadlocked child never exits
+            waited, status = os.waitpid(pid, os.WNOHANG)
+            if waited:
+                break
+            threading.Event().wait(0.1)
+        if not waited:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child's futures deadlocked on a lock copied held")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        holder.join(30)

@@ -55,6 +55,8 @@ static PyObject *holds_large_bytes_py(PyObject *self, PyObject *const *args, Py_
         return NULL;
     if (depth > 8)
         depth = 8; /* _serialize asks for 3; a bound on the recursion all the same */
+    if (depth < 0)
+        depth = 0;
     Py_ssize_t threshold = PyLong_AsSsize_t(args[2]);
     if (threshold == -1 && PyErr_Occurred())
         return NULL;

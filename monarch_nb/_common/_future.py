@@ -12,6 +12,7 @@ running at the await site.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -27,8 +28,19 @@ _log = logging.getLogger("monarch_nb")
 _PENDING = object()
 # Guards every future's completion, latch and callback list: held for a few
 # bytecodes at a time and never while a callback runs or a thread waits, so one
-# lock for all costs less than a lock per future (made on every call).
+# lock for all costs less than a lock per future (made on every call). Nothing
+# that allocates a container runs under it: on Python 3.11 such an allocation
+# may start a garbage collection, whose finalizers (user code) could touch a
+# future and wait on this lock forever.
 _STATE_LOCK = threading.Lock()
+
+
+def _fresh_state_lock() -> None:
+    global _STATE_LOCK
+    _STATE_LOCK = threading.Lock()  # a fork may copy it held by another thread
+
+
+os.register_at_fork(after_in_child=_fresh_state_lock)
 _SIGNAL_CHECK_S = 0.25
 # Set in a worker: while its main thread waits on a future, it keeps serving
 # messages to other actors of the process (else two actors of one process that
@@ -114,21 +126,26 @@ class Future(Generic[T]):
         if pump is not None and threading.get_ident() == _pump_thread:
             pump(self, timeout)
             return self._done
+        latch = threading.Lock()  # made and held before it is shared: see _STATE_LOCK
+        latch.acquire()
         with _STATE_LOCK:
             if self._done:
                 return True
-            latch = self._latch
-            if latch is None:
-                latch = self._latch = threading.Lock()
-                latch.acquire()
+            if self._latch is None:
+                self._latch = latch
+            else:
+                latch = self._latch
         if timeout is None:
             # In slices: Ctrl-C delivered to another of this process's threads only
             # flags the signal, and a thread blocked in C never looks; between
             # slices Python runs the handler here, so KeyboardInterrupt is raised.
+            # Done, too: a waiter interrupted between its acquire and its release
+            # leaves the latch held for the others.
             while not latch.acquire(timeout=_SIGNAL_CHECK_S):
-                pass
+                if self._done:
+                    return True
         elif not latch.acquire(timeout=max(0.0, timeout)):
-            return False
+            return self._done
         latch.release()
         return True
 
@@ -147,10 +164,10 @@ class Future(Generic[T]):
             if self._done:
                 return False
             self._result, self._exception = value, exc
+            callbacks, self._callbacks = self._callbacks, None
             self._done = True
             if self._latch is not None:
                 self._latch.release()
-            callbacks, self._callbacks = self._callbacks, None
         if not callbacks:
             return True
         deferred = _deferred.calls
@@ -172,10 +189,11 @@ class Future(Generic[T]):
 
         The callback runs on the thread that completes the future: keep it short.
         """
+        first = [callback] if self._callbacks is None else None  # see _STATE_LOCK
         with _STATE_LOCK:
             if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = [callback]
+                if self._callbacks is None:  # (another thread may have added first)
+                    self._callbacks = first if first is not None else [callback]
                 else:
                     self._callbacks.append(callback)
                 return

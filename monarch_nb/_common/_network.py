@@ -44,8 +44,12 @@ def interface_of(address: str) -> str | None:
 # local port from. A port bind(0) hands out lies inside that range, so between
 # choosing it and binding it (a worker's start, torch's import) a connection on
 # the same host could take it: EADDRINUSE for MASTER_PORT on a busy host.
-_LISTEN_PORTS_FLOOR = 10_000
+# Up to 30000: Kubernetes routes 30000-32767 (NodePorts) without a socket bound.
+_LISTEN_PORTS_FLOOR, _LISTEN_PORTS_CEILING = 10_000, 30_000
 _TRIES = 64
+# Not the random module's shared generator: a rank's user code may have seeded
+# it alike on every rank, and one more draw on rank 0 would set it apart.
+_random = random.SystemRandom()
 
 
 def _ephemeral_ports() -> tuple[int, int]:
@@ -63,15 +67,17 @@ def free_port(host: str = "") -> int:
     Chosen at random outside the ephemeral range where there is room, so that no
     outgoing connection can take it meanwhile; ``bind(0)``'s port otherwise."""
     low, high = _ephemeral_ports()
-    if low - _LISTEN_PORTS_FLOOR >= 1000:
-        choices = range(_LISTEN_PORTS_FLOOR, low)
+    top = min(low, _LISTEN_PORTS_CEILING)
+    if top - _LISTEN_PORTS_FLOOR >= 1000:
+        choices = range(_LISTEN_PORTS_FLOOR, top)
     elif 65535 - high >= 1000:
         choices = range(high + 1, 65536)
     else:
         choices = range(0)
     for _ in range(_TRIES if choices else 0):
-        port = random.choice(choices)
-        if _bindable(host, port):
+        port = _random.choice(choices)
+        # Also on every address: torch's store may listen on all of them.
+        if _bindable(host, port) and (not host or _bindable("", port)):
             return port
     with socket.socket() as s:
         s.bind((host, 0))

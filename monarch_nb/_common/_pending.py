@@ -14,8 +14,9 @@ Who touches a :class:`PendingCall`, and from which thread:
 - any thread may end it early: ``fail`` (the target failed or stopped, the call
   could not be sent) or ``cancel`` (the caller gave up).
 
-Completion happens exactly once: whoever completes the future first (its own
-lock decides) runs the finish bookkeeping; every later attempt is a no-op.
+Completion happens exactly once: whoever completes the future first (the
+futures' state lock decides) runs the finish bookkeeping; every later attempt
+is a no-op.
 Per-rank bookkeeping (``answered``, the tracker's load counters) changes
 under the tracker's lock only, so a reply racing a failure can neither be
 counted twice nor lost.
