@@ -290,9 +290,11 @@ def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.Pickle
     """Pickle ``obj``; returns the pickle bytes and its out-of-band buffers.
 
     Both modes try the fast standard pickler first. ``by_value=True`` (the
-    controller) falls back to cloudpickle as soon as a function, a class or
-    anything from ``__main__`` (a notebook cell) turns up, so those travel by
-    value; ``False`` (workers) falls back only if plain pickling fails.
+    controller) falls back to cloudpickle as soon as something turns up that
+    cloudpickle would send by value (a function or class from ``__main__``, a
+    notebook cell, or from a module registered to go by value; an instance of
+    a class from ``__main__``); ``False`` (workers) falls back only if plain
+    pickling fails.
     """
     if _holds_large_bytes is None or _holds_large_bytes(obj, _WRAP_DEPTH, OUT_OF_BAND_THRESHOLD):
         obj = _wrap_large_bytes(obj)
