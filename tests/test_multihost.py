@@ -114,6 +114,44 @@ def test_gloo_all_reduce_across_hosts(hosts2) -> None:
         assert list(result.values()) == [[6.0, 6.0]] * 4
 
 
+def test_a_later_mesh_gets_a_port_its_host_found_free_not_the_next_one(hosts2) -> None:
+    """Each mesh's MASTER_PORT is one the first host's agent found free at its
+    last heartbeat. Later meshes used to take the first one's + 1, + 2, ...
+    unchecked: one taken meanwhile on that host failed the rendezvous."""
+    pytest.importorskip("torch")
+    read_port = "import os; int(os.environ['MASTER_PORT'])"
+    with hosts2.spawn_procs({"procs": 1}) as procs:
+        (first,) = set(procs.run(read_port).values())
+    blocker = socket.socket()
+    try:
+        try:
+            blocker.bind(("", first + 1))  # what the old rule gives the next mesh
+            blocker.listen()
+        except OSError:
+            pass  # taken already: all the same for this test
+        agents = hosts2._agents
+        deadline = time.monotonic() + 60
+        while agents.agents[0].free_port in agents._ports_given:  # a heartbeat's report
+            assert time.monotonic() < deadline, "the agent reported no new free port"
+            time.sleep(0.05)
+        with hosts2.spawn_procs({"procs": 1}) as procs:
+            (second,) = set(procs.run(read_port).values())
+            assert second != first + 1
+            result = procs.run(
+                "import torch, torch.distributed as dist\n"
+                "dist.init_process_group('gloo')\n"
+                "t = torch.ones(1)\n"
+                "dist.all_reduce(t)\n"
+                "dist.destroy_process_group()\n"
+                "t.item()",
+                fail_fast=True,
+                timeout=90,
+            )
+            assert list(result.values()) == [2.0, 2.0]
+    finally:
+        blocker.close()
+
+
 def test_native_stacks_and_profiles_of_remote_ranks_are_run_by_their_agent(hosts2) -> None:
     from monarch_nb._common import _py_spy
 

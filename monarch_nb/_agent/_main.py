@@ -240,7 +240,7 @@ class Agent:
             if now >= next_beat:
                 next_beat = now + self.heartbeat_s
                 if self.connected:
-                    self.send_own(AgentHeartbeat())
+                    self.send_own(AgentHeartbeat(_network.free_port()))
             if self.connected and now - self.last_heard > self.timeout_s:
                 self._controller_gone(now - self.last_heard)
         self.kill_all()

@@ -416,9 +416,14 @@ class AgentHello(Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class AgentHeartbeat(Message):
-    """Both ways, every heartbeat period: silence means the other side is gone."""
+    """Both ways, every heartbeat period: silence means the other side is gone.
+
+    An agent's carries a port free on its host just then (as its hello does):
+    the next mesh's ``MASTER_PORT``, if its rank 0 is there. The controller's: 0.
+    """
 
     TAG: ClassVar[int] = 61
+    free_port: int = 0
 
 
 @_message

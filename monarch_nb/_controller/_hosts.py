@@ -197,7 +197,8 @@ class HostAgents:
         )
         self.endpoint = ""  # the controller's CURVE endpoint for them (not for attach)
         self.shut_down = False
-        self._ports_used = 0
+        self._ports_given: set[int] = set()  # MASTER_PORTs handed to meshes
+        self._last_port_given = 0
         # procs.logs() waiting for hosts: request id -> (its answer, the agent asked).
         self._log_reads: dict[int, tuple[concurrent.futures.Future[LogLines], AgentLink]] = {}
         self._log_read_ids = itertools.count(1)
@@ -318,10 +319,15 @@ class HostAgents:
         world = len(group.shape)
         per_host = world // len(self.agents)
         master = self.agents[0]
-        # A port that was free on the first host when its agent started; later
-        # meshes on the same hosts take the ones after it.
-        master_port = master.free_port + self._ports_used
-        self._ports_used += 1
+        # A port the first host's agent found free at its last heartbeat (or its
+        # hello). Two meshes started within one heartbeat would get the same
+        # report: the second takes the port after the last one given out, which
+        # nobody checked (the report a second later is).
+        master_port = master.free_port
+        if master_port in self._ports_given:
+            master_port = self._last_port_given + 1
+        self._ports_given.add(master_port)
+        self._last_port_given = master_port
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_PREFIX)}
         workers: list[WorkerProcess] = []
         specs: dict[int, list[tuple[str, dict[str, str], dict[str, Any]]]] = {}
@@ -520,8 +526,9 @@ class HostAgents:
             return
         agent.last_heard = time.monotonic()
         match message:
-            case AgentHeartbeat():
-                pass
+            case AgentHeartbeat(free_port):
+                if free_port:  # checked free on its host a moment ago
+                    agent.free_port = free_port
             case WorkerOutput(identity, stream, data):
                 entry = agent.workers.get(identity.encode())
                 if entry is not None:
