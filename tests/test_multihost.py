@@ -148,6 +148,10 @@ def test_a_later_mesh_gets_a_port_its_host_found_free_not_the_next_one(hosts2) -
                 timeout=90,
             )
             assert list(result.values()) == [2.0, 2.0]
+            # Started at once, before the agent's next report: still a port of its own.
+            with hosts2.spawn_procs({"procs": 1}) as third:
+                (port,) = set(third.run(read_port).values())
+                assert port not in (first + 1, second)
     finally:
         blocker.close()
 

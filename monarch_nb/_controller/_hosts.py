@@ -198,7 +198,6 @@ class HostAgents:
         self.endpoint = ""  # the controller's CURVE endpoint for them (not for attach)
         self.shut_down = False
         self._ports_given: set[int] = set()  # MASTER_PORTs handed to meshes
-        self._last_port_given = 0
         # procs.logs() waiting for hosts: request id -> (its answer, the agent asked).
         self._log_reads: dict[int, tuple[concurrent.futures.Future[LogLines], AgentLink]] = {}
         self._log_read_ids = itertools.count(1)
@@ -321,13 +320,12 @@ class HostAgents:
         master = self.agents[0]
         # A port the first host's agent found free at its last heartbeat (or its
         # hello). Two meshes started within one heartbeat would get the same
-        # report: the second takes the port after the last one given out, which
+        # report: the second takes the next port no mesh was given, which
         # nobody checked (the report a second later is).
         master_port = master.free_port
-        if master_port in self._ports_given:
-            master_port = self._last_port_given + 1
+        while master_port in self._ports_given:
+            master_port += 1
         self._ports_given.add(master_port)
-        self._last_port_given = master_port
         forwarded = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_PREFIX)}
         workers: list[WorkerProcess] = []
         specs: dict[int, list[tuple[str, dict[str, str], dict[str, Any]]]] = {}
