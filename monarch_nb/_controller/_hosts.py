@@ -137,7 +137,7 @@ class AgentLink:
         self.hostname = ""
         self.address = ""
         self.pid = 0
-        self.free_port = 0
+        self.free_port = 0  # its latest report (hello, then each heartbeat): MASTER_PORT
         self.gpus = 0  # as the agent sees them
         self.window = ReplayWindow()
         self.ready = threading.Event()
