@@ -7,6 +7,7 @@ would be skipped that the Python path makes.
 """
 
 import importlib.util
+import io
 
 import pytest
 from hypothesis import given, settings
@@ -80,3 +81,69 @@ def test_large_bytes_inside_a_big_container_still_travel_out_of_band():
     assert [memoryview(b).nbytes for b in buffers] == [1 << 20]
     args, _ = _serialize.loads(body, [bytearray(b.raw()) for b in buffers])
     assert args[-1] == bytes(1 << 20)
+
+
+# -- plain values: pickle.dumps without our pickler ---------------------------------
+
+plain_leaves = st.one_of(
+    st.integers(), st.floats(allow_nan=False), st.text(max_size=12), st.none(), st.booleans()
+)
+plain_objects = st.recursive(
+    plain_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    ),
+    max_leaves=24,
+)
+
+
+class Point:
+    """An instance: the pickler asks reducer_override for it, so it is never plain."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_objects)
+def test_a_plain_value_pickles_to_the_bytes_our_pickler_writes(obj):
+    assert _serialize._is_plain(obj, _serialize._PLAIN_DEPTH)
+    for by_value in (True, False):
+        body, buffers = _serialize.dumps(obj, by_value=by_value)
+        stream = io.BytesIO()
+        pickler = _serialize._GuardedPickler if by_value else _serialize._FastPickler
+        pickler(stream, protocol=5).dump(obj)
+        assert (body, buffers) == (stream.getvalue(), [])
+        assert _serialize.loads(body) == obj
+
+
+def test_what_is_not_plain_goes_through_our_pickler():
+    look = _serialize._is_plain
+    assert look(((), {}), 8)
+    assert look(((1, "a", 2.5, b"raw", None, True), {"k": [3]}), 8)
+    for value in (
+        Point(1),
+        [Point(1)],
+        {Point(1): 1},  # keys are looked at too
+        BytesKind(b"x"),
+        bytearray(b"x"),
+        1 + 2j,
+        {1, 2},
+        int,  # a class: by reference or by value, the pickler decides
+        memoryview(b"x"),
+    ):
+        assert not look(value, 8), value
+    cycle: list = []
+    cycle.append(cycle)
+    assert not look(cycle, 8)  # deeper than the bound: the pickler's memo handles it
+    assert not look([[[1]]], 2)
+    assert look([[[1]]], 3)
+
+
+def test_a_class_from_main_inside_a_plain_looking_container_still_goes_by_value():
+    # Not plain (a class), so the guarded pickler sees it and falls back to cloudpickle.
+    Local = type("Local", (), {"__module__": "__main__"})
+    body, _ = _serialize.dumps(([Local], {}))
+    assert _serialize.loads(body)[0][0].__name__ == "Local"

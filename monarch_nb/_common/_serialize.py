@@ -91,6 +91,10 @@ _SCANNED = {bytes, bytearray, tuple, list, dict}
 # Python loop took about 90; None where the extension is not built.
 _fastpickle = load_extension("_fastpickle")
 _holds_large_bytes = _fastpickle.holds_large_bytes if _fastpickle is not None else None
+# Whether a value is only atoms in plain containers (_fastpickle.c says which):
+# pickle.dumps then writes the same bytes as our pickler, without setting one up.
+_is_plain = _fastpickle.is_plain if _fastpickle is not None else None
+_PLAIN_DEPTH = 8
 
 
 def _reduce_buffers(obj: Any) -> Any:
@@ -298,6 +302,8 @@ def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.Pickle
     """
     if _holds_large_bytes is None or _holds_large_bytes(obj, _WRAP_DEPTH, OUT_OF_BAND_THRESHOLD):
         obj = _wrap_large_bytes(obj)
+    elif _is_plain is not None and _is_plain(obj, _PLAIN_DEPTH):
+        return pickle.dumps(obj, protocol=5), []  # no buffers, nothing by value
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     fast = _GuardedPickler if by_value else _FastPickler
