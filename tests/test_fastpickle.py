@@ -8,6 +8,8 @@ would be skipped that the Python path makes.
 
 import importlib.util
 import io
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -147,3 +149,16 @@ def test_a_class_from_main_inside_a_plain_looking_container_still_goes_by_value(
     Local = type("Local", (), {"__module__": "__main__"})
     body, _ = _serialize.dumps(([Local], {}))
     assert _serialize.loads(body)[0][0].__name__ == "Local"
+
+
+def test_pickling_loads_its_c_look_without_the_socket_layer():
+    # Layering: _serialize gets its extension through _extensions, not _sockets
+    # (which imports zmq), so pickling needs no socket library.
+    probe = (
+        "import sys; from monarch_nb._common import _serialize; "
+        "print(_serialize._is_plain is not None, 'zmq' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["True", "False"]

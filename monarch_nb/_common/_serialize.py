@@ -23,7 +23,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from ._sockets import load_extension
+from ._extensions import load_extension
 
 # Below this many bytes a buffer is cheaper in-band than as its own frame.
 OUT_OF_BAND_THRESHOLD = 4096

@@ -16,28 +16,16 @@ pyzmq does the rest, waiting, raising and handling signals as it always did.
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
 from typing import Any
 
 import zmq
+
+from ._extensions import load_extension
 
 _EVENTS = int(zmq.EVENTS)
 _SNDMORE = int(zmq.SNDMORE)
 # take()'s status: the socket said nothing waits; a budget is spent; libzmq refused.
 DRAINED, BUDGET_SPENT, ASK_PYZMQ = 0, 1, 2
-
-
-def load_extension(name: str) -> ModuleType | None:
-    """``monarch_nb._common.<name>``, or None: not built (no C compiler at install
-    time) or turned off (``MONARCH_NB_PURE_PYTHON_WIRE``)."""
-    if os.environ.get("MONARCH_NB_PURE_PYTHON_WIRE", "") not in ("", "0"):
-        return None
-    try:
-        return importlib.import_module(f"monarch_nb._common.{name}")
-    except ImportError:
-        return None
 
 
 def _pyzmq_extension() -> str | None:

@@ -71,11 +71,12 @@ from typing import Any
 
 import zmq
 
+from ._extensions import load_extension
 from ._messages import Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps, loads
 from ._sockets import ASK_PYZMQ as _ASK_PYZMQ
 from ._sockets import DRAINED as _DRAINED
-from ._sockets import load_extension, send_copied, send_each_copied, socket_events, take
+from ._sockets import send_copied, send_each_copied, socket_events, take
 
 _fastwire = load_extension("_fastwire")
 
