@@ -1,4 +1,6 @@
-/* Does an object about to be pickled hold a large bytes or bytearray?
+/* Two looks at an object about to be pickled, for _serialize.dumps: does it
+ * hold a large bytes or bytearray (holds_large_bytes), and is it plain, so
+ * that pickle.dumps alone writes it (is_plain, below)?
  *
  * The C pickler writes bytes in-band without asking reducer_override, so
  * _serialize.dumps wraps large ones first (_wrap_large_bytes). Looking for them
@@ -8,8 +10,9 @@
  *
  * The rules are _wrap_large_bytes's: exact bytes/bytearray of at least
  * `threshold` bytes, looked for in exact tuples, lists and dicts (their values)
- * down to `depth` levels. No Python code runs here (no __len__, no __eq__), so
- * nothing can change a container while it is read or release the GIL. */
+ * down to `depth` levels. No Python code runs in either look (no __len__, no
+ * __eq__), so nothing can change a container while it is read or release the
+ * GIL. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -298,7 +298,9 @@ def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.Pickle
     cloudpickle would send by value (a function or class from ``__main__``, a
     notebook cell, or from a module registered to go by value; an instance of
     a class from ``__main__``); ``False`` (workers) falls back only if plain
-    pickling fails.
+    pickling fails. A plain value (atoms in plain tuples, lists and dicts, as
+    ``_fastpickle.is_plain`` says) skips both: ``pickle.dumps`` writes the
+    same bytes without a pickler of ours to set up.
     """
     if _holds_large_bytes is None or _holds_large_bytes(obj, _WRAP_DEPTH, OUT_OF_BAND_THRESHOLD):
         obj = _wrap_large_bytes(obj)
