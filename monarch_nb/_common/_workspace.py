@@ -43,6 +43,18 @@ def default_dest(paths: Sequence[str]) -> str:
     return os.path.join("~", ".monarch_nb", "workspace", name)
 
 
+def local_path(path: str) -> tuple[str, bool]:
+    """``path`` made absolute (``~`` expanded) and whether it is a directory;
+    raises ValueError if it is neither a file nor a directory (the one check of
+    both ways a workspace travels: packed for an agent, rsync over ssh)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(path):
+        return path, True
+    if os.path.isfile(path):
+        return path, False
+    raise ValueError(f"sync_workspace: {path!r} is neither a file nor a directory")
+
+
 def pack(paths: Sequence[str], *, compress: bool = False) -> Packed:
     """A tar (gzipped with ``compress``) of ``paths``: a directory's contents at the
     archive's top, a file by its name. Raises ValueError naming what is missing
@@ -51,14 +63,12 @@ def pack(paths: Sequence[str], *, compress: bool = False) -> Packed:
     files = nbytes = 0
     options = {"mode": "w:gz", "compresslevel": 1} if compress else {"mode": "w"}
     with tarfile.open(fileobj=buffer, **options) as tar:
-        for path in paths:
-            path = os.path.abspath(os.path.expanduser(path))
-            if os.path.isfile(path):
+        for given in paths:
+            path, is_dir = local_path(given)
+            if not is_dir:
                 tar.add(path, arcname=os.path.basename(path), recursive=False)
                 files, nbytes = files + 1, nbytes + os.path.getsize(path)
                 continue
-            if not os.path.isdir(path):
-                raise ValueError(f"sync_workspace: {path!r} is neither a file nor a directory")
             for root, dirs, names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if d not in SKIPPED_NAMES)
                 for name in sorted(names):

@@ -10,14 +10,13 @@ cannot carry it), the archive goes through the agents instead
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._common._workspace import SKIPPED_NAMES, SKIPPED_SUFFIXES
+from .._common._workspace import SKIPPED_NAMES, SKIPPED_SUFFIXES, local_path
 
 
 @dataclass(frozen=True)
@@ -46,14 +45,9 @@ def command(ssh: Sequence[str], host: str, paths: Sequence[str], dest: str) -> l
     """The rsync of ``paths`` (a directory's contents, a file by its name) into
     ``dest`` on ``host``, made if missing, over ``ssh``."""
     sources = []
-    for path in paths:
-        path = os.path.abspath(os.path.expanduser(path))
-        if os.path.isdir(path):
-            sources.append(path.rstrip("/") + "/")
-        elif os.path.isfile(path):
-            sources.append(path)
-        else:
-            raise ValueError(f"sync_workspace: {path!r} is neither a file nor a directory")
+    for given in paths:
+        path, is_dir = local_path(given)
+        sources.append(path.rstrip("/") + "/" if is_dir else path)
     excludes = [f"--exclude={name}" for name in sorted(SKIPPED_NAMES)]
     excludes += [f"--exclude=*{suffix}" for suffix in SKIPPED_SUFFIXES]
     return [

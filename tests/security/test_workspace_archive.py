@@ -57,3 +57,25 @@ def test_a_workspace_round_trips_without_caches(tmp_path, compress):
     assert (path, files, nbytes) == (str(tmp_path / "out"), 2, 12)
     assert (tmp_path / "out" / "pkg" / "mod.py").read_text() == "x = 1\n"
     assert not (tmp_path / "out" / "pkg" / "__pycache__").exists()
+
+
+def test_both_ways_a_workspace_travels_check_its_paths_alike(tmp_path):
+    # Packed for an agent, or rsynced over ssh: a directory sends its contents,
+    # a file itself, and anything else is refused by name before anything runs.
+    from monarch_nb._controller import _rsync
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("A = 1\n")
+    (tmp_path / "one.py").write_text("X = 1\n")
+    line = _rsync.command(["ssh"], "h", [str(tmp_path / "pkg"), str(tmp_path / "one.py")], "/d")
+    assert line[-3:] == [f"{tmp_path / 'pkg'}/", str(tmp_path / "one.py"), "h:/d/"]
+    packed = _workspace.pack([str(tmp_path / "pkg"), str(tmp_path / "one.py")])
+    with tarfile.open(fileobj=io.BytesIO(packed.archive)) as tar:
+        assert sorted(tar.getnames()) == ["a.py", "one.py"]
+    missing = str(tmp_path / "missing")
+    for send in (
+        lambda: _rsync.command(["ssh"], "h", [missing], "/d"),
+        lambda: _workspace.pack([missing]),
+    ):
+        with pytest.raises(ValueError, match=r"missing'? is neither a file nor a directory"):
+            send()
