@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from monarch_nb._common import _rundir
+
 pytestmark = pytest.mark.timeout(60)
 
 _HOLD = (
@@ -44,13 +46,20 @@ def test_a_killed_makers_run_dir_is_removed_by_the_next_tree_and_a_live_ones_kep
         # Not run dirs of ours, whatever their names say: left alone.
         killed_name = os.path.basename(killed_dir)
         namespace = os.stat("/proc/self/ns/pid").st_ino
-        assert killed_name.startswith(f"monarch_nb-run-{namespace}-{killed.pid}-")
+        host = _rundir.host_tag()
+        assert killed_name.startswith(f"monarch_nb-run-{namespace}-{killed.pid}-{host}-")
+        other_host = "0" * 6 if host != "0" * 6 else "1" * 6
         others = [
             tmp_path / "monarch_nb-07-checkpoints",
             tmp_path / "monarch_nb-run-notapid",
             # The same dead pid in another pid namespace (a /tmp shared with a
             # container): not ours to judge.
             tmp_path / killed_name.replace(f"-{namespace}-", f"-{namespace + 1}-"),
+            # The same dead pid and namespace made by another host (a TMPDIR that
+            # cluster nodes share: their first pid namespaces have one inode).
+            tmp_path / killed_name.replace(f"-{host}-", f"-{other_host}-"),
+            # A run dir of an older version (no host in its name): not judged.
+            tmp_path / killed_name.replace(f"-{host}-", "-"),
         ]
         for other in others:
             other.mkdir(mode=0o700)
@@ -66,7 +75,9 @@ def test_a_killed_makers_run_dir_is_removed_by_the_next_tree_and_a_live_ones_kep
         assert os.path.isdir(alive_dir)  # its maker still runs
         assert not os.path.exists(next_dir)  # removed at its maker's exit, as always
         assert all(other.is_dir() for other in others)
-        assert os.path.basename(next_dir).startswith(f"monarch_nb-run-{namespace}-{next_tree.pid}-")
+        assert os.path.basename(next_dir).startswith(
+            f"monarch_nb-run-{namespace}-{next_tree.pid}-{host}-"
+        )
     finally:
         for proc in (killed, alive):
             with proc:  # closes its pipes; stdin's end lets it exit

@@ -7,17 +7,21 @@ child's environment: a path, not a secret), so only our own uid can reach the
 sockets inside it at all. The directory is removed when the process that made
 it exits; one whose maker was killed (SIGKILL, a crashed kernel) cannot be, so
 the next tree that makes one on the host removes those first: its name carries
-its maker's pid (and pid namespace: a /tmp shared between containers holds
-pids of other namespaces), and a directory of ours whose maker is gone is
-nobody's.
+its maker's pid, its pid namespace (a /tmp shared between containers holds
+pids of other namespaces) and its host (a ``TMPDIR`` on a file system that
+several hosts share, common on clusters, holds pids of other hosts: their
+first pid namespaces even have the same inode), and a directory of ours whose
+maker is gone is nobody's.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -43,7 +47,8 @@ _MAX_DIR_CHARS = 70
 _lock = threading.Lock()
 _path: str | None = None
 _PREFIX = "monarch_nb-run-"
-_STALE = re.compile(re.escape(_PREFIX) + r"(\d+)-(\d+)-[^/]+")  # namespace, pid, random
+# namespace, pid, host, random (mkdtemp's)
+_STALE = re.compile(re.escape(_PREFIX) + r"(\d+)-(\d+)-([0-9a-f]{6})-[^/]+")
 
 
 def run_dir() -> str:
@@ -68,12 +73,12 @@ def socket_path(name: str) -> str:
 
 def _make() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    if len(base) > _MAX_DIR_CHARS - 44 or not os.access(base, os.W_OK):  # name: 44 at most
+    if len(base) > _MAX_DIR_CHARS - 51 or not os.access(base, os.W_OK):  # name: 51 at most
         base = tempfile.gettempdir()
-    creator, namespace = os.getpid(), _pid_namespace()
+    creator, namespace, host = os.getpid(), _pid_namespace(), host_tag()
     if namespace:
-        _remove_stale(base, namespace)
-    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{namespace}-{creator}-", dir=base)  # 0700, ours
+        _remove_stale(base, namespace, host)
+    path = tempfile.mkdtemp(prefix=f"{_PREFIX}{namespace}-{creator}-{host}-", dir=base)  # 0700
 
     def remove() -> None:
         if os.getpid() == creator:  # not in a forked child that inherited the handler
@@ -91,17 +96,29 @@ def _pid_namespace() -> int:
         return 0
 
 
-def _remove_stale(base: str, namespace: int) -> None:
+def host_tag() -> str:
+    """Six hex digits of this host's name: which host made a run directory."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:6]
+
+
+def _remove_stale(base: str, namespace: int, host: str) -> None:
     """Remove the run directories in ``base`` that processes of our pid namespace
-    made and that are gone (killed before their exit handler ran). A maker's pid
-    that a live process now has keeps its directory: left, never wrongly removed."""
+    on this host made and that are gone (killed before their exit handler ran).
+    A maker's pid that a live process now has keeps its directory: left, never
+    wrongly removed; so does one another host made, or an older version (its
+    name has no host)."""
     try:
         names = os.listdir(base)
     except OSError:
         return
     for name in names:
         match = _STALE.fullmatch(name)
-        if match is None or int(match.group(1)) != namespace or pid_alive(int(match.group(2))):
+        if (
+            match is None
+            or int(match.group(1)) != namespace
+            or match.group(3) != host
+            or pid_alive(int(match.group(2)))
+        ):
             continue
         path = os.path.join(base, name)
         if _is_private(path):  # ours, and only ours
