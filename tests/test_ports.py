@@ -97,6 +97,20 @@ class Tidy(Actor):
         self.port.send(("cleaned", context().actor_instance.rank.rank, exc))
 
 
+class Rebinds(Actor):
+    @endpoint
+    def answer(self, x: int) -> int:
+        return x
+
+    @endpoint
+    def answer_through_a_port_from_now_on(self) -> None:
+        @endpoint(explicit_response_port=True)
+        def answer(port: Port, x: int) -> None:
+            port.send(-x)
+
+        self.answer = answer  # an instance attribute shadows the method
+
+
 def test_a_port_passed_to_actors_delivers_to_the_controller(procs4):
     producers = procs4.spawn("producers", Producer)
     port, receiver = Channel.open()
@@ -145,6 +159,15 @@ def test_an_explicit_response_port_answers_from_another_thread(procs4):
         answers.slice(procs=2).refuse.call_one("no").get(timeout=60)
     message = answers.slice(procs=0).pass_port_on.call_one().get(timeout=60)
     assert "Channel.open()" in message
+
+
+def test_an_endpoint_rebound_at_run_time_is_called_as_it_is_now(procs4):
+    # A worker looks up an endpoint's marks once per actor: it must look again
+    # when the name comes to mean another function.
+    rebinds = procs4.slice(procs=0).spawn("rebinds", Rebinds)
+    assert rebinds.answer.call_one(5).get(timeout=60) == 5
+    rebinds.answer_through_a_port_from_now_on.call_one().get(timeout=60)
+    assert rebinds.answer.call_one(5).get(timeout=60) == -5
 
 
 def test_a_concurrent_endpoint_lets_the_actor_take_the_next_message(procs4):

@@ -26,7 +26,7 @@ import traceback
 import warnings
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -78,13 +78,41 @@ _WAIT_FILES = frozenset(
 
 
 class _LiveActor:
-    __slots__ = ("context", "instance", "label", "tasks")
+    __slots__ = ("_endpoints", "context", "instance", "label", "tasks")
 
     def __init__(self, instance: Any, context: Context) -> None:
         self.instance = instance
         self.context = context
         self.label = type(instance).__name__
         self.tasks: set[Any] = set()  # its concurrent endpoints' asyncio tasks
+        self._endpoints: dict[str, _EndpointFacts] = {}
+
+    def label_of(self, endpoint: str) -> str:
+        facts = self._endpoints.get(endpoint)
+        return facts.label if facts is not None else f"{self.label}.{endpoint}"
+
+    def facts(self, endpoint: str, method: Any) -> _EndpointFacts:
+        """What a call of ``endpoint`` (now ``method``) needs to know, looked up once
+        per actor: asking a bound method for a mark it lacks costs more than a
+        no-op call's own work (~0.7 us each, an AttributeError raised and
+        cleared). Looked up again if the attribute became another function."""
+        function = getattr(method, "__func__", method)
+        facts = self._endpoints.get(endpoint)
+        if facts is None or facts.function is not function:
+            facts = self._endpoints[endpoint] = _EndpointFacts(
+                function,
+                f"{self.label}.{endpoint}",
+                wants_response_port(method),
+                is_concurrent(method),
+            )
+        return facts
+
+
+class _EndpointFacts(NamedTuple):
+    function: Any  # what the endpoint's attribute was (a bound method's function)
+    label: str  # "Trainer.step", for status and errors
+    response_port: bool  # explicit_response_port: answers through a port
+    concurrent: bool  # @concurrent_endpoint: runs as a task on the actors' loop
 
 
 class _ResponsePort:
@@ -645,7 +673,7 @@ class Worker:
             message.reply,
         )
         live = self.actors.get(actor_id)
-        label = f"{live.label if live else 'actor'}.{endpoint}"
+        label = live.label_of(endpoint) if live else f"actor.{endpoint}"
         decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id, route)
         if decoded is _FAILED:
             return
@@ -655,15 +683,16 @@ class Worker:
             return
         args, kwargs = decoded
         method = getattr(live.instance, endpoint, None)
-        if wants_response_port(method):
+        facts = live.facts(endpoint, method)
+        if facts.response_port:
             args = (_ResponsePort(self, route, call_id if reply else 0), *args)
             reply = False  # the endpoint answers through the port
         ctx = live.context
         if message.sent_to:
             labels, sizes, ranks = message.sent_to
             ctx = dataclasses.replace(ctx, message_shape=Shape(labels, sizes, ranks))
-        if method is not None and is_concurrent(method):
-            self._start_concurrent(live, ctx, method(*args, **kwargs), message, label, route)
+        if facts.concurrent and method is not None:
+            self._start_concurrent(live, ctx, method(*args, **kwargs), message, label, reply, route)
             return
         previous = _context.set_current(ctx)
         self._active.append(actor_id)
@@ -680,13 +709,18 @@ class Worker:
             self.reply_value(call_id, result, route)
 
     def _start_concurrent(
-        self, live: _LiveActor, ctx: Context, coro: Any, message: Call, label: str, route: Route
+        self,
+        live: _LiveActor,
+        ctx: Context,
+        coro: Any,
+        message: Call,
+        label: str,
+        reply: bool,
+        route: Route,
     ) -> None:
         """A ``@concurrent_endpoint``: its body becomes a task on the actors' loop,
-        and the next message is taken at once; the reply leaves when it ends."""
-        reply = message.reply and not wants_response_port(
-            getattr(live.instance, message.endpoint, None)
-        )
+        and the next message is taken at once; the reply (if ``reply``: False for a
+        broadcast, or where a response port answers) leaves when it ends."""
 
         async def run() -> None:
             _context.set_task_context(ctx)
