@@ -7,7 +7,10 @@
 * the same TCP read sealed (AES-256-GCM, ``RDMABuffer(..., encrypt=True)``) vs
   plain: what encrypting the bulk stream costs;
 * the same array sent the ordinary way, as an endpoint argument to an actor
-  (signed pickle-5 frames over the control wire), vs the same-host read.
+  (signed pickle-5 frames over the control wire), vs the same-host read;
+* a torch tensor a rank holds, returned inline as an ``RDMABuffer`` (as
+  Monarch programs do) and read into a torch tensor here, vs one memcpy of
+  the same number of bytes between two torch tensors inside this process.
 
 The owner is a spawned process holding numpy arrays; the reader is this
 process. Each figure is the median of several repetitions into a destination
@@ -20,6 +23,7 @@ call ``run(rows)`` to collect the rows as dicts.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import multiprocessing as mp
 import socket
@@ -112,6 +116,7 @@ def run(rows: list[dict[str, Any]], *, quick: bool = False) -> None:
         for label, n in sizes.items():
             rows.extend(_measure(buffers[n], label, n, raw_read))
         _endpoint_argument_rows(rows, buffers, {k: v for k, v in sizes.items() if v <= 64 * MiB})
+        _torch_tensor_rows(rows, sizes)
     finally:
         parent.send("done")
         owner.join(10)
@@ -182,6 +187,45 @@ def _endpoint_argument_rows(
                     "same-host RDMA read",
                     rdma,
                 )
+            )
+
+
+class _TensorOwner(Actor):
+    """A rank holding torch tensors (allocated as ranks allocate them: on
+    transparent huge pages unless the user set THP_MEM_ALLOC_ENABLE)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        import torch
+
+        self.tensors = {n: torch.full((n,), 7, dtype=torch.uint8) for n in sizes}
+
+    @endpoint
+    def buffer(self, n: int) -> RDMABuffer:
+        # Monarch's way: a buffer made inline and returned; the rank keeps the
+        # registration until drop() or its exit.
+        return RDMABuffer(self.tensors[n].view(-1))
+
+
+def _torch_tensor_rows(rows: list[dict[str, Any]], sizes: dict[str, int]) -> None:
+    """A rank's torch tensor read one-sidedly, against a torch copy of the same size."""
+    import torch
+
+    with this_host().spawn_procs(per_host={"procs": 1}, name="bench-torch-owner") as procs:
+        owner = procs.spawn("owner", _TensorOwner, list(sizes.values()))
+        for label, n in sizes.items():
+            buf = owner.buffer.call_one(n).get(timeout=120)
+            src = torch.full((n,), 7, dtype=torch.uint8)
+            dst = torch.zeros(n, dtype=torch.uint8)
+            # The floor is one memcpy of the same bytes (torch's own copy_ of a
+            # large tensor runs on several threads: not a memcpy).
+            read, copy = _compare(
+                lambda b=buf, d=dst: b.read_into(d, transport="local").get(),
+                lambda d=dst, s=src, n=n: ctypes.memmove(d.data_ptr(), s.data_ptr(), n),
+                REPEATS[n],
+            )
+            assert int(dst[-1]) == 7
+            rows.append(
+                _row("same-host read of a rank's torch tensor", label, n, read, "memcpy", copy)
             )
 
 
