@@ -207,7 +207,7 @@ class _TensorOwner(Actor):
 
 
 def _torch_tensor_rows(rows: list[dict[str, Any]], sizes: dict[str, int]) -> None:
-    """A rank's torch tensor read one-sidedly, against a torch copy of the same size."""
+    """A rank's torch tensor read one-sidedly, against one memcpy of the same size."""
     import torch
 
     with this_host().spawn_procs(per_host={"procs": 1}, name="bench-torch-owner") as procs:
