@@ -7,6 +7,7 @@ the Python path is what runs for big content.
 
 import importlib.util
 import os
+import pickle
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from monarch_nb import Actor, endpoint, this_host
 from monarch_nb._common import _wire
 from monarch_nb._common._messages import Call, Value
+from monarch_nb._common._sockets import send_one
 from monarch_nb._common._wire import (
     CONTROLLER,
     ReplayWindow,
@@ -239,6 +241,60 @@ def test_the_c_path_takes_zmq_frames_and_reports_the_events_libzmq_reports():
         socket_events(router)
 
 
+def rank_signer(key: bytes, sequence: int) -> Signer:
+    return Signer(
+        key, WireStats(), sender=RANK, upstream=True, trusted_link=True, first_sequence=sequence
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    size=st.one_of(st.integers(0, 300), st.integers(16_320, 16_380)),
+    sequence=st.integers(1, 2**40),
+)
+def test_a_reply_sealed_in_one_step_is_the_frame_sealed_in_several(size, sequence):
+    """Signer.seal_small (a worker's reply path) gives Encoded.seal's bytes, and
+    where the body is too big for it, gives nothing and takes no sequence number."""
+    key = new_key()
+    value = os.urandom(size)
+    payload = pickle.dumps(value, protocol=5)
+    body = 4 + len(pickle.dumps((Value.TAG, size), protocol=5)) + len(payload)
+    one_step, in_steps = rank_signer(key, sequence), rank_signer(key, sequence)
+    frame = one_step.seal_small(Value(size), payload)
+    assert (frame is None) == (body > FAST.SMALL_HASH_LIMIT)
+    if frame is None:
+        # No number was used up: the next message seals with the one it would have.
+        assert one_step.encode(Value(1)).seal() == in_steps.encode(Value(1)).seal()
+        return
+    assert [frame] == in_steps.encode_pickled(Value(size), payload, []).seal()
+    assert one_step.stats.bytes_in_band == in_steps.stats.bytes_in_band == body
+    controller = Signer(key, WireStats(), sender=CONTROLLER, upstream=False, trusted_link=True)
+    assert controller.verify([frame], ReplayWindow(), sender=RANK) == Value(size)
+    assert decode_payload([frame]) == value
+
+
+def test_send_one_sends_a_frame_and_reports_the_events_libzmq_reports():
+    ctx = zmq.Context.instance()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send(b"hello")
+        assert router.poll(30_000), "the first message never arrived"
+        identity = router.recv_multipart()[0]
+        router.send_multipart([identity, b"pending"])  # input waiting on the dealer
+        assert dealer.poll(30_000), "the reply never arrived"
+        assert send_one(dealer, b"one frame") == int(dealer.getsockopt(zmq.EVENTS))
+        assert send_one(dealer, b"one frame") & zmq.POLLIN
+        assert router.poll(30_000)
+        assert router.recv_multipart()[1:] == [b"one frame"]
+    finally:
+        router.close(0)
+        dealer.close(0)
+    with pytest.raises(zmq.ZMQError):
+        send_one(dealer, b"to a closed socket")
+
+
 class Echo(Actor):
     @endpoint
     def echo(self, x: object) -> object:
@@ -259,6 +315,21 @@ def test_a_controller_with_the_c_path_drives_ranks_without_it():
         assert echo.wire.call().get(timeout=120).values() == [False, False]
         big = os.urandom(100_000)
         for value in (1, "x" * 20_000, big, [big, b"small"]):
+            assert echo.echo.call(value).get(timeout=120).values() == [value, value]
+    finally:
+        procs.stop()
+
+
+def test_replies_on_either_side_of_the_one_step_limit_reach_the_caller():
+    """A rank seals a small reply in one step and a bigger one as before: values
+    around the limit (strings pickle in-band), None, and buffer frames all arrive."""
+    procs = this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        echo = procs.spawn("echo", Echo)
+        assert echo.wire.call().get(timeout=120).values() == [True, True]
+        values = [None, 0, "", b"small", *("x" * n for n in range(16_330, 16_390, 7))]
+        values += [os.urandom(100_000), [os.urandom(5_000), "y" * 20_000]]
+        for value in values:
             assert echo.echo.call(value).get(timeout=120).values() == [value, value]
     finally:
         procs.stop()

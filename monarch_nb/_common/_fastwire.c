@@ -181,6 +181,42 @@ static PyObject *header(PyObject *self, PyObject *args) {
     return PyBytes_FromStringAndSize((const char *)out, HEADER_BYTES);
 }
 
+/* frame(state, sequence, flags, sender, meta, payload) -> the one frame of a small
+   message with no buffer frames, sealed: header | meta length | meta | payload, as
+   _wire.Encoded.seal() gives it for the same sequence, built in one allocation
+   (the reply path of a small call pickled, digested, signed and joined in a
+   dozen interpreted steps). ValueError if the body is over SMALL_HASH_LIMIT. */
+static PyObject *frame(PyObject *self, PyObject *args) {
+    PyObject *state_obj;
+    unsigned long long sequence;
+    int flags;
+    const char *sender, *meta, *payload;
+    Py_ssize_t sender_len, meta_len, payload_len;
+    if (!PyArg_ParseTuple(args, "OKiy#y#y#", &state_obj, &sequence, &flags, &sender, &sender_len,
+                          &meta, &meta_len, &payload, &payload_len))
+        return NULL;
+    key_state_t key;
+    if (read_state(state_obj, &key) < 0) return NULL;
+    Py_ssize_t body_len = META_LEN_BYTES + meta_len + payload_len;
+    if (sender_len != SENDER_BYTES || flags < 0 || flags > 255 || body_len > SMALL_HASH_LIMIT)
+        return PyErr_Format(PyExc_ValueError, "bad frame fields (sender %zd bytes, body %zd bytes)",
+                            sender_len, body_len);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, HEADER_BYTES + body_len);
+    if (out == NULL) return NULL;
+    unsigned char *head = (unsigned char *)PyBytes_AS_STRING(out), *body = head + HEADER_BYTES;
+    put_le(body, (uint64_t)meta_len, META_LEN_BYTES);
+    memcpy(body + META_LEN_BYTES, meta, (size_t)meta_len);
+    memcpy(body + META_LEN_BYTES + meta_len, payload, (size_t)payload_len);
+    unsigned char content[SHA256_SIZE];
+    Py_ssize_t digested = 0;
+    content_digest(body, body_len, NULL, 0, 0, content, &digested); /* small: always done */
+    put_le(head + SIG_BYTES, sequence, SEQ_BYTES);
+    head[FLAGS_AT] = (unsigned char)flags;
+    memcpy(head + SENDER_AT, sender, SENDER_BYTES);
+    sign(&key, head + SIG_BYTES, content, head);
+    return out;
+}
+
 static int same(const unsigned char *a, const unsigned char *b, size_t n) {
     unsigned char diff = 0; /* constant time, as hmac.compare_digest */
     for (size_t i = 0; i < n; i++) diff |= a[i] ^ b[i];
@@ -276,6 +312,8 @@ static PyMethodDef methods[] = {
      "digest(body, buffers, by_length) -> (content digest, buffer bytes hashed), or None if too big"},
     {"header", header, METH_VARARGS,
      "header(state, sequence, flags, sender, digest) -> the signed 57-byte header"},
+    {"frame", frame, METH_VARARGS,
+     "frame(state, sequence, flags, sender, meta, payload) -> a small message's one sealed frame"},
     {"check", check, METH_VARARGS,
      "check(state, frames, upstream, trusted, sender) -> refusal code, "
      "(sequence, meta, buffer bytes hashed), or (None, None, bytes hashed): bad signature"},

@@ -12,7 +12,8 @@
  *   objects (zero-copy: a frame keeps its zmq_msg_t, exported through the
  *   buffer protocol, writable as pyzmq's are);
  * - send_copied(): small frames of one message, copied, without blocking;
- * - send_each_copied(): one small message to each of many peers (a cast).
+ * - send_each_copied(): one small message to each of many peers (a cast);
+ * - send_one(): a one-frame message, and ZMQ_EVENTS after it (a reply).
  *
  * Nothing here raises libzmq's errors or waits: where libzmq says no (an
  * error, a full queue), the function returns how far it got and _wire.py does
@@ -338,6 +339,33 @@ static PyObject *send_each_copied(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(sent);
 }
 
+/* send_one(handle, frame) -> the socket's ZMQ_EVENTS after sending the one-frame
+   message frame (copied, without waiting); -1: not sent (pyzmq sends it), -2: sent,
+   but ask pyzmq for the events. A reply's send and the look that follows it (a send
+   can take the notice of input that just came) in one call. */
+static PyObject *send_one(PyObject *self, PyObject *args) {
+    PyObject *handle_obj;
+    Py_buffer frame;
+    if (!PyArg_ParseTuple(args, "Oy*", &handle_obj, &frame)) return NULL;
+    void *handle = handle_of(handle_obj);
+    if (handle == NULL) {
+        PyBuffer_Release(&frame);
+        return NULL;
+    }
+    int rc = -1;
+    if (bound) {
+        do {
+            rc = zmq.send(handle, frame.buf, (size_t)frame.len, ZMQ_DONTWAIT_FLAG);
+        } while (rc < 0 && errno == EINTR);
+    }
+    PyBuffer_Release(&frame);
+    if (rc < 0) return PyLong_FromLong(-1);
+    int value = 0;
+    size_t size = sizeof value;
+    if (zmq.getsockopt(handle, ZMQ_EVENTS_OPTION, &value, &size) != 0) return PyLong_FromLong(-2);
+    return PyLong_FromLong(value);
+}
+
 static PyMethodDef methods[] = {
     {"send_each_copied", send_each_copied, METH_VARARGS,
      "send_each_copied(handle, identities, frame) -> how many went whole (see the source)"},
@@ -346,6 +374,8 @@ static PyMethodDef methods[] = {
     {"take", take, METH_VARARGS,
      "take(handle, partial, dropping, frames, messages, max_per_message) -> "
      "(done, partial, dropping, dropped, status)"},
+    {"send_one", send_one, METH_VARARGS,
+     "send_one(handle, frame) -> ZMQ_EVENTS after sending it; -1: not sent, -2: events unknown"},
     {"send_copied", send_copied, METH_VARARGS,
      "send_copied(handle, parts) -> how many parts were sent (copied, without waiting)"},
     {NULL, NULL, 0, NULL},

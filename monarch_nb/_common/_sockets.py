@@ -86,6 +86,19 @@ def send_copied(socket: zmq.Socket, parts: list[Any]) -> int:
     return sent
 
 
+def send_one(socket: zmq.Socket, frame: bytes) -> int:
+    """Send the one-frame message ``frame`` (copied) and return the socket's
+    ``ZMQ_EVENTS`` after it: in C, else through pyzmq, waiting or raising as it does."""
+    if _fastzmq is not None and not socket.closed:
+        events: int = _fastzmq.send_one(socket.underlying, frame)
+        if events >= 0:
+            return events
+        if events == -2:  # sent: only the look after it failed
+            return int(socket.getsockopt(_EVENTS))
+    socket.send(frame, 0)
+    return socket_events(socket)
+
+
 def send_each_copied(socket: zmq.Socket, identities: list[bytes], frame: bytes) -> None:
     """Send the one-frame message ``frame`` to each of ``identities`` (a ROUTER's
     cast): in C, then through pyzmq from where libzmq stopped, waiting or raising

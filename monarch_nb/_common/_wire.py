@@ -100,6 +100,8 @@ _SEQ_BYTES = 8
 _FLAGS_BYTES = 1
 SENDER_BYTES = 16
 _META_LEN_BYTES = 4
+# A body sealed in one step by Signer.seal_small at most (C hashes this much).
+_SMALL_FRAME_BYTES = _fastwire.SMALL_HASH_LIMIT if _fastwire is not None else 0
 _HEADER_BYTES = _SIG_BYTES + _SEQ_BYTES + _FLAGS_BYTES + SENDER_BYTES
 _SENDER_AT = _SIG_BYTES + _SEQ_BYTES + _FLAGS_BYTES
 # Header flags (signed).
@@ -398,11 +400,17 @@ class Signer:
 
     def encode(self, message: Message, payload: Any = None, *, by_value: bool = True) -> Encoded:
         """Pickle a message and digest its content once; raises whatever pickling raises."""
-        meta_bytes = pickle.dumps(to_wire(message), protocol=5)
         payload_bytes: bytes = b""
         buffers: list[pickle.PickleBuffer] = []
         if payload is not None:
             payload_bytes, buffers = dumps(payload, by_value=by_value)
+        return self.encode_pickled(message, payload_bytes, buffers)
+
+    def encode_pickled(
+        self, message: Message, payload_bytes: bytes, buffers: list[pickle.PickleBuffer]
+    ) -> Encoded:
+        """:meth:`encode` of a payload already pickled (``dumps``)."""
+        meta_bytes = pickle.dumps(to_wire(message), protocol=5)
         if len(buffers) > MAX_FRAMES_PER_MESSAGE - 4:  # header, body, identity, envelope
             raise pickle.PicklingError(
                 f"this value holds {len(buffers):,} tensors or arrays over 4 KiB, each its own "
@@ -420,6 +428,31 @@ class Signer:
         self.stats.bytes_in_band += len(body)
         self.stats.bytes_out_of_band += encoded.nbytes - len(body)
         return encoded
+
+    def seal_small(self, message: Message, payload_bytes: bytes) -> bytes | None:
+        """The one sealed frame of ``message`` with a payload already pickled and no
+        buffer frames, in one step (what :meth:`encode_pickled` then
+        :meth:`Encoded.seal` give, byte for byte); None, and no sequence number
+        taken, where it is too big for that or the C path is unavailable.
+
+        Call under the lock that orders this sender's sends: it takes the next
+        sequence number.
+        """
+        meta_bytes = pickle.dumps(to_wire(message), protocol=5)
+        body_bytes = _META_LEN_BYTES + len(meta_bytes) + len(payload_bytes)
+        if _fastwire is None or body_bytes > _SMALL_FRAME_BYTES:
+            return None
+        frame: bytes = _fastwire.frame(
+            self._key_state,
+            next(self._sequence),
+            self._flags,
+            self.sender,
+            meta_bytes,
+            payload_bytes,
+        )
+        self.stats.encoded += 1
+        self.stats.bytes_in_band += body_bytes
+        return frame
 
     def verify(
         self, frames: Sequence[Any], window: ReplayWindow, *, sender: bytes | None

@@ -53,6 +53,7 @@ from .._common._messages import (
     Value,
 )
 from .._common._peer import PeerNode, PeerRoute
+from .._common._serialize import dumps
 from .._common._shape import Shape
 from .._common._wire import Signer, WireStats, decode_payload, sender_tag
 from ._log_file import RankLog
@@ -168,11 +169,12 @@ _NO_TICKET: Ticket = (b"", 0)
 class _ControllerRoute:
     """Replies to the controller's messages go back on the worker's own link."""
 
-    __slots__ = ("send", "send_encoded", "signer")
+    __slots__ = ("send", "send_encoded", "send_small", "signer")
 
     def __init__(self, wire: WireThread, signer: Signer) -> None:
         self.send = wire.send
         self.send_encoded = wire.send_encoded
+        self.send_small = wire.send_small
         self.signer = signer
 
 
@@ -349,7 +351,11 @@ class Worker:
     def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
         route = route or self.controller_route
         try:
-            message = route.signer.encode(Value(call_id), value, by_value=False)
+            # As Signer.encode pickles it (None: no payload bytes at all).
+            payload, buffers = dumps(value, by_value=False) if value is not None else (b"", [])
+            message = None
+            if buffers:  # frames beside the body (tensors, arrays): encoded as ever
+                message = route.signer.encode_pickled(Value(call_id), payload, buffers)
         except Exception as exc:
             failure = RemoteFailure(
                 self.rank,
@@ -359,6 +365,10 @@ class Worker:
             )
             route.send(Failure(call_id, failure, True))
             return
+        if message is None:  # most replies: a small value, sealed and sent in one step
+            if route.send_small(Value(call_id), payload):
+                return
+            message = route.signer.encode_pickled(Value(call_id), payload, buffers)
         route.send_encoded(message)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
