@@ -73,7 +73,7 @@ import zmq
 
 from ._extensions import load_extension
 from ._messages import Message, UnknownMessage, from_wire, to_wire
-from ._serialize import dumps, loads
+from ._serialize import dumps
 from ._sockets import ASK_PYZMQ as _ASK_PYZMQ
 from ._sockets import DRAINED as _DRAINED
 from ._sockets import send_copied, send_each_copied, socket_events, take
@@ -619,4 +619,4 @@ def decode_payload(frames: Sequence[Any]) -> Any:
     payload = body[_META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little") :]
     if payload.nbytes == 0:
         return None
-    return loads(payload, [memoryview(f) for f in buffers] if buffers else ())
+    return pickle.loads(payload, buffers=[memoryview(f) for f in buffers] if buffers else ())

@@ -68,7 +68,7 @@ class RankLog:
         self._file = self._open()
         self._size = self._file.tell()
         self._last_flush = time.time()
-        self._dirty = False  # written since the last flush
+        self.dirty = False  # written since the last flush
         # How the last record made ends ("last line\n"): its printed form, if that is
         # the next write, is skipped.
         self.pending_record: str | None = None
@@ -90,7 +90,7 @@ class RankLog:
     def _write(self, text: str, now: float) -> None:
         with self.lock:
             self._file.write(text)
-            self._dirty = True
+            self.dirty = True
             self._size += len(text)
             if self._size >= self.max_bytes > 0:
                 self._rotate()
@@ -99,13 +99,13 @@ class RankLog:
 
     def flush(self) -> None:
         # After every call: most write nothing, and then there is nothing to take the
-        # lock for (a line this thread wrote set _dirty before this reads it).
-        if self._dirty:
+        # lock for (a line this thread wrote set dirty before this reads it).
+        if self.dirty:
             with self.lock:
                 self._flush()
 
     def _flush(self) -> None:
-        self._dirty = False
+        self.dirty = False
         try:
             self._file.flush()
         except (OSError, ValueError):

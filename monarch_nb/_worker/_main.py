@@ -152,6 +152,8 @@ class _ResponsePort:
 
 def _call_id_of(message: Message) -> int:
     """The call a work message answers (0 for a broadcast or a non-call)."""
+    if message.__class__ is Call:  # most messages: no pattern matching to run
+        return message.call_id if message.reply else 0
     match message:
         case Call(call_id, _, _, True) | Spawn(call_id) | RunCell(call_id) | Push(call_id):
             return call_id
@@ -346,7 +348,8 @@ class Worker:
     def _finish(self) -> None:
         with self._calls_lock:
             self._running = self._interrupted = _NO_TICKET
-        self.wire.release_status()  # work that never reached user code
+        if self.wire.status_held:  # work that never reached user code
+            self.wire.release_status()
 
     def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
         route = route or self.controller_route
@@ -377,20 +380,23 @@ class Worker:
         if self._in_user_code:
             raise KeyboardInterrupt
 
-    def user_code(self, label: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn()`` with interrupts enabled (main thread), labelled for status."""
+    def user_code(self, label: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` with interrupts enabled (main thread), labelled for status."""
         self._work = (label, time.monotonic())
         self._in_user_code = True
-        self.wire.release_status()  # a status asked meanwhile describes this
+        wire = self.wire
+        if wire.status_held:  # a status asked meanwhile describes this
+            wire.release_status()
         try:
             if self._interrupted[1] and self._interrupted == self._running:
                 raise KeyboardInterrupt  # it came while the arguments were unpickled
-            return fn()
+            return fn(*args)
         finally:
             self._in_user_code = False
             self._work = ("", 0.0)
-            if self.log is not None:  # before the reply: a kill after it loses no line
-                self.log.flush()
+            log = self.log
+            if log is not None and log.dirty:  # before the reply: a kill after it loses no line
+                log.flush()
 
     def post(self, task: Callable[[], None]) -> None:
         """Run ``task`` on the main thread between messages (any thread may call)."""
@@ -448,7 +454,8 @@ class Worker:
                     return inbox.get_nowait()
                 if more:  # a batch of control messages only: the rest gives no notice
                     continue
-                wire.release_status()  # idle: a status asked meanwhile says so
+                if wire.status_held:  # idle: a status asked meanwhile says so
+                    wire.release_status()
                 # With a deadline all the same: were a notice ever missed, the
                 # rank would answer a second late rather than never (and say so).
                 ready = poller.poll(_IDLE_RECHECK_MS)
@@ -476,7 +483,8 @@ class Worker:
 
     def _wake(self) -> None:
         """New work in the inbox: wake whichever wait the main thread is in."""
-        self._wake_loop()
+        if self._waker is not None:  # it waits in the actors' event loop
+            self._wake_loop()
         if self._waiting_on_socket and threading.get_ident() != self._main_ident:
             self._poke_main()
 
@@ -708,7 +716,7 @@ class Worker:
         self._active.append(actor_id)
         try:
             method = getattr(live.instance, endpoint)
-            result = self.user_code(label, lambda: self._call_maybe_async(method, args, kwargs))
+            result = self.user_code(label, self._call_maybe_async, method, args, kwargs)
         except BaseException as exc:
             self._report(call_id, reply, actor_id, label, self.failure_of(exc), route)
             return

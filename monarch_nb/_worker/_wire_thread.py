@@ -119,9 +119,10 @@ class WireThread:
         self._parked = False  # this thread is not watching the socket now
         self.wake_main: Callable[[], None] = lambda: None  # the worker sets it
         # Status queries the main thread received, for this thread to answer once
-        # the main thread says its state is worth describing (release_status).
+        # the main thread says its state is worth describing (release_status). Public:
+        # the main thread reads it before calling that, a call fewer on its path.
         self._control_backlog: deque[Message] = deque()
-        self._status_held = False
+        self.status_held = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="monarch_nb-wire", daemon=True)
         # Message type -> handler run here on the wire thread, for layers above the
@@ -245,7 +246,7 @@ class WireThread:
                     clear_eventfd(self._wake_fd)
             self._parked = False
             try:
-                while self._control_backlog and not self._status_held:
+                while self._control_backlog and not self.status_held:
                     self._control(self._control_backlog.popleft())
                 if not self.main_receiving and (watching or looked):
                     self.drain()
@@ -302,7 +303,7 @@ class WireThread:
             self._drain_lock.release()
 
     def _drain(self, at_most: int | None) -> bool:
-        on_main = threading.current_thread() is not self._thread
+        on_main = threading.get_ident() != self._thread.ident
         taken = self._taken
         more = True
         while True:
@@ -333,7 +334,7 @@ class WireThread:
                 # Answered now, it would describe the main thread draining, and a
                 # call it just took would not have started yet. The wire thread
                 # answers once the main thread is in its work, or idle again.
-                self._status_held = True
+                self.status_held = True
                 self._control_backlog.append(message)
             elif isinstance(message, Interrupt | StatusQuery) or (
                 type(message) in self.control_handlers
@@ -347,8 +348,8 @@ class WireThread:
     def release_status(self) -> None:
         """Main thread: it is in its work now (user code), done with it, or idle, so
         the status queries it received describe what it does: answer them."""
-        if self._status_held:
-            self._status_held = False
+        if self.status_held:
+            self.status_held = False
             os.eventfd_write(self._wake_fd, 1)
 
     def _control(self, message: Message) -> None:
