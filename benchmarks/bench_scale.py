@@ -1,6 +1,7 @@
 """Scale: a call gathered from hundreds to a thousand lightweight ranks.
 
-Run: ``python benchmarks/bench_scale.py`` (``--quick``: the 256-rank rows only).
+Run: ``python benchmarks/bench_scale.py`` (``--quick``: the 256-rank rows only;
+``--cpu``: where the 1,024-rank gather's CPU goes, thread by thread).
 
 A *rank* here is one actor: ``A`` actor meshes spawned on a process mesh of
 ``P`` workers give ``P * A`` ranks, and one gather is ``A`` calls (one per actor
@@ -16,6 +17,7 @@ gathered from 512 actors (about 5.1 us per actor).
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -173,11 +175,75 @@ def render(rows: list[ScaleRow]) -> str:
     return "\n".join(lines)
 
 
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of ``pid``, keyed ``main`` for
+    its main thread and by thread name for the others (summed per name)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = "main" if tid == str(pid) else stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        cpu[name] = cpu.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return cpu
+
+
+def cpu_per_gather(procs: int = 128, actors_per_proc: int = 8, gathers: int = 40) -> str:
+    """Where a gather's CPU goes: the controller's threads and the workers' (all
+    workers summed), per gather, over ``gathers`` gathers in a row."""
+    mesh = this_host().spawn_procs(
+        per_host={"procs": procs}, name="scale", echo_output=False, force=True
+    )
+    try:
+        actors = [mesh.spawn(f"tiny{i}", Tiny) for i in range(actors_per_proc)]
+
+        def gather() -> None:
+            for future in [a.ping.call() for a in actors]:
+                future.get(timeout=60)
+
+        for _ in range(3):
+            gather()
+        pids = {"controller": [os.getpid()], "workers": list(mesh.pids)}
+        before = {side: [_thread_cpu(p) for p in ps] for side, ps in pids.items()}
+        t0 = time.perf_counter()
+        for _ in range(gathers):
+            gather()
+        wall = (time.perf_counter() - t0) / gathers
+        after = {side: [_thread_cpu(p) for p in ps] for side, ps in pids.items()}
+    finally:
+        mesh.stop()
+    lines = [
+        f"{procs * actors_per_proc:,} ranks ({procs} x {actors_per_proc}), {gathers} gathers: "
+        f"{wall * 1e3:.1f} ms a gather (wall)",
+        "",
+        "| process | thread | CPU per gather |",
+        "|---|---|---:|",
+    ]
+    for side in pids:
+        spent: dict[str, float] = {}
+        for old, new in zip(before[side], after[side], strict=True):
+            for name, seconds in new.items():
+                spent[name] = spent.get(name, 0.0) + seconds - old.get(name, 0.0)
+        for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+            if seconds / gathers >= 1e-4:
+                lines.append(f"| {side} | {name} | {seconds / gathers * 1e3:.1f} ms |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the 256-rank rows only")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="the 1,024-rank layout only: each thread's CPU per gather, from /proc",
+    )
     args = parser.parse_args(argv)
-    print(render(measure(quick=args.quick)))
+    print(cpu_per_gather() if args.cpu else render(measure(quick=args.quick)))
 
 
 if __name__ == "__main__":
