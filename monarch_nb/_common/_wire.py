@@ -44,7 +44,9 @@ at send time, under the lock that orders the sender's sends, so sequence
 numbers leave each sender in order, whichever thread encoded first. A rank's
 small reply (a body under 16 KiB, no buffer frames) is digested and sealed
 in one C step under that lock instead (:meth:`Signer.seal_small`, the same
-bytes): hashing that little costs less than the Python steps it saves.
+bytes): the same hashing as before, moved under the lock (0.7 us for a
+no-op's reply, at most ~20 us at the limit), where it saves a dozen
+interpreted steps per reply.
 
 Nothing is unpickled before the signature, the sender, the direction and the
 sequence check pass; frames that fail are dropped and counted in
