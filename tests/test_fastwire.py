@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from monarch_nb import Actor, endpoint, this_host
 from monarch_nb._common import _wire
-from monarch_nb._common._messages import Call, Value
+from monarch_nb._common._messages import Call, Value, to_wire
 from monarch_nb._common._sockets import send_one
 from monarch_nb._common._wire import (
     CONTROLLER,
@@ -211,6 +211,48 @@ def test_a_replayed_message_is_refused_on_the_c_path_too():
     assert rank.stats.dropped_replayed == 1
 
 
+_U64 = 2**64 - 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("ahead"), st.integers(1, 70)),
+            st.tuples(st.just("far ahead"), st.integers(900, 1200)),
+            st.tuples(st.just("behind"), st.integers(0, 1100)),
+            st.tuples(st.just("at"), st.sampled_from([0, 1, 2**63, _U64])),
+        ),
+        max_size=120,
+    )
+)
+def test_c_and_python_replay_windows_accept_the_same_numbers(steps):
+    """The C Window (what ReplayWindow is with the C module) answers every
+    sequence number as the pure-Python window does: ahead, far ahead (past the
+    window's 1,024 bits), behind (inside and outside it), replays, the extremes."""
+    c_window, py_window = ReplayWindow(), _wire.PyReplayWindow()
+    assert type(c_window) is not type(py_window)
+    highest = 0
+    for kind, n in steps:
+        number = {"ahead": highest + n, "far ahead": highest + n, "behind": highest - n}.get(
+            kind, n
+        )
+        number = min(max(number, 0), _U64)
+        highest = max(highest, number)
+        assert c_window.accept(number) == py_window.accept(number), (kind, number)
+        assert not c_window.accept(number)  # a second time: a replay
+        py_window.accept(number)
+
+
+def test_a_window_refuses_a_number_far_below_the_highest_without_a_huge_shift():
+    """A number 2**64 below the highest is refused at once by both windows (the
+    Python one once built a 2**64-bit integer for it)."""
+    for window in (ReplayWindow(), _wire.PyReplayWindow()):
+        assert window.accept(_U64)
+        assert not window.accept(1)
+        assert not window.accept(_U64)
+
+
 def test_the_c_path_takes_zmq_frames_and_reports_the_events_libzmq_reports():
     key = new_key()
     controller, rank = signers(key, trusted=False)
@@ -260,7 +302,7 @@ def test_a_reply_sealed_in_one_step_is_the_frame_sealed_in_several(size, sequenc
     payload = pickle.dumps(value, protocol=5)
     body = 4 + len(pickle.dumps((Value.TAG, size), protocol=5)) + len(payload)
     one_step, in_steps = rank_signer(key, sequence), rank_signer(key, sequence)
-    frame = one_step.seal_small(Value(size), payload)
+    frame = one_step.seal_small(to_wire(Value(size)), payload)
     assert (frame is None) == (body > FAST.SMALL_HASH_LIMIT)
     if frame is None:
         # No number was used up: the next message seals with the one it would have.

@@ -3,6 +3,7 @@ from collections.abc import Sequence
 from typing import Any
 
 SMALL_HASH_LIMIT: int
+REPLAY_WINDOW: int
 FALL_BACK: int
 MALFORMED: int
 MISDIRECTED: int
@@ -17,3 +18,8 @@ def check(
     state: bytes, frames: Sequence[Any], upstream: bool, trusted: bool, sender: bytes | None
 ) -> int | tuple[int, bytes, int] | tuple[None, None, int]: ...
 def sha_extensions() -> bool: ...
+
+class Window:
+    """The sequence numbers already accepted from one sender (_wire.ReplayWindow)."""
+
+    def accept(self, number: int) -> bool: ...

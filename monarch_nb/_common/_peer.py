@@ -557,6 +557,6 @@ class PeerRoute:
     def send_encoded(self, encoded: Encoded) -> None:
         self.node.reply(self.sender, encoded, self.inbox)
 
-    def send_small(self, message: Message, payload_bytes: bytes) -> bool:
+    def send_small(self, meta: tuple[Any, ...], payload_bytes: bytes) -> bool:
         """Not in one step here (a peer's reply goes out on the node's thread): False."""
         return False

@@ -434,16 +434,17 @@ class Signer:
         self.stats.bytes_out_of_band += encoded.nbytes - len(body)
         return encoded
 
-    def seal_small(self, message: Message, payload_bytes: bytes) -> bytes | None:
-        """The one sealed frame of ``message`` with a payload already pickled and no
-        buffer frames, in one step (what :meth:`encode_pickled` then
-        :meth:`Encoded.seal` give, byte for byte); None, and no sequence number
-        taken, where it is too big for that or the C path is unavailable.
+    def seal_small(self, meta: tuple[Any, ...], payload_bytes: bytes) -> bytes | None:
+        """The one sealed frame of the message ``meta`` (:func:`to_wire`'s tuple)
+        with a payload already pickled and no buffer frames, in one step (what
+        :meth:`encode_pickled` then :meth:`Encoded.seal` give, byte for byte);
+        None, and no sequence number taken, where it is too big for that or the
+        C path is unavailable.
 
         Call under the lock that orders this sender's sends: it takes the next
         sequence number.
         """
-        meta_bytes = pickle.dumps(to_wire(message), protocol=5)
+        meta_bytes = pickle.dumps(meta, protocol=5)
         body_bytes = _META_LEN_BYTES + len(meta_bytes) + len(payload_bytes)
         if _fastwire is None or body_bytes > _SMALL_FRAME_BYTES:
             return None
@@ -477,11 +478,20 @@ class Signer:
             )
             if checked.__class__ is tuple:
                 sequence, meta, digested = checked
-                self.stats.bytes_digested += digested
+                stats = self.stats
+                stats.bytes_digested += digested
                 if meta is None:
-                    self.stats.dropped_bad_signature += 1
+                    stats.dropped_bad_signature += 1
                     return None
-                return self._accept(window, sequence, meta)
+                # _accept's steps, inline: every message any receiver takes runs them.
+                if not window.accept(sequence):
+                    stats.dropped_replayed += 1
+                    return None
+                stats.received += 1
+                try:
+                    return from_wire(pickle.loads(meta))
+                except Exception as exc:
+                    raise self._unreadable(exc)  # its cause set there
             if checked == _fastwire.MALFORMED:
                 self.stats.dropped_malformed += 1
                 return None
@@ -530,10 +540,16 @@ class Signer:
         try:
             return from_wire(pickle.loads(meta))
         except Exception as exc:
-            self.stats.unknown_messages += 1
-            if isinstance(exc, UnknownMessage):
-                raise
-            raise UnknownMessage(f"a signed message could not be read: {exc!r}") from exc
+            raise self._unreadable(exc)  # its cause set there
+
+    def _unreadable(self, exc: Exception) -> UnknownMessage:
+        """What to raise for a signed message that could not be read (counted)."""
+        self.stats.unknown_messages += 1
+        if isinstance(exc, UnknownMessage):
+            return exc
+        error = UnknownMessage(f"a signed message could not be read: {exc!r}")
+        error.__cause__ = exc  # as ``raise ... from exc``
+        return error
 
 
 def _content_digest(
@@ -590,7 +606,10 @@ class ReplayWindow:
     """The sequence numbers already accepted from one sender.
 
     Each number is accepted once; a number more than ``REPLAY_WINDOW`` below
-    the highest seen is refused (too old to tell apart from a replay).
+    the highest seen is refused (too old to tell apart from a replay). With the
+    C module, ``ReplayWindow`` is its ``Window``, the same rule in one C call
+    (the tests hold the two to the same answers); this class is the pure-Python
+    wire's.
     """
 
     __slots__ = ("highest", "seen")
@@ -606,11 +625,21 @@ class ReplayWindow:
             self.seen = ((self.seen << shift) | 1) & _WINDOW_MASK if shift < REPLAY_WINDOW else 1
             self.highest = number
             return True
-        bit = 1 << (highest - number)
-        if highest - number >= REPLAY_WINDOW or self.seen & bit:
+        age = highest - number
+        if age >= REPLAY_WINDOW:  # before the shift: a far-off number makes no huge int
+            return False
+        bit = 1 << age
+        if self.seen & bit:
             return False
         self.seen |= bit
         return True
+
+
+PyReplayWindow = ReplayWindow
+if _fastwire is not None:
+    assert _fastwire.REPLAY_WINDOW == REPLAY_WINDOW
+    # Typed as the class above (same accept()); the C type at run time.
+    ReplayWindow = _fastwire.Window  # type: ignore[misc]
 
 
 def decode_payload(frames: Sequence[Any]) -> Any:

@@ -182,6 +182,14 @@ class _ControllerRoute:
 
 Route = _ControllerRoute | PeerRoute
 
+# to_wire(Value(call_id)) is (_VALUE_TAG, call_id): a reply's meta without the
+# message object (a frozen dataclass, an interpreted __init__ and to_wire's two frames).
+_VALUE_TAG = Value.TAG
+
+
+# Result types no endpoint awaits (see Worker._call_maybe_async).
+_NEVER_AWAITABLE = frozenset({bool, int, float, complex, str, bytes, tuple, list, dict, set})
+
 
 class _Failed:
     """Stands in for a payload that could not be unpickled (already reported)."""
@@ -369,7 +377,7 @@ class Worker:
             route.send(Failure(call_id, failure, True))
             return
         if message is None:  # most replies: a small value, sealed and sent in one step
-            if route.send_small(Value(call_id), payload):
+            if route.send_small((_VALUE_TAG, call_id), payload):
                 return
             message = route.signer.encode_pickled(Value(call_id), payload, buffers)
         route.send_encoded(message)
@@ -854,7 +862,13 @@ class Worker:
 
     def _call_maybe_async(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         result = fn(*args, **kwargs)
-        if result is not None and inspect.isawaitable(result):
+        # The common results skip isawaitable: its check against the Awaitable ABC
+        # runs two interpreted frames, on every call that returns a value.
+        if (
+            result is not None
+            and result.__class__ not in _NEVER_AWAITABLE
+            and inspect.isawaitable(result)
+        ):
             result = self.run_async(result)
         return result
 

@@ -56,6 +56,7 @@ import zmq
 from .._common import _metrics
 from .._common._eventfd import clear_eventfd
 from .._common._messages import (
+    Call,
     Heartbeat,
     Interrupt,
     Message,
@@ -152,12 +153,13 @@ class WireThread:
         if pending:
             self._input_noticed()
 
-    def send_small(self, message: Message, payload_bytes: bytes) -> bool:
-        """Seal and send ``message`` with its payload pickled (no buffer frames) in one
-        step, as :meth:`send_encoded` would (a reply's path: a dozen interpreted
-        steps fewer); False, nothing sent, where it is too big for that."""
+    def send_small(self, meta: tuple[Any, ...], payload_bytes: bytes) -> bool:
+        """Seal and send the message ``meta`` (:func:`to_wire`'s tuple) with its
+        payload pickled (no buffer frames) in one step, as :meth:`send_encoded`
+        would (a reply's path: a dozen interpreted steps fewer); False, nothing
+        sent, where it is too big for that."""
         with self.lock:
-            frame = self.signer.seal_small(message, payload_bytes)
+            frame = self.signer.seal_small(meta, payload_bytes)
             if frame is None:
                 return False
             pending = send_one(self.socket, frame) & _POLLIN
@@ -330,7 +332,9 @@ class WireThread:
                 continue
             if message is None:
                 continue
-            if isinstance(message, StatusQuery) and on_main:
+            if message.__class__ is Call:  # most messages: work, no control to look for
+                self._deliver(message, frames)
+            elif isinstance(message, StatusQuery) and on_main:
                 # Answered now, it would describe the main thread draining, and a
                 # call it just took would not have started yet. The wire thread
                 # answers once the main thread is in its work, or idle again.
