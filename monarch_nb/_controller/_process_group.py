@@ -356,11 +356,14 @@ class ProcGroup:
             base_env = self._env = self._base_env(self.controller.bind_host)
             # Launched from the I/O thread, which lives as long as the controller: a
             # worker's parent-death signal fires when the *thread* that forked it
-            # ends, and a caller's thread may end long before the mesh does.
-            workers = self.controller.run(
-                lambda: self._launch_all(ranks, identities, key, base_env)
+            # ends, and a caller's thread may end long before the mesh does. Listed
+            # in the same turn of that thread, which also handles the workers'
+            # hellos: the last hello (the mesh is Running from then) always finds
+            # them listed. Two turns let a call racing a restart find a running mesh
+            # with no workers (an IndexError in the caller's send).
+            self.controller.run(
+                lambda: self._watch(self._launch_all(ranks, identities, key, base_env))
             )
-            self.controller.run(lambda: self._watch(workers))
         if self.events:
             for rank in ranks:
                 self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.STARTING))
