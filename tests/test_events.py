@@ -251,13 +251,20 @@ def test_events_nobody_takes_are_not_built():
 
     stream = EventStream("m")
     assert not stream.wants(Output)
+    assert not stream.observed
+    assert not stream
     with stream.subscribe(print, kinds=(Output,)):
         assert stream.wants(Output)
+        assert stream.observed
+        assert stream
         assert not stream.wants(RankStateChanged)
         with stream.subscribe(print):
             assert stream.wants(RankStateChanged)
         assert not stream.wants(RankStateChanged)
+        assert stream.observed
     assert not stream.wants(Output)
+    assert not stream.observed
+    assert not stream
 
 
 def test_a_call_whose_events_nobody_takes_does_not_wake_the_io_thread(procs4, monkeypatch):

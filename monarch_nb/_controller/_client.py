@@ -279,7 +279,7 @@ class Controller:
                         if outstanding[(gid, rank)] == 1:
                             became_busy.append(rank)
                     events = group.events
-                    if events:  # queued now, before any reply can be: events stay in order
+                    if events.observed:  # queued now, before any reply can be: in order
                         if events.wants(CallStarted):
                             events.post(CallStarted(group.name, call.call_id, call.label, ranks))
                         if became_busy and events.wants(RankStateChanged):
@@ -301,7 +301,7 @@ class Controller:
             if call is not None:
                 call.fail(failure)
             return
-        if call is not None and group.events:
+        if call is not None and group.events.observed:
             group.events.flush_soon()
         if pending_input:
             self._input_pending()
@@ -360,10 +360,14 @@ class Controller:
                 return
             call.answered.add(rank)
             idle = self._unload(call, rank)
-            if call.group is not None:
-                call.group.timeline.answered(call.call_id, rank, _failure_of(call, rank))
-        if idle and call.group is not None:
-            call.group.rank_settled(rank)
+            group = call.group
+            if group is not None:
+                failed = call.failures or call.serialization_failures  # most replies: neither
+                group.timeline.answered(
+                    call.call_id, rank, _failure_of(call, rank) if failed else None
+                )
+        if idle and group is not None and group.events.observed:  # rank_settled says it
+            group.rank_settled(rank)
 
     def call_finished(self, call: PendingCall, error: BaseException | None) -> None:
         with self._lock:
@@ -378,7 +382,7 @@ class Controller:
         summary = f"{type(error).__name__}: {error}".splitlines()[0] if error else None
         group.timeline.ended(call.call_id, summary)
         events = group.events
-        if events and events.wants(CallFinished):
+        if events.observed and events.wants(CallFinished):
             events.emit_soon(
                 CallFinished(group.name, call.call_id, call.label, call.ranks, summary)
             )
@@ -612,7 +616,7 @@ class Controller:
         try:
             self._handle(*verified)
         except Exception:
-            _log.exception("monarch_nb: handling a message from a worker failed")
+            _log.exception(_HANDLING_FAILED)
 
     # -- a caller receives (see the module docstring) -----------------------------------
 
@@ -745,9 +749,13 @@ class Controller:
     def _handle_on_caller(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
         if self._handoff or type(verified[1]) is not Value:
             self._hand_off(verified)  # in order: behind whatever went before it
-        else:
-            self.stats.replies_to_callers += 1
-            self._handle_safely(verified)
+            return
+        self.stats.replies_to_callers += 1
+        peer, message, body = verified
+        try:  # what _handle_safely and _handle do for a Value, two calls fewer per reply
+            self._on_value(message.call_id, peer.rank, body)  # type: ignore[attr-defined]
+        except Exception:
+            _log.exception(_HANDLING_FAILED)
 
     # -- handling what workers send (under _dispatch_lock) ------------------------------
 
@@ -819,6 +827,9 @@ class Controller:
             )
             return
         call.add_value(rank, value)
+
+
+_HANDLING_FAILED = "monarch_nb: handling a message from a worker failed"
 
 
 def _rank_failed(mesh: str, failure: RemoteFailure, label: str) -> RankFailed:

@@ -198,6 +198,9 @@ class EventStream:
         self._loop = loop  # the I/O loop that emits: see after_received
         self._lock = threading.Lock()
         self._observers: tuple[Observer, ...] = ()  # replaced, never mutated: emit reads it bare
+        # Whether anyone subscribed: what ``bool(stream)`` says, as an attribute the
+        # controller reads on every call and reply without a call to __bool__.
+        self.observed = False
         self._entries: list[tuple[Subscription, Observer, tuple[type[Event], ...] | None]] = []
         self._wanted: frozenset[type[Event]] | None = frozenset()  # None: every kind
         self._queue: deque[Event] = deque()  # emitted, not yet handed to the observers
@@ -242,6 +245,7 @@ class EventStream:
 
     def _update(self) -> None:  # lock held
         self._observers = tuple(o for _, o, _ in self._entries)
+        self.observed = bool(self._observers)
         if any(k is None for _, _, k in self._entries):
             self._wanted = None
         else:

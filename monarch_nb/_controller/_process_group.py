@@ -608,7 +608,7 @@ class ProcGroup:
     def rank_settled(self, rank: int) -> None:
         """``rank`` has no call in flight any more: say what it is now (any thread)."""
         events = self.events
-        if not events or not events.wants(ev.RankStateChanged):
+        if not events.observed or not events.wants(ev.RankStateChanged):
             return
         state = self.rank_state(rank)
         if state in (ev.RankState.IDLE, ev.RankState.FAILED):  # DEAD, STOPPED: said on exit
