@@ -472,33 +472,47 @@ class Signer:
         still refuses our own requests sent back to us). Raises :class:`UnknownMessage` (counted)
         for a verified message of an unknown kind: the caller reports it.
         """
+        meta = None
         if _fastwire is not None:
             checked = _fastwire.check(
                 self._key_state, frames, self.upstream, self.trusted_link, sender
             )
             if checked.__class__ is tuple:
                 sequence, meta, digested = checked
-                stats = self.stats
-                stats.bytes_digested += digested
+                self.stats.bytes_digested += digested
                 if meta is None:
-                    stats.dropped_bad_signature += 1
+                    self.stats.dropped_bad_signature += 1
                     return None
-                # _accept's steps, inline: every message any receiver takes runs them.
-                if not window.accept(sequence):
-                    stats.dropped_replayed += 1
-                    return None
-                stats.received += 1
-                try:
-                    return from_wire(pickle.loads(meta))
-                except Exception as exc:
-                    raise self._unreadable(exc)  # its cause set there
-            if checked == _fastwire.MALFORMED:
+            elif checked == _fastwire.MALFORMED:
                 self.stats.dropped_malformed += 1
                 return None
-            if checked == _fastwire.MISDIRECTED:
+            elif checked == _fastwire.MISDIRECTED:
                 self.stats.dropped_misdirected += 1
                 return None
-            # FALL_BACK: content too big for the C path; hashlib below.
+            # FALL_BACK (content too big for the C path): meta stays None, hashlib below.
+        if meta is None:
+            signed = self._check_with_hashlib(frames, sender)
+            if signed is None:
+                return None
+            sequence, meta = signed
+        # Signed: fresh too? One tail for both paths, inline (every message runs it).
+        if not window.accept(sequence):
+            self.stats.dropped_replayed += 1
+            return None
+        self.stats.received += 1
+        try:
+            return from_wire(pickle.loads(meta))
+        except Exception as exc:
+            self.stats.unknown_messages += 1
+            if isinstance(exc, UnknownMessage):
+                raise
+            raise UnknownMessage(f"a signed message could not be read: {exc!r}") from exc
+
+    def _check_with_hashlib(
+        self, frames: Sequence[Any], sender: bytes | None
+    ) -> tuple[int, Any] | None:
+        """:meth:`verify`'s checks in Python, for content the C path does not take
+        (or without it): ``(sequence, meta)`` of a signed message, else None (counted)."""
         split = _split(frames)
         if split is None:
             self.stats.dropped_malformed += 1
@@ -525,31 +539,8 @@ class Signer:
             self.stats.dropped_bad_signature += 1
             return None
         meta_end = _META_LEN_BYTES + int.from_bytes(body[:_META_LEN_BYTES], "little")
-        return self._accept(
-            window,
-            int.from_bytes(header[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little"),
-            body[_META_LEN_BYTES:meta_end],
-        )
-
-    def _accept(self, window: ReplayWindow, sequence: int, meta: Any) -> Message | None:
-        """The message of a signed ``meta``, if ``sequence`` is fresh (else None, counted)."""
-        if not window.accept(sequence):
-            self.stats.dropped_replayed += 1
-            return None
-        self.stats.received += 1
-        try:
-            return from_wire(pickle.loads(meta))
-        except Exception as exc:
-            raise self._unreadable(exc)  # its cause set there
-
-    def _unreadable(self, exc: Exception) -> UnknownMessage:
-        """What to raise for a signed message that could not be read (counted)."""
-        self.stats.unknown_messages += 1
-        if isinstance(exc, UnknownMessage):
-            return exc
-        error = UnknownMessage(f"a signed message could not be read: {exc!r}")
-        error.__cause__ = exc  # as ``raise ... from exc``
-        return error
+        sequence = int.from_bytes(header[_SIG_BYTES : _SIG_BYTES + _SEQ_BYTES], "little")
+        return sequence, body[_META_LEN_BYTES:meta_end]
 
 
 def _content_digest(
