@@ -11,8 +11,7 @@
  * - take(): whole messages, under budgets of frames and messages, as Frame
  *   objects (zero-copy: a frame keeps its zmq_msg_t, exported through the
  *   buffer protocol, writable as pyzmq's are);
- * - send_parts(): the frames of one message without blocking, small ones
- *   copied, large ones handed to libzmq in place (below);
+ * - send_copied(): small frames of one message, copied, without blocking;
  * - send_each_copied(): one small message to each of many peers (a cast);
  * - send_one(): a one-frame message, and ZMQ_EVENTS after it (a reply).
  *
@@ -25,7 +24,6 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
 #include <string.h>
 
 #define ZMQ_EVENTS_OPTION 15
@@ -47,8 +45,6 @@ static struct {
     int (*msg_more)(const zmq_msg *);
     int (*msg_close)(zmq_msg *);
     int (*send)(void *, const void *, size_t, int);
-    int (*msg_init_data)(zmq_msg *, void *, size_t, void (*)(void *, void *), void *);
-    int (*msg_send)(zmq_msg *, void *, int);
 } zmq;
 
 static int bound = 0;
@@ -72,8 +68,6 @@ static PyObject *bind(PyObject *self, PyObject *arg) {
         {"zmq_msg_recv", (void **)&found.msg_recv},     {"zmq_msg_data", (void **)&found.msg_data},
         {"zmq_msg_size", (void **)&found.msg_size},     {"zmq_msg_more", (void **)&found.msg_more},
         {"zmq_msg_close", (void **)&found.msg_close},   {"zmq_send", (void **)&found.send},
-        {"zmq_msg_init_data", (void **)&found.msg_init_data},
-        {"zmq_msg_send", (void **)&found.msg_send},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         *table[i].slot = dlsym(lib, table[i].name);
@@ -100,91 +94,6 @@ static PyObject *events(PyObject *self, PyObject *arg) {
     if (!bound || zmq.getsockopt(handle, ZMQ_EVENTS_OPTION, &value, &size) != 0)
         return PyLong_FromLong(-1);
     return PyLong_FromLong(value);
-}
-
-/* -- Frames sent in place ----------------------------------------------------------
-
-   A large frame goes to libzmq without a copy: the message points at the Python
-   object's memory, and an exported buffer keeps the object alive and unchanged in
-   size until libzmq lets go of it. libzmq lets go on its own I/O thread, without
-   the GIL, so that thread only queues the export here (a mutex, never the GIL:
-   waiting for the GIL would stall every socket of the process behind a busy
-   Python thread). The exports are released, with the GIL, by a pending call
-   (Py_AddPendingCall: the main thread runs it at its next bytecode) and, in case
-   the main thread is blocked in C meanwhile, at the next send or take here, on
-   any thread. pyzmq does the same with a garbage-collector thread and an inproc
-   socket: a wake-up of that thread, and a turn of the GIL, per frame. */
-
-typedef struct Sent {
-    Py_buffer view;
-    struct Sent *next;
-} Sent;
-
-static pthread_mutex_t let_go_lock = PTHREAD_MUTEX_INITIALIZER;
-static Sent *let_go = NULL;   /* exports libzmq is done with, to release */
-static int release_due = 0;   /* a pending call to release them is queued */
-
-/* With the GIL: release every export libzmq let go of. */
-static int release_let_go(void *unused) {
-    (void)unused;
-    pthread_mutex_lock(&let_go_lock);
-    Sent *sent = let_go;
-    let_go = NULL;
-    release_due = 0;
-    pthread_mutex_unlock(&let_go_lock);
-    while (sent != NULL) {
-        Sent *next = sent->next;
-        PyBuffer_Release(&sent->view);
-        PyMem_RawFree(sent);
-        sent = next;
-    }
-    return 0;
-}
-
-static void release_if_any(void) {
-    if (__atomic_load_n(&let_go, __ATOMIC_ACQUIRE) != NULL) release_let_go(NULL);
-}
-
-/* libzmq's free function for a frame sent in place: any thread, GIL or not. */
-static void frame_let_go(void *data, void *hint) {
-    (void)data;
-    Sent *sent = hint;
-    pthread_mutex_lock(&let_go_lock);
-    sent->next = let_go;
-    __atomic_store_n(&let_go, sent, __ATOMIC_RELEASE);
-    int schedule = !release_due;
-    release_due = 1;
-    pthread_mutex_unlock(&let_go_lock);
-    /* Not once Python is finalizing (the process ends: nothing to release). A full
-       queue of pending calls leaves them to the next send or take. */
-    if (schedule && Py_IsInitialized() && Py_AddPendingCall(release_let_go, NULL) != 0) {
-        pthread_mutex_lock(&let_go_lock);
-        release_due = 0;
-        pthread_mutex_unlock(&let_go_lock);
-    }
-}
-
-/* Send one part, copied or (at least in_place_from bytes) in place. */
-static int send_part(void *handle, Py_buffer *view, Py_ssize_t in_place_from, int flags) {
-    if (view->len < in_place_from) return zmq.send(handle, view->buf, (size_t)view->len, flags);
-    Sent *sent = PyMem_RawMalloc(sizeof *sent);
-    if (sent == NULL) {
-        errno = ENOMEM;
-        return -1;
-    }
-    sent->view = *view; /* the export is the message's now */
-    zmq_msg msg;
-    if (zmq.msg_init_data(&msg, view->buf, (size_t)view->len, frame_let_go, sent) != 0) {
-        PyMem_RawFree(sent);
-        return -2; /* the export is still the caller's */
-    }
-    int rc = zmq.msg_send(&msg, handle, flags);
-    if (rc < 0) {
-        int error = errno;
-        zmq.msg_close(&msg); /* lets go: frame_let_go queues the export */
-        errno = error;
-    }
-    return rc < 0 ? -1 : rc;
 }
 
 /* -- Frame: one received part, zero-copy ------------------------------------------ */
@@ -252,7 +161,6 @@ static PyObject *take(PyObject *self, PyObject *args) {
     if (handle == NULL) return NULL;
     if (partial != Py_None && !PyList_Check(partial))
         return PyErr_Format(PyExc_TypeError, "partial must be a list or None");
-    release_if_any();
     PyObject *done = PyList_New(0);
     if (done == NULL) return NULL;
     Py_INCREF(partial);
@@ -344,18 +252,15 @@ error:
     return NULL;
 }
 
-/* send_parts(handle, parts[, in_place_from]) -> how many parts went (the parts of
-   one message, SNDMORE on all but the last): parts under in_place_from bytes (by
-   default all) copied, the others sent in place. 0: libzmq would not take the first
+/* send_copied(handle, parts) -> how many parts went, copied (the parts of one
+   message, SNDMORE on all but the last). 0: libzmq would not take the first
    part now (or at all): pyzmq sends the message, waiting or raising as it
    would have. Once the first part went, the rest go here as pyzmq's blocking
    send sends them (a peer gone mid-message drops it); fewer than all only on a
    lasting error, which pyzmq then raises. */
-static PyObject *send_parts(PyObject *self, PyObject *args) {
+static PyObject *send_copied(PyObject *self, PyObject *args) {
     PyObject *handle_obj, *parts_obj;
-    Py_ssize_t in_place_from = PY_SSIZE_T_MAX;
-    if (!PyArg_ParseTuple(args, "OO|n", &handle_obj, &parts_obj, &in_place_from)) return NULL;
-    release_if_any();
+    if (!PyArg_ParseTuple(args, "OO", &handle_obj, &parts_obj)) return NULL;
     void *handle = handle_of(handle_obj);
     if (handle == NULL) return NULL;
     PyObject *parts = PySequence_Fast(parts_obj, "parts must be a sequence");
@@ -372,8 +277,8 @@ static PyObject *send_parts(PyObject *self, PyObject *args) {
         int rc;
         if (sent == 0) { /* whether the message goes at all: never wait for it */
             do {
-                rc = send_part(handle, &view, in_place_from, flags | ZMQ_DONTWAIT_FLAG);
-            } while (rc == -1 && errno == EINTR && view.len < in_place_from);
+                rc = zmq.send(handle, view.buf, (size_t)view.len, flags | ZMQ_DONTWAIT_FLAG);
+            } while (rc < 0 && errno == EINTR);
         } else {
             /* The rest of a message libzmq took: never refused for a full queue
                (the high-water mark counts whole messages), and as pyzmq sends it
@@ -381,18 +286,15 @@ static PyObject *send_parts(PyObject *self, PyObject *args) {
                without the GIL, in case libzmq waits after all. */
             Py_BEGIN_ALLOW_THREADS
             do {
-                rc = send_part(handle, &view, in_place_from, flags);
-            } while (rc == -1 && errno == EINTR && view.len < in_place_from);
+                rc = zmq.send(handle, view.buf, (size_t)view.len, flags);
+            } while (rc < 0 && errno == EINTR);
             Py_END_ALLOW_THREADS
         }
-        /* Sent in place, or tried to (-1): the message holds the export, or let go
-           of it already (queued). Otherwise it is still ours. */
-        if (view.len < in_place_from || rc == -2) PyBuffer_Release(&view);
+        PyBuffer_Release(&view);
         if (rc < 0) break; /* an error (ETERM, ENOTSOCK...): pyzmq raises it */
         sent++;
     }
     Py_DECREF(parts);
-    release_if_any(); /* a refused part's export, at once */
     return PyLong_FromSsize_t(sent);
 }
 
@@ -474,9 +376,8 @@ static PyMethodDef methods[] = {
      "(done, partial, dropping, dropped, status)"},
     {"send_one", send_one, METH_VARARGS,
      "send_one(handle, frame) -> ZMQ_EVENTS after sending it; -1: not sent, -2: events unknown"},
-    {"send_parts", send_parts, METH_VARARGS,
-     "send_parts(handle, parts[, in_place_from]) -> how many parts were sent (without "
-     "waiting; parts of at least in_place_from bytes in place, the others copied)"},
+    {"send_copied", send_copied, METH_VARARGS,
+     "send_copied(handle, parts) -> how many parts were sent (copied, without waiting)"},
     {NULL, NULL, 0, NULL},
 };
 

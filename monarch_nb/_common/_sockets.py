@@ -77,17 +77,12 @@ def take(
     return _fastzmq.take(socket.underlying, partial, dropping, frames, messages, max_per_message)
 
 
-def send_parts(socket: zmq.Socket, parts: list[Any], in_place_from: int | None = None) -> int:
-    """Send the parts of one message without waiting; how many libzmq took: the
-    caller sends the rest through pyzmq. Parts of at least ``in_place_from`` bytes
-    go without a copy (libzmq reads the object's memory, which stays exported
-    until libzmq is done with it); by default every part is copied."""
+def send_copied(socket: zmq.Socket, parts: list[Any]) -> int:
+    """Send the parts of one message (small frames, copied) without waiting; how
+    many libzmq took: the caller sends the rest through pyzmq."""
     if _fastzmq is None or socket.closed:
         return 0
-    if in_place_from is None:
-        sent: int = _fastzmq.send_parts(socket.underlying, parts)
-    else:
-        sent = _fastzmq.send_parts(socket.underlying, parts, in_place_from)
+    sent: int = _fastzmq.send_copied(socket.underlying, parts)
     return sent
 
 

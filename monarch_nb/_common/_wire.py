@@ -81,7 +81,7 @@ from ._messages import Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps
 from ._sockets import ASK_PYZMQ as _ASK_PYZMQ
 from ._sockets import DRAINED as _DRAINED
-from ._sockets import send_each_copied, send_parts, socket_events, take
+from ._sockets import send_copied, send_each_copied, socket_events, take
 
 _fastwire = load_extension("_fastwire")
 
@@ -180,19 +180,14 @@ class WireStats:
         return WireStats(**self.__dict__)
 
 
+# Encoded.copy of a message that is one small frame (header and body).
+_ONE_COPIED_FRAME: tuple[bool, ...] = (True,)
+
+
 class Encoded:
     """A message pickled and digested once, ready to seal and send any number of times."""
 
-    __slots__ = (
-        "body",
-        "buffers",
-        "digest",
-        "flags",
-        "nbytes",
-        "one_frame",
-        "separate_body",
-        "signer",
-    )
+    __slots__ = ("body", "buffers", "copy", "digest", "flags", "nbytes", "separate_body", "signer")
 
     def __init__(
         self, signer: Signer, body: bytes, buffers: list[Any], digest: bytes, flags: int
@@ -203,11 +198,16 @@ class Encoded:
         self.digest = digest
         self.flags = flags
         self.separate_body = len(body) >= _ZERO_COPY_BYTES
-        # Most messages: one small frame (header and body), copied.
-        self.one_frame = not buffers and not self.separate_body
-        self.nbytes = len(body)
-        if buffers:
-            self.nbytes += sum(memoryview(b).nbytes for b in buffers)
+        if not buffers and not self.separate_body:  # most messages: one small frame
+            self.nbytes = len(body)
+            self.copy: tuple[bool, ...] = _ONE_COPIED_FRAME
+            return
+        sizes = [memoryview(b).nbytes for b in buffers]
+        self.nbytes = len(body) + sum(sizes)
+        # Per frame of a sealed message, whether zmq copies it: decided once here,
+        # not on every send of a cast to many ranks.
+        big = [len(body)] if self.separate_body else []
+        self.copy = (True, *(n < _ZERO_COPY_BYTES for n in big + sizes))
 
     def seal(self) -> list[Any]:
         """The frames, with the sender's next sequence number and their signature.
@@ -232,16 +232,28 @@ class Encoded:
         identity and the message, tells a host agent what to do with it (relay)."""
         if frames is None:
             frames = self.seal()
-        parts = frames
-        if envelope is not None:
-            parts = [envelope, *parts]
+        if self.copy is _ONE_COPIED_FRAME:  # most messages: in C, then pyzmq if need be
+            parts = frames
+            if envelope is not None:
+                parts = [envelope, *parts]
+            if identity is not None:
+                parts = [identity, *parts]
+            last = len(parts) - 1
+            for i in range(send_copied(socket, parts), last + 1):
+                socket.send(parts[i], _SNDMORE if i < last else 0)
+            return
+        send = socket.send
         if identity is not None:
-            parts = [identity, *parts]
-        _send_message(socket, parts)
+            send(identity, _SNDMORE)
+        if envelope is not None:
+            send(envelope, _SNDMORE)
+        last = len(frames) - 1
+        for i, (frame, copy) in enumerate(zip(frames, self.copy, strict=True)):
+            send(frame, _SNDMORE if i < last else 0, copy=copy)
 
     def send_each(self, socket: zmq.Socket, identities: list[bytes], frames: list[Any]) -> None:
         """Send sealed ``frames`` to each of ``identities`` on a ROUTER (a cast)."""
-        if self.one_frame:  # one call into C for the whole cast
+        if self.copy is _ONE_COPIED_FRAME:  # one call into C for the whole cast
             send_each_copied(socket, identities, frames[0])
             return
         for identity in identities:
@@ -331,19 +343,15 @@ class Receiver:
 
 
 def forward(socket: zmq.Socket, frames: Sequence[Any], identity: bytes | None = None) -> None:
-    """Send received ``frames`` on, unchanged (a host agent's relay), as
-    :meth:`Encoded.send` sends."""
-    _send_message(socket, list(frames) if identity is None else [identity, *frames])
-
-
-def _send_message(socket: zmq.Socket, parts: list[Any]) -> None:
-    """Send the parts of one message: in C, small frames copied (cheaper than
-    pinning them) and large ones in place; then through pyzmq from where libzmq
-    stopped, waiting or raising as pyzmq does."""
-    last = len(parts) - 1
-    for i in range(send_parts(socket, parts, _ZERO_COPY_BYTES), last + 1):
-        big = memoryview(parts[i]).nbytes >= _ZERO_COPY_BYTES
-        socket.send(parts[i], _SNDMORE if i < last else 0, copy=not big)
+    """Send received ``frames`` on, unchanged (a host agent's relay): plain-int
+    flags, and small frames copied (cheaper than pinning them), as :meth:`Encoded.send`."""
+    send = socket.send
+    if identity is not None:
+        send(identity, _SNDMORE)
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        big = len(frame) >= _ZERO_COPY_BYTES
+        send(frame if big else frame.bytes, _SNDMORE if i < last else 0, copy=not big)
 
 
 class Signer:
