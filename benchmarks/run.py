@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 _AREAS = [
     "runtime",
+    "floor",
     "actors",
     "native",
     "notebook",
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> None:
         runtime = importlib.import_module("bench_runtime")
         print("## Core runtime\n")
         print(runtime.table(runtime.run(quick=args.quick)), "\n", flush=True)
+    if "floor" in wanted:
+        floor = importlib.import_module("bench_floor")
+        print("## What the control path's floor is made of (raw pyzmq, a plain Unix socket)\n")
+        floor.main(["--rounds", "2" if args.quick else "4"])
+        print(flush=True)
     if "actors" in wanted:
         actors = importlib.import_module("bench_actors")
         print("## Actors talking to actors\n")
