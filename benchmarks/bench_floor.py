@@ -58,9 +58,16 @@ class UnixEcho:
         listener.listen(1)
         self.proc = subprocess.Popen([sys.executable, "-c", _UNIX_ECHO, path])
         listener.settimeout(60)
-        self.sock, _ = listener.accept()
-        listener.close()
-        os.unlink(path)
+        try:
+            self.sock, _ = listener.accept()
+        except BaseException:
+            self.proc.kill()  # no echo process left behind
+            self.proc.wait()
+            raise
+        finally:
+            listener.close()
+            os.unlink(path)
+        self.sock.settimeout(None)
 
     def round_trip(self) -> None:
         self.sock.sendall(b"x")

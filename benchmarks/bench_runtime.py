@@ -159,9 +159,10 @@ def echo_rows(one: object, raw: RawEcho, quick: bool) -> list[Row]:
     same bytes echoed as raw frames on the same transport, in alternating rounds."""
     rows = []
     for size, label in ((1 << 20, "1 MiB"), (64 << 20, "64 MiB")):
-        rounds, per_round = (10, 20) if size == 1 << 20 else ((2, 3) if quick else (5, 3))
-        if quick and size == 1 << 20:
-            rounds = 3
+        if size == 1 << 20:
+            rounds, per_round = (3 if quick else 10), 20
+        else:
+            rounds, per_round = (2 if quick else 5), 3
         tensor = torch.ones(size // 4, dtype=torch.float32)
         frame = tensor.numpy()
         payloads = (("bytes", bytes(size)), ("tensor", tensor))
