@@ -747,13 +747,13 @@ class Controller:
             self._take_all(self.router, False, self._handle_on_caller)
 
     def _handle_on_caller(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
-        if self._handoff or type(verified[1]) is not Value:
+        peer, message, body = verified
+        if self._handoff or type(message) is not Value:
             self._hand_off(verified)  # in order: behind whatever went before it
             return
         self.stats.replies_to_callers += 1
-        peer, message, body = verified
         try:  # what _handle_safely and _handle do for a Value, two calls fewer per reply
-            self._on_value(message.call_id, peer.rank, body)  # type: ignore[attr-defined]
+            self._on_value(message.call_id, peer.rank, body)
         except Exception:
             _log.exception(_HANDLING_FAILED)
 
@@ -801,7 +801,7 @@ class Controller:
                 call = self._calls.get(call_id)
                 label = call.label if call is not None else ""
                 group.note_failure(failure.rank, f"{failure.type_name}: {failure.message}")
-                if group.events:
+                if group.events.observed:
                     group.events.emit(_rank_failed(group.name, failure, label))
                 if call is not None:
                     call.add_failure(failure, serialization=serialization)

@@ -198,8 +198,8 @@ class EventStream:
         self._loop = loop  # the I/O loop that emits: see after_received
         self._lock = threading.Lock()
         self._observers: tuple[Observer, ...] = ()  # replaced, never mutated: emit reads it bare
-        # Whether anyone subscribed: what ``bool(stream)`` says, as an attribute the
-        # controller reads on every call and reply without a call to __bool__.
+        # Whether anyone subscribed (kept by _update): an attribute, since the
+        # controller asks on every call and reply; ``bool(stream)`` says the same.
         self.observed = False
         self._entries: list[tuple[Subscription, Observer, tuple[type[Event], ...] | None]] = []
         self._wanted: frozenset[type[Event]] | None = frozenset()  # None: every kind
@@ -208,7 +208,7 @@ class EventStream:
         self._batched_drain_scheduled = False  # ... or in its next batch (call_soon_batched)
 
     def __bool__(self) -> bool:
-        return bool(self._observers)
+        return self.observed
 
     def wants(self, kind: type[Event]) -> bool:
         """Whether any observer takes events of ``kind``: emitters skip building

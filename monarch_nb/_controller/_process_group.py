@@ -364,7 +364,7 @@ class ProcGroup:
             self.controller.run(
                 lambda: self._watch(self._launch_all(ranks, identities, key, base_env))
             )
-        if self.events:
+        if self.events.observed:
             for rank in ranks:
                 self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.STARTING))
         if not self._all_ready.wait(START_TIMEOUT_S):
@@ -652,7 +652,7 @@ class ProcGroup:
                 if peer:
                     self.peer_addresses[rank] = peer
                 self.ready_ranks.add(rank)
-                if self.events:
+                if self.events.observed:
                     self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.IDLE))
                 if len(self.ready_ranks) == len(self.shape) and isinstance(self.state, Starting):
                     self.state = Running()
@@ -668,7 +668,7 @@ class ProcGroup:
                 worker.previous_heartbeat = worker.heartbeat
                 worker.heartbeat = (time.monotonic(), sample)
                 worker.work, worker.work_seconds = work, work_seconds
-                if self.events:
+                if self.events.observed:
                     self.events.emit(ev.Heartbeat(self.name, rank, sample, work, work_seconds))
             case BroadcastFailure(actor_id, label, failure):
                 actor, _, endpoint = label.partition(".")
@@ -684,7 +684,7 @@ class ProcGroup:
                 )
                 _log.error("monarch_nb: %s", self.actor_failures[actor_id])
                 self.note_failure(rank, f"{failure.type_name}: {failure.message}")
-                if self.events:
+                if self.events.observed:
                     self.events.emit(
                         ev.RankFailed(
                             self.name,
@@ -699,7 +699,7 @@ class ProcGroup:
                     payload = decode_payload(frames)
                 except Exception as exc:
                     payload = {"data": {"text/plain": f"<display failed: {exc!r}>"}}
-                if self.events and isinstance(payload, dict):
+                if self.events.observed and isinstance(payload, dict):
                     data, metadata = payload.get("data"), payload.get("metadata") or {}
                     if isinstance(data, dict) and isinstance(metadata, dict):
                         self.events.emit(ev.DisplayData(self.name, rank, data, metadata))
@@ -753,7 +753,7 @@ class ProcGroup:
     def _on_comm(
         self, rank: int, msg_type: str, comm_id: str, target_name: str, frames: list[Any]
     ) -> None:
-        if not (self.events and self.events.wants(ev.CommMessage)):
+        if not (self.events.observed and self.events.wants(ev.CommMessage)):
             return  # nobody relays comms (a script): the rank's widget talks to nobody
         try:
             payload = decode_payload(frames)
@@ -859,7 +859,7 @@ class ProcGroup:
             self._notify_restart()
             return
         if ended or rank not in self.ready_ranks:
-            if self.events:
+            if self.events.observed:
                 self._emit_exit(worker)
             if ended:
                 return
@@ -935,7 +935,7 @@ class ProcGroup:
         once they count as dead, before any MeshFailed."""
         budget = self._budget
         if budget is not None and not budget.take():
-            if self.events:
+            if self.events.observed:
                 announce()
             self.fail(
                 MeshFailure(
@@ -968,7 +968,7 @@ class ProcGroup:
 
         if not self._end_ranks(ranks, error, mark):
             _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
-        if self.events:
+        if self.events.observed:
             announce()
         if budget is None:
             _context.report_child_failure(self.owner, error)
@@ -1195,7 +1195,7 @@ class ProcGroup:
             return new
 
         new = self.controller.run(launch)
-        if self.events:
+        if self.events.observed:
             for rank in ranks:
                 self.events.emit(ev.RankStateChanged(self.name, rank, ev.RankState.STARTING))
 
@@ -1308,7 +1308,7 @@ class ProcGroup:
             time.monotonic() - started,
         )
         self.restarts.append(record)
-        if self.events:
+        if self.events.observed:
             self.events.emit(
                 ev.RanksRestarted(self.name, ranks, cause, automatic, respawned, to_spawn_again)
             )
