@@ -8,6 +8,7 @@ would be skipped that the Python path makes.
 
 import importlib.util
 import io
+import os
 import subprocess
 import sys
 
@@ -162,3 +163,61 @@ def test_pickling_loads_its_c_look_without_the_socket_layer():
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.split() == ["True", "False"]
+
+
+# -- loading: the copy a received large bytes is made by ---------------------------
+
+
+def _vm_flags_at(address: int) -> list[str]:
+    """The ``VmFlags`` of the mapping of this process that holds ``address``."""
+    with open("/proc/self/smaps") as smaps:
+        inside = False
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(part, 16) for part in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])
+def test_received_bytes_keep_their_type_and_value_at_every_size(kind):
+    for size in (0, 1, 4096, 1 << 20, 33 << 20):
+        data = kind(range(256)) * (size // 256) + kind(size % 256)
+        body, buffers = _serialize.dumps(([data], {}))
+        if size >= _serialize.OUT_OF_BAND_THRESHOLD:
+            assert [memoryview(b).nbytes for b in buffers] == [size]
+        # As frames arrive: read-only memory, which the copy must not share.
+        frames = [memoryview(bytes(b.raw())) for b in buffers]
+        (args, _) = _serialize.loads(body, frames)
+        assert type(args[0]) is kind
+        assert args[0] == data
+
+
+def test_the_copy_refuses_what_is_not_one_contiguous_buffer():
+    copy_buffer = _serialize._copy_buffer
+    assert copy_buffer(memoryview(b"abc")[1:], False) == b"bc"
+    assert copy_buffer(b"xy", True) == bytearray(b"xy")
+    with pytest.raises(TypeError):
+        copy_buffer("text", False)
+    with pytest.raises(BufferError, match="contiguous"):
+        copy_buffer(memoryview(bytes(8))[::2], False)
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/sys/kernel/mm/transparent_hugepage"),
+    reason="transparent huge pages are a Linux feature this kernel does not have",
+)
+def test_a_large_received_bytes_is_asked_onto_huge_pages():
+    # Filling 64 MiB of fresh small pages took 16,384 page faults, about as long
+    # as the copy: the copy asks for huge pages first (the mapping's "hg" flag).
+    import ctypes
+
+    big = _serialize._copy_buffer(memoryview(bytes(64 << 20)), False)
+    middle = ctypes.cast(ctypes.c_char_p(big), ctypes.c_void_p).value + (32 << 20)
+    assert "hg" in _vm_flags_at(middle)
+    small = _serialize._copy_buffer(memoryview(bytes(1 << 20)), False)
+    start = ctypes.cast(ctypes.c_char_p(small), ctypes.c_void_p).value
+    assert "hg" not in _vm_flags_at(start)  # the heap's pages: left as they are
