@@ -3,7 +3,9 @@
 ``_serialize.dumps`` wraps large bytes to send them out of band only when the
 C look says ``_wrap_large_bytes`` would find some: both must agree on every
 object, or a large bytes would travel in-band (slow, never wrong) or a wrap
-would be skipped that the Python path makes.
+would be skipped that the Python path makes. And the C copy a large received
+bytes is made by: the same type and value as ``bytes(frame)``, on huge pages
+when it is large.
 """
 
 import importlib.util
