@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 
 from ._extensions import load_extension
+from ._unix_link import is_link
 
 _EVENTS = int(zmq.EVENTS)
 _SNDMORE = int(zmq.SNDMORE)
@@ -53,6 +54,8 @@ _fastzmq = _bind()
 
 def socket_events(socket: zmq.Socket) -> int:
     """``ZMQ_EVENTS`` of ``socket`` (through pyzmq, which raises, if libzmq refuses)."""
+    if is_link(socket):
+        return socket.events()
     if _fastzmq is not None and not socket.closed:
         events = _fastzmq.events(socket.underlying)
         if events >= 0:
@@ -72,6 +75,9 @@ def take(
     ``(done, partial, dropping, dropped, status)``; status 0: the socket said
     nothing waits, 1: a budget is spent, 2: libzmq refused (ask pyzmq). None
     where the C path is unavailable."""
+    if is_link(socket):
+        done, more = socket.take(frames, messages)
+        return done, None, False, 0, BUDGET_SPENT if more else DRAINED
     if _fastzmq is None or socket.closed:
         return None
     return _fastzmq.take(socket.underlying, partial, dropping, frames, messages, max_per_message)
@@ -80,6 +86,9 @@ def take(
 def send_copied(socket: zmq.Socket, parts: list[Any]) -> int:
     """Send the parts of one message (small frames, copied) without waiting; how
     many libzmq took: the caller sends the rest through pyzmq."""
+    if is_link(socket):  # copied: the link may queue them
+        socket.send_parts([p if p.__class__ is bytes else bytes(p) for p in parts])
+        return len(parts)
     if _fastzmq is None or socket.closed:
         return 0
     sent: int = _fastzmq.send_copied(socket.underlying, parts)
@@ -89,6 +98,9 @@ def send_copied(socket: zmq.Socket, parts: list[Any]) -> int:
 def send_one(socket: zmq.Socket, frame: bytes) -> int:
     """Send the one-frame message ``frame`` (copied) and return the socket's
     ``ZMQ_EVENTS`` after it: in C, else through pyzmq, waiting or raising as it does."""
+    if is_link(socket):
+        socket.send_parts([bytes(frame)])
+        return socket.events()
     if _fastzmq is not None and not socket.closed:
         events: int = _fastzmq.send_one(socket.underlying, frame)
         if events >= 0:
@@ -103,6 +115,11 @@ def send_each_copied(socket: zmq.Socket, identities: list[bytes], frame: bytes) 
     """Send the one-frame message ``frame`` to each of ``identities`` (a ROUTER's
     cast): in C, then through pyzmq from where libzmq stopped, waiting or raising
     as pyzmq does."""
+    if is_link(socket):
+        frame = bytes(frame)
+        for identity in identities:
+            socket.send_parts([identity, frame])
+        return
     start = 0
     if _fastzmq is not None and not socket.closed:
         start = _fastzmq.send_each_copied(socket.underlying, identities, frame)

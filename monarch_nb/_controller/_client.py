@@ -55,6 +55,7 @@ from .._common._eventfd import clear_eventfd
 from .._common._future import Future, deferred_callbacks, pumps_here
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._sockets import socket_events
+from .._common._unix_link import LinkRouter
 from .._common._wire import (
     MAX_FRAME_BYTES,
     OWN,
@@ -171,6 +172,11 @@ class Controller:
         router.setsockopt(zmq.RCVHWM, 0)
         if "MONARCH_NB_BIND" in os.environ:  # asked for: a TCP port on that interface
             router.bind_to_random_port(f"tcp://{self.bind_host}")
+        elif os.environ.get("MONARCH_NB_LINK") == "unix":
+            # The same place, without libzmq (see _unix_link): no I/O-thread hand-offs.
+            router.close()
+            path = _rundir.socket_path(f"controller-{secrets.token_hex(8)}")[len("ipc://") :]
+            router = LinkRouter(path)  # type: ignore[assignment]
         else:
             # Local workers reach us over a Unix socket in the tree's private (0700)
             # run directory: no other user can connect to it at all (a loopback

@@ -67,6 +67,7 @@ from .._common._messages import (
 from .._common._network import free_port, visible_gpus
 from .._common._shape import Shape
 from .._common._spawn import kill_leftovers, start_worker
+from .._common._unix_link import SCHEME as LINK_SCHEME
 from .._common._wire import CONTROLLER, Encoded, Signer, decode_payload, new_key
 from . import _events as ev
 from ._calls import CallFuture, send_call
@@ -316,7 +317,9 @@ class ProcGroup:
         # Through agents, every hop is trusted (CURVE, then the agent's private
         # Unix socket); children of ours are, unless MONARCH_NB_BIND made their
         # link a plain TCP port (see _wire's docstring).
-        trusted = self.agents is not None or self.controller.address.startswith("ipc://")
+        trusted = self.agents is not None or self.controller.address.startswith(
+            ("ipc://", LINK_SCHEME)
+        )
         signer = Signer(
             key, self.controller.stats, sender=CONTROLLER, upstream=False, trusted_link=trusted
         )

@@ -55,6 +55,8 @@ from .._common._messages import (
 from .._common._peer import PeerNode, PeerRoute
 from .._common._serialize import dumps
 from .._common._shape import Shape
+from .._common._unix_link import SCHEME as LINK_SCHEME
+from .._common._unix_link import LinkDealer
 from .._common._wire import Signer, WireStats, decode_payload, sender_tag
 from ._log_file import RankLog
 from ._log_file import install as install_log_file
@@ -207,12 +209,15 @@ class Worker:
         self.shape = Shape.from_sizes(dict(zip(labels, sizes, strict=False)))
         self.mesh_name: str = boot["mesh"]
         self.zmq = zmq.Context()
-        sock = self.zmq.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, boot["identity"].encode())
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.connect(boot["address"])
+        if boot["address"].startswith(LINK_SCHEME):
+            sock: Any = LinkDealer(boot["address"], boot["identity"].encode())
+        else:
+            sock = self.zmq.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, boot["identity"].encode())
+            sock.setsockopt(zmq.LINGER, 2000)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RCVHWM, 0)
+            sock.connect(boot["address"])
         self.socket = sock
         self.signer = Signer(
             bytes.fromhex(boot["key"]),
@@ -221,7 +226,7 @@ class Worker:
             upstream=True,
             # A Unix socket in the private run directory (ours, or our host
             # agent's); a plain TCP port (MONARCH_NB_BIND) is not trusted.
-            trusted_link=boot["address"].startswith("ipc://"),
+            trusted_link=boot["address"].startswith(("ipc://", LINK_SCHEME)),
         )
         # (message, frames, its ticket, where replies go) from the wire thread or
         # the peer node, or a posted task.

@@ -1,0 +1,251 @@
+"""The controller's Unix link to local workers without libzmq (``MONARCH_NB_LINK=unix``).
+
+The link stands in for the ROUTER/DEALER pair through :mod:`._sockets`: whole
+messages in order, frames unchanged (large ones in a buffer of their own),
+sends that never wait (what the kernel does not take queues and is written by
+a flusher, so two sides sending big messages to each other finish), a
+malformed stream ends only that connection, and a mesh runs on it end to end.
+"""
+
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from monarch_nb._common import _sockets
+from monarch_nb._common._unix_link import LinkDealer, LinkRouter, is_link
+from monarch_nb._common._wire import Receiver, WireStats
+
+
+@pytest.fixture
+def router(tmp_path):
+    r = LinkRouter(str(tmp_path / "link"))
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def worker(router):
+    """A connected worker end named ``w`` whose greeting the router has taken."""
+    w = LinkDealer(router.address, b"w")
+    _sockets.send_copied(w, [b"hello"])
+    assert take_until(Receiver(router, WireStats()), 1) == [[b"w", b"hello"]]
+    yield w
+    w.close()
+
+
+def take_until(receiver: Receiver, count: int, timeout: float = 30.0) -> list[list]:
+    """``count`` whole messages, polling the link's fd as the wire does."""
+    got: list[list] = []
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    poller.register(receiver.socket.fileno(), select.POLLIN)
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count} messages came"
+        done, more = receiver.take()
+        got.extend(done)
+        if not more and len(got) < count:
+            poller.poll(100)
+    return got
+
+
+def test_messages_go_both_ways_whole_in_order_and_to_the_named_identity(router):
+    a = LinkDealer(router.address, b"rank-a")
+    b = LinkDealer(router.address, b"rank-b")
+    try:
+        assert is_link(router)
+        assert is_link(a)
+        for i in range(200):
+            _sockets.send_copied(a, [b"a", str(i).encode()])
+        _sockets.send_copied(b, [b"b", b""])
+        got = take_until(Receiver(router, WireStats()), 201)
+        from_a = [bytes(m[2]) for m in got if m[0].bytes == b"rank-a"]
+        assert from_a == [str(i).encode() for i in range(200)]
+        assert [m for m in got if m[0].bytes == b"rank-b"] == [[b"rank-b", b"b", b""]]
+        # A ROUTER's sends: the first part names the connection; a cast to several.
+        _sockets.send_copied(router, [b"rank-b", b"only", b"b"])
+        _sockets.send_each_copied(router, [b"rank-a", b"rank-b"], b"cast")
+        _sockets.send_copied(router, [b"nobody", b"dropped"])  # as a ROUTER drops it
+        assert take_until(Receiver(b, WireStats()), 2) == [[b"only", b"b"], [b"cast"]]
+        assert take_until(Receiver(a, WireStats()), 1) == [[b"cast"]]
+        assert _sockets.socket_events(a) & 1 == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_large_frames_arrive_unchanged_in_writable_buffers_of_their_own(router, worker):
+    payload = os.urandom(3 << 20) + bytes(5 << 20)
+    router.send(b"w", 2)  # zmq.SNDMORE
+    router.send(memoryview(payload), 2, copy=False)
+    router.send(b"tail", 0)
+    (message,) = take_until(Receiver(worker, WireStats()), 1)
+    assert [len(f) for f in message] == [len(payload), 4]
+    assert message[0] == payload
+    assert message[1].bytes == b"tail"
+    assert not memoryview(message[0]).readonly  # as zmq's frames: torch can wrap it
+
+
+def test_a_frames_buffer_is_used_again_only_once_nobody_holds_it(router, worker):
+    """Buffers of large frames are pooled (no fresh pages per message): one that a
+    view, a tensor or the frame itself still holds is never written again."""
+
+    def one_frame(fill: int) -> bytearray:
+        router.send(b"w", 2)
+        router.send(bytes([fill]) * (1 << 20), 0)
+        (message,) = take_until(Receiver(worker, WireStats()), 1)
+        return message[0]
+
+    first = one_frame(1)
+    held = memoryview(first)[:4]  # as a tensor made from the frame would hold it
+    first_id = id(first)
+    del first
+    second = one_frame(2)
+    assert id(second) != first_id
+    assert bytes(held) == b"\x01" * 4
+    del held
+    third = one_frame(3)
+    assert id(third) == first_id  # free now: used again
+    assert bytes(third) == b"\x03" * (1 << 20)
+    assert bytes(second[:4]) == b"\x02" * 4
+
+
+def test_two_sides_sending_big_messages_to_each_other_both_finish(router, worker):
+    """Neither side reads while it sends: without the flusher's queue, both would
+    block on a full socket buffer (a deadlock)."""
+    big = bytes(range(256)) * (64 << 12)  # 64 MiB
+    started = time.monotonic()
+    for _ in range(3):
+        router.send(b"w", 2)
+        router.send(big, 0, copy=False)
+        worker.send(big, 0, copy=False)
+    assert time.monotonic() - started < 30, "a send waited for the reader"
+    box: list = []
+    reader = threading.Thread(
+        target=lambda: box.append(take_until(Receiver(worker, WireStats()), 3))
+    )
+    reader.start()
+    to_router = take_until(Receiver(router, WireStats()), 3, timeout=120)
+    reader.join(120)
+    assert [bytes(m[1]) == big for m in to_router] == [True] * 3
+    assert [bytes(m[0]) == big for m in box[0]] == [True] * 3
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        # named, then more frames than any message has
+        struct.pack("<IQ", 1, 3) + b"bad" + struct.pack("<I", 0xFFFFFFFF),
+        # a message of no frames
+        struct.pack("<IQ", 1, 3) + b"bad" + struct.pack("<I", 0),
+        # a 100 MiB frame before naming itself: nothing is allocated for it
+        struct.pack("<IQ", 1, 100 << 20) + b"x" * 1024,
+        # a greeting of two frames
+        struct.pack("<IQQ", 2, 1, 1) + b"ab",
+    ],
+    ids=["too-many-frames", "no-frames", "big-before-name", "two-frame-greeting"],
+)
+def test_a_malformed_stream_ends_that_connection_only(router, garbage):
+    good = LinkDealer(router.address, b"good")
+    bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        bad.connect(router.path)
+        bad.sendall(garbage)
+        _sockets.send_copied(good, [b"fine"])
+        got = take_until(Receiver(router, WireStats()), 1)
+        assert got == [[b"good", b"fine"]]
+        deadline = time.monotonic() + 30
+        bad.settimeout(30)
+        while bad.recv(1) != b"":
+            assert time.monotonic() < deadline
+        _sockets.send_copied(router, [b"good", b"still"])
+        assert take_until(Receiver(good, WireStats()), 1) == [[b"still"]]
+    finally:
+        bad.close()
+        good.close()
+
+
+def test_a_worker_whose_controller_is_gone_is_not_woken_forever(router, worker):
+    """End-of-file would make the fd readable for good; the wire thread polls it."""
+    router.close()
+    poller = select.poll()
+    poller.register(worker.fileno(), select.POLLIN)
+    deadline = time.monotonic() + 30
+    while poller.poll(100):
+        assert time.monotonic() < deadline, "the fd stays readable after end-of-file"
+        assert Receiver(worker, WireStats()).take() == ([], False)
+    assert poller.poll(200) == []
+
+
+def test_a_mesh_runs_on_the_link_end_to_end(tmp_path):
+    """Calls, a cast, a 64 MiB argument each way, a rank's failure: as on zmq."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from monarch_nb import Actor, endpoint, this_host
+
+        class Echo(Actor):
+            @endpoint
+            def echo(self, x):
+                return x
+
+            @endpoint
+            def fail(self):
+                raise ValueError("on purpose")
+
+        with this_host().spawn_procs(per_host={"procs": 2}, name="link") as procs:
+            from monarch_nb._controller._client import Controller
+            assert type(Controller.get().router).__name__ == "LinkRouter"
+            echo = procs.spawn("echo", Echo)
+            assert list(echo.echo.call(7).get().values()) == [7, 7]
+            big = bytes(range(256)) * (1 << 18)
+            assert echo.slice(procs=1).echo.call_one(big).get() == big
+            t = torch.arange(1 << 20, dtype=torch.float32)
+            assert torch.equal(echo.slice(procs=0).echo.call_one(t).get(), t)
+            try:
+                echo.fail.call().get()
+            except Exception as exc:
+                assert "on purpose" in str(exc), exc
+            else:
+                raise AssertionError("a rank's failure was not raised")
+
+            # Keyless processes of our uid: a stranger's frames are dropped unread
+            # and counted; one claiming a live rank's name is hung up on, and the
+            # rank keeps its link.
+            import os, select, time
+            from monarch_nb._common._unix_link import LinkDealer
+            address = Controller.get().address
+            before = procs.status().wire.dropped_unknown_peer
+            stranger = LinkDealer(address, os.urandom(16).hex().encode())
+            for i in range(50):
+                stranger.send_parts([os.urandom(57 + i), b"x" * i])
+            impostor = LinkDealer(address, procs._group.identity(0))
+            impostor.send_parts([os.urandom(100)])
+            poller = select.poll()
+            poller.register(impostor.fileno(), select.POLLIN)
+            deadline = time.monotonic() + 60
+            while impostor.take(10, 10) == ([], False) and not impostor._conn.eof:
+                assert time.monotonic() < deadline, "the impostor was not hung up on"
+                poller.poll(100)
+            while procs.status().wire.dropped_unknown_peer - before < 50:
+                assert time.monotonic() < deadline, "the stranger's frames were not counted"
+                time.sleep(0.05)
+            assert list(echo.echo.call(8).get().values()) == [8, 8]
+            stranger.close()
+            impostor.close()
+        print("link ok")
+        """
+    )
+    env = dict(os.environ, MONARCH_NB_LINK="unix")
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "link ok" in done.stdout
