@@ -43,6 +43,8 @@ class OptionalBuildExt(build_ext):
         "(without it, the same in Python, slower)",
         "monarch_nb._common._fastzmq": "the wire's socket operations on libzmq "
         "(without it, through pyzmq, slower)",
+        "monarch_nb._common._fastlink": "the Unix link's sends and parsing in C "
+        "(without it, the same in Python, slower)",
         "monarch_nb._common._fastpickle": "finding large bytes to send out of band in C "
         "(without it, the same in Python, slower for large containers)",
     }
@@ -217,6 +219,14 @@ setup(
             sources=["monarch_nb/_common/_fastzmq.c"],
             extra_compile_args=C_FLAGS,
             extra_link_args=["-ldl"],
+            optional=True,
+        ),
+        Extension(
+            "monarch_nb._common._fastlink",
+            # The Unix link's sends and parsing (MONARCH_NB_LINK=unix); the same in
+            # Python without it.
+            sources=["monarch_nb/_common/_fastlink.c"],
+            extra_compile_args=C_FLAGS,
             optional=True,
         ),
         Extension(

@@ -38,6 +38,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
+from ._extensions import load_extension
+
 SCHEME = "unixlink://"
 _POLLIN, _POLLOUT = 1, 2  # as zmq.POLLIN / zmq.POLLOUT
 _COUNT = struct.Struct("<I")
@@ -46,6 +48,7 @@ _OWN_BUFFER_BYTES = 64 << 10  # frames this large are read into a buffer of thei
 _MAX_FRAMES = 1 << 16
 _SEND_BUFFER_BYTES = 4 << 20
 _MAX_IDENTITY_BYTES = 256
+_fastlink = load_extension("_fastlink")
 
 
 def _header(count: int) -> struct.Struct:
@@ -53,6 +56,15 @@ def _header(count: int) -> struct.Struct:
 
 
 _HEADERS = [_header(n) for n in range(17)]
+
+
+def _header_of(frames: Sequence[Any]) -> bytes:
+    """The frame count and each frame's length, as a message begins."""
+    lengths = [len(f) if f.__class__ is bytes else memoryview(f).nbytes for f in frames]
+    count = len(lengths)
+    return (_HEADERS[count] if count < len(_HEADERS) else _header(count)).pack(count, *lengths)
+
+
 _MAX_FRAME_BYTES = 1 << 40
 
 
@@ -156,33 +168,41 @@ class _Connection:
     def send(self, frames: Sequence[Any]) -> bool:
         """Send one message without waiting; True if some of it waits for the
         flusher (the kernel's buffer was full, or earlier messages wait)."""
-        lengths = [len(f) if f.__class__ is bytes else memoryview(f).nbytes for f in frames]
-        count = len(lengths)
-        header = (_HEADERS[count] if count < len(_HEADERS) else _header(count)).pack(
-            count, *lengths
-        )
         with self.send_lock:
             if self.eof:  # the peer is gone: dropped, as a zmq socket would queue it forever
                 return False
-            sent = 0
-            if not self.backlog:  # the usual case: the kernel takes it all, here and now
-                try:
-                    sent = self.sock.sendmsg([header, *frames])
-                except (BlockingIOError, InterruptedError):
-                    pass
-                except OSError:
-                    self.eof = True
-                    return False
-                if sent == len(header) + sum(lengths):
-                    return False
-            for part in (header, *frames):
-                view = memoryview(part).cast("B")
-                if sent >= view.nbytes:
-                    sent -= view.nbytes
-                    continue
-                self.backlog.append(view[sent:])
+            if self.backlog:
+                self._queue([_header_of(frames), *frames], 0)
+                return True
+            if _fastlink is not None:
+                left = _fastlink.send(self.fd, frames)
+                if left is not None:
+                    if left > 0:  # the kernel's buffer is full: the flusher sends the rest
+                        parts = [_header_of(frames), *frames]
+                        self._queue(parts, sum(memoryview(p).nbytes for p in parts) - left)
+                    elif left < 0:
+                        self.eof = True
+                    return left > 0
+            header = _header_of(frames)
+            try:
+                sent = self.sock.sendmsg([header, *frames])
+            except (BlockingIOError, InterruptedError):
                 sent = 0
-            return True
+            except OSError:
+                self.eof = True
+                return False
+            return self._queue([header, *frames], sent)
+
+    def _queue(self, parts: list[Any], sent: int) -> bool:
+        """Queue what is left of ``parts`` once ``sent`` bytes went; True if any is."""
+        for part in parts:
+            view = memoryview(part).cast("B")
+            if sent >= view.nbytes:
+                sent -= view.nbytes
+                continue
+            self.backlog.append(view[sent:])
+            sent = 0
+        return bool(self.backlog)
 
     def flush(self) -> bool:
         with self.send_lock:
@@ -265,6 +285,13 @@ class _Connection:
         progress = False
         while True:
             if self._lengths is None:
+                if _fastlink is not None:  # whole messages of small frames, in C
+                    messages, self._start = _fastlink.parse(
+                        self._buf, self._start, self._end, 1 << 30, _OWN_BUFFER_BYTES, _MAX_FRAMES
+                    )
+                    if messages:
+                        out.extend(messages)
+                        progress = True
                 if self._end - self._start < 4:
                     return progress
                 (count,) = _COUNT.unpack_from(self._buf, self._start)
@@ -308,7 +335,7 @@ class _Connection:
                     if n > len(self._buf):
                         self._grow(n)
                     return progress
-                self._frames.append(LinkFrame(view))
+                self._frames.append(bytes(view))
                 progress = True
             out.append(self._frames)
             self._lengths, self._frames = None, []
