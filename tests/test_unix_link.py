@@ -182,6 +182,18 @@ def test_two_sides_sending_big_messages_to_each_other_both_finish(router, worker
     assert [bytes(m[0]) == big for m in box[0]] == [True] * 3
 
 
+def test_a_closing_worker_still_sends_what_queues(router, worker):
+    """As a zmq socket with LINGER: a rank's last large message is not lost when it
+    closes its end right after sending."""
+    big = os.urandom(1 << 20) * 24  # more than a socket buffer holds
+    worker.send(big, 0, copy=False)
+    closing = threading.Thread(target=worker.close)  # returns once all is sent
+    closing.start()
+    (message,) = take_until(Receiver(router, WireStats()), 1)
+    closing.join(30)
+    assert bytes(message[1]) == big
+
+
 @pytest.mark.parametrize(
     "garbage",
     [

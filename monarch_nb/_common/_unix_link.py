@@ -35,6 +35,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
@@ -48,6 +49,7 @@ _OWN_BUFFER_BYTES = 64 << 10  # frames this large are read into a buffer of thei
 _MAX_FRAMES = 1 << 16
 _SEND_BUFFER_BYTES = 4 << 20
 _MAX_IDENTITY_BYTES = 256
+_DEALER_LINGER_MS = 2000
 _fastlink = load_extension("_fastlink")
 
 
@@ -203,6 +205,17 @@ class _Connection:
             self.backlog.append(view[sent:])
             sent = 0
         return bool(self.backlog)
+
+    def drain(self, linger_ms: int) -> None:
+        """Send the backlog, waiting for the socket up to ``linger_ms``."""
+        deadline = time.monotonic() + linger_ms / 1000
+        poller = select.poll()
+        poller.register(self.fd, select.POLLOUT)
+        while self.flush() and not self.eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            poller.poll(max(1, int(left * 1000)))
 
     def flush(self) -> bool:
         with self.send_lock:
@@ -371,8 +384,12 @@ class _Connection:
         self.eof = True
 
     def close(self) -> None:
-        self.eof = True
-        self.sock.close()
+        # Under the send lock: a sender that looked the connection up before it
+        # closed must not write to its fd number, which a new connection may get.
+        with self.send_lock:
+            self.eof = True
+            self.backlog.clear()
+            self.sock.close()
 
 
 class _Flusher:
@@ -648,10 +665,14 @@ class LinkDealer(_LinkSocket):
             os.close(quiet)
 
     def close(self, linger: int | None = None) -> None:
+        """Close, first sending what still queues for up to ``linger`` ms (as a zmq
+        socket's ``LINGER``, which a worker's socket had at 2 s): a rank's last
+        words (a large reply, its output) still reach the controller."""
         if self.closed:
             return
         self.closed = True
         self._close_flusher()
+        self._conn.drain(_DEALER_LINGER_MS if linger is None else linger)
         self._conn.close()
         if self._quiet_w is not None:
             os.close(self._quiet_w)
