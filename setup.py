@@ -223,7 +223,7 @@ setup(
         ),
         Extension(
             "monarch_nb._common._fastlink",
-            # The Unix link's sends and parsing (MONARCH_NB_LINK=unix); the same in
+            # The Unix link's sends and parsing (the local workers' link); the same in
             # Python without it.
             sources=["monarch_nb/_common/_fastlink.c"],
             extra_compile_args=C_FLAGS,

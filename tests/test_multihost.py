@@ -18,6 +18,7 @@ import time
 import pytest
 import zmq
 from process_checks import wait_for_exit
+from rogues import Rogue
 
 from monarch_nb import (
     MeshFailure,
@@ -340,13 +341,11 @@ def test_the_host_link_is_encrypted_and_takes_only_our_agents(hosts2) -> None:
         assert drops()[2] == before[2] + 1
         # 3. a real agent's name claimed on the local workers' socket: agents have
         # a socket of their own, so on this one the name is nobody's.
-        claimant = context.socket(zmq.DEALER)
+        claimant = Rogue(agents.agents[0].identity, context)
         sockets.append(claimant)
-        claimant.setsockopt(zmq.LINGER, 0)
-        claimant.setsockopt(zmq.ROUTING_ID, agents.agents[0].identity)
         claimant.connect(agents.controller.address)
         Signer(bytes(32), WireStats(), sender=bytes(16), upstream=True).encode(_heartbeat()).send(
-            claimant, envelope=OWN
+            claimant.socket, envelope=OWN
         )
         deadline = time.monotonic() + 30
         while drops()[2] == before[2] + 1 and time.monotonic() < deadline:

@@ -1,10 +1,13 @@
-"""The controller's Unix link to local workers without libzmq (``MONARCH_NB_LINK=unix``).
+"""The controller's Unix link to local workers without libzmq (the default;
+``MONARCH_NB_LINK=zmq`` is libzmq's ``ipc://`` socket).
 
 The link stands in for the ROUTER/DEALER pair through :mod:`._sockets`: whole
 messages in order, frames unchanged (large ones in a buffer of their own),
 sends that never wait (what the kernel does not take queues and is written by
 a flusher, so two sides sending big messages to each other finish), a
-malformed stream ends only that connection, and a mesh runs on it end to end.
+malformed stream ends only that connection, a caller's sends in a row are
+held and written together when it waits (or soon after), and a mesh runs on
+it end to end, as on libzmq.
 """
 
 import os
@@ -126,6 +129,87 @@ def test_messages_go_both_ways_whole_in_order_and_to_the_named_identity(router):
         b.close()
 
 
+def test_messages_written_behind_wait_for_the_flush_in_order(router, worker, monkeypatch):
+    """While ``write_behind`` is set, a worker's messages wait (per worker, in
+    order) until ``flush_behind()``; a later message to that worker queues behind
+    them even with the flag off; a worker with nothing waiting gets its own at once."""
+    monkeypatch.setattr(_unix_link, "_WRITE_BEHIND_S", 60.0)  # no timer in this test
+    other = LinkDealer(router.address, b"v")
+    try:
+        _sockets.send_copied(other, [b"hi"])
+        assert take_until(Receiver(router, WireStats()), 1) == [[b"v", b"hi"]]
+        router.write_behind = True
+        for i in range(5):
+            _sockets.send_copied(router, [b"w", str(i).encode()])
+        router.write_behind = False
+        _sockets.send_copied(router, [b"w", b"after"])
+        _sockets.send_copied(router, [b"v", b"direct"])
+        assert take_until(Receiver(other, WireStats()), 1) == [[b"direct"]]
+        poller = select.poll()
+        poller.register(worker.fileno(), select.POLLIN)
+        assert poller.poll(0) == [], "a message written behind went before the flush"
+        router.flush_behind()
+        got = take_until(Receiver(worker, WireStats()), 6)
+        assert got == [[str(i).encode()] for i in range(5)] + [[b"after"]]
+        _sockets.send_copied(router, [b"w", b"now"])  # nothing waits: at once
+        assert take_until(Receiver(worker, WireStats()), 1, timeout=5) == [[b"now"]]
+    finally:
+        other.close()
+
+
+def test_what_waits_behind_goes_by_itself_soon_after(router, worker):
+    """A caller that never waits (fire and forget): the link's timer writes it."""
+    router.write_behind = True
+    _sockets.send_each_copied(router, [b"w"], b"one")
+    _sockets.send_copied(router, [b"w", b"two"])
+    router.write_behind = False
+    assert take_until(Receiver(worker, WireStats()), 2) == [[b"one"], [b"two"]]
+
+
+def test_a_message_over_the_wires_frame_cap_ends_its_connection(router, worker):
+    """A message over the receiver's frame cap ends that connection and is
+    counted; the cap is the wire's (``MONARCH_NB_MAX_MESSAGE_FRAMES``)."""
+    for _ in range(3):
+        _sockets.send_copied(worker, [b"x"] * 3)
+    got: list = []
+    deadline = time.monotonic() + 30
+    poller = select.poll()
+    poller.register(router.fileno(), select.POLLIN)
+    while len(got) < 3:
+        assert time.monotonic() < deadline
+        done, _ = router.take(100, 100, max_frames=3)
+        got.extend(done)
+        if len(got) < 3:
+            poller.poll(100)
+    assert got == [[b"w", b"x", b"x", b"x"]] * 3
+    _sockets.send_copied(worker, [b"x"] * 4)
+    while b"w" in router._by_identity:
+        assert time.monotonic() < deadline, "a message over the cap was taken"
+        assert router.take(100, 100, max_frames=3) == ([], False)
+        poller.poll(100)
+    assert router.take_dropped() == 1  # counted, as zmq's receiver counts what it drops
+    assert router.take_dropped() == 0
+
+
+@pytest.mark.parametrize("in_c", [True, False], ids=["c", "python"])
+def test_a_message_of_more_frames_than_one_write_takes_arrives_whole(
+    router, worker, monkeypatch, in_c
+):
+    """3,000 frames (a list of tensors each in a frame of its own): more buffers
+    than one ``sendmsg`` takes, so the rest goes after; both ways, C or not."""
+    if not in_c:
+        monkeypatch.setattr(_unix_link, "_fastlink", None)
+    frames = [str(i).encode() * (i % 7) for i in range(3000)]
+    _sockets.send_copied(worker, frames)
+    assert take_until(Receiver(router, WireStats()), 1) == [[b"w", *frames]]
+    router.write_behind = True  # and several such messages in one write
+    for _ in range(2):
+        _sockets.send_copied(router, [b"w", *frames])
+    router.write_behind = False
+    router.flush_behind()
+    assert take_until(Receiver(worker, WireStats()), 2) == [frames, frames]
+
+
 def test_large_frames_arrive_unchanged_in_writable_buffers_of_their_own(router, worker):
     payload = os.urandom(3 << 20) + bytes(5 << 20)
     router.send(b"w", 2)  # zmq.SNDMORE
@@ -241,12 +325,18 @@ def test_a_worker_whose_controller_is_gone_is_not_woken_forever(router, worker):
     assert poller.poll(200) == []
 
 
-def test_a_mesh_runs_on_the_link_end_to_end(tmp_path):
-    """Calls, a cast, a 64 MiB argument each way, a rank's failure: as on zmq."""
+@pytest.mark.parametrize("link", ["unix", "zmq"])
+def test_a_mesh_runs_on_either_link_end_to_end(link):
+    """Calls, a cast, a 64 MiB argument each way, a rank's failure, calls sent
+    in a row before a wait and calls fired and forgotten: the same on the Unix
+    link (the default) and on libzmq (``MONARCH_NB_LINK=zmq``); and on the link,
+    keyless processes of our uid cannot confuse it."""
     script = textwrap.dedent(
         """
+        import os, select, sys, tempfile, time
         import torch
         from monarch_nb import Actor, endpoint, this_host
+        from monarch_nb._controller._client import Controller
 
         class Echo(Actor):
             @endpoint
@@ -257,9 +347,15 @@ def test_a_mesh_runs_on_the_link_end_to_end(tmp_path):
             def fail(self):
                 raise ValueError("on purpose")
 
+            @endpoint
+            def touch(self, path):
+                open(f"{path}-{os.getpid()}", "w").close()
+
+        link = sys.argv[1]
+        deadline = time.monotonic() + 120
         with this_host().spawn_procs(per_host={"procs": 2}, name="link") as procs:
-            from monarch_nb._controller._client import Controller
-            assert type(Controller.get().router).__name__ == "LinkRouter"
+            kind = type(Controller.get().router).__name__
+            assert kind == {"unix": "LinkRouter", "zmq": "Socket"}[link], kind
             echo = procs.spawn("echo", Echo)
             assert list(echo.echo.call(7).get().values()) == [7, 7]
             big = bytes(range(256)) * (1 << 18)
@@ -273,36 +369,50 @@ def test_a_mesh_runs_on_the_link_end_to_end(tmp_path):
             else:
                 raise AssertionError("a rank's failure was not raised")
 
-            # Keyless processes of our uid: a stranger's frames are dropped unread
-            # and counted; one claiming a live rank's name is hung up on, and the
-            # rank keeps its link.
-            import os, select, time
-            from monarch_nb._common._unix_link import LinkDealer
-            address = Controller.get().address
-            before = procs.status().wire.dropped_unknown_peer
-            stranger = LinkDealer(address, os.urandom(16).hex().encode())
-            for i in range(50):
-                stranger.send_parts([os.urandom(57 + i), b"x" * i])
-            impostor = LinkDealer(address, procs._group.identity(0))
-            impostor.send_parts([os.urandom(100)])
-            poller = select.poll()
-            poller.register(impostor.fileno(), select.POLLIN)
-            deadline = time.monotonic() + 60
-            while impostor.take(10, 10) == ([], False) and not impostor._conn.eof:
-                assert time.monotonic() < deadline, "the impostor was not hung up on"
-                poller.poll(100)
-            while procs.status().wire.dropped_unknown_peer - before < 50:
-                assert time.monotonic() < deadline, "the stranger's frames were not counted"
-                time.sleep(0.05)
-            assert list(echo.echo.call(8).get().values()) == [8, 8]
-            stranger.close()
-            impostor.close()
+            # Several calls before a wait (on the link all but the first wait
+            # behind until the get()): replies in order, each to its call.
+            other = procs.spawn("other", Echo)
+            meshes = [echo, other, echo, other, echo]
+            futures = [m.echo.call(i) for i, m in enumerate(meshes)]
+            assert [list(f.get().values()) for f in futures] == [[i, i] for i in range(5)]
+            # Fired and forgotten, never waited for: they still arrive (on the
+            # link, its timer writes them).
+            where = tempfile.mkdtemp()
+            for name in ("a", "b", "c"):
+                other.touch.broadcast(os.path.join(where, name))
+            while len(os.listdir(where)) < 6:
+                assert time.monotonic() < deadline, os.listdir(where)
+                time.sleep(0.02)
+
+            if link == "unix":
+                # Keyless processes of our uid: a stranger's frames are dropped
+                # unread and counted; one claiming a live rank's name is hung up
+                # on, and the rank keeps its link.
+                from monarch_nb._common._unix_link import LinkDealer
+                address = Controller.get().address
+                before = procs.status().wire.dropped_unknown_peer
+                stranger = LinkDealer(address, os.urandom(16).hex().encode())
+                for i in range(50):
+                    stranger.send_parts([os.urandom(57 + i), b"x" * i])
+                impostor = LinkDealer(address, procs._group.identity(0))
+                impostor.send_parts([os.urandom(100)])
+                poller = select.poll()
+                poller.register(impostor.fileno(), select.POLLIN)
+                while impostor.take(10, 10) == ([], False) and not impostor._conn.eof:
+                    assert time.monotonic() < deadline, "the impostor was not hung up on"
+                    poller.poll(100)
+                while procs.status().wire.dropped_unknown_peer - before < 50:
+                    assert time.monotonic() < deadline, "the stranger's frames were not counted"
+                    time.sleep(0.05)
+                assert list(echo.echo.call(8).get().values()) == [8, 8]
+                stranger.close()
+                impostor.close()
         print("link ok")
         """
     )
-    env = dict(os.environ, MONARCH_NB_LINK="unix")
+    env = dict(os.environ, MONARCH_NB_LINK=link)
     done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", script, link], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "link ok" in done.stdout

@@ -11,9 +11,10 @@ import psutil
 import pytest
 import torch
 import zmq
+from rogues import Rogue
 
 from monarch_nb import Actor, endpoint
-from monarch_nb._common import _serialize
+from monarch_nb._common import _config, _serialize
 from monarch_nb._common._messages import Call, Value
 from monarch_nb._common._wire import (
     CONTROLLER,
@@ -239,11 +240,10 @@ def test_frames_forged_to_the_controller_are_dropped_and_counted(procs4, tmp_pat
     before = controller.stats.snapshot()
     marker = tmp_path / "unpickled"
     evil = pickle.dumps(Evil(str(marker)))
-    ctx = zmq.Context.instance()
-    # A rogue that claims a live worker's identity is refused by the ROUTER itself;
-    # an anonymous rogue reaches us and is dropped before anything is unpickled.
-    impostor, anonymous = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
-    impostor.setsockopt(zmq.IDENTITY, procs4._group.identity(0))
+    # A rogue that claims a live worker's identity is refused by the controller's
+    # socket itself; an anonymous rogue reaches us and is dropped before anything
+    # is unpickled.
+    impostor, anonymous = Rogue(procs4._group.identity(0)), Rogue()
     try:
         for rogue in (impostor, anonymous):
             rogue.connect(controller.address)
@@ -451,8 +451,9 @@ def test_tensors_cross_the_wire_without_numpy(tmp_path):
 def test_sockets_are_private_and_the_key_is_never_on_a_command_line(procs4):
     # Local workers reach the controller over a Unix socket in a 0700 directory.
     address = Controller.get().address
-    assert address.startswith("ipc://")
-    directory = os.path.dirname(address.removeprefix("ipc://"))
+    scheme = {"unix": "unixlink://", "zmq": "ipc://"}[_config.get("link")]
+    assert address.startswith(scheme)
+    directory = os.path.dirname(address.removeprefix(scheme))
     assert os.stat(directory).st_mode & 0o777 == 0o700
     assert os.stat(directory).st_uid == os.getuid()
     key_hex = procs4._group._key.hex()

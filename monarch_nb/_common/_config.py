@@ -99,6 +99,13 @@ SETTINGS: dict[str, Setting] = {
             (("monarch_nb._common._wire", "MAX_FRAMES_PER_MESSAGE"),),
         ),
         Setting(
+            "link",
+            str,
+            "unix",
+            "the controller's link to its local workers: unix (a plain Unix stream socket) or "
+            "zmq (libzmq's ipc:// socket); read when the controller starts",
+        ),
+        Setting(
             "deterministic",
             bool,
             False,

@@ -50,6 +50,25 @@ _wait_pump: Callable[[Future[Any], float | None], None] | None = None
 _pump_thread: int | None = None
 
 
+# Set in a controller whose link writes a caller's later sends behind (see
+# _unix_link.LinkRouter.write_behind): a thread about to wait on any future has
+# its messages written first, and its next send goes out at once again.
+_before_wait: Callable[[], None] | None = None
+
+
+def set_before_wait(hook: Callable[[], None] | None) -> None:
+    """Run ``hook()`` on each thread about to wait on a future (or ``await`` one)."""
+    global _before_wait
+    _before_wait = hook
+
+
+def before_wait() -> None:
+    """What a thread does before it waits for a reply (see :func:`set_before_wait`)."""
+    hook = _before_wait
+    if hook is not None:
+        hook()
+
+
 class _Deferred(threading.local):
     calls: list[tuple[Callable[[Any], None], Any]] | None = None
 
@@ -120,6 +139,8 @@ class Future(Generic[T]):
         self._latch: threading.Lock | None = None
 
     def _wait(self, timeout: float | None) -> bool:
+        if _before_wait is not None:
+            _before_wait()
         if self._done:
             return True
         pump = _wait_pump
@@ -230,6 +251,8 @@ class Future(Generic[T]):
         return TimeoutError(f"the operation did not finish within {timeout} s")
 
     def __await__(self) -> Generator[Any, None, T]:
+        if _before_wait is not None:
+            _before_wait()
         if not self._done:
             import asyncio  # here, not at the top: workers start without asyncio
 
@@ -257,6 +280,8 @@ class Future(Generic[T]):
         import asyncio
 
         loop = asyncio.get_running_loop()  # RuntimeError off a loop, as Monarch's
+        if _before_wait is not None:
+            _before_wait()
         mirror: asyncio.Future[T] = loop.create_future()
 
         def copy(_: Future[T]) -> None:

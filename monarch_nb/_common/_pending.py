@@ -37,7 +37,7 @@ from ._errors import (
     SerializationError,
     format_ranks,
 )
-from ._future import Future, pumps_here
+from ._future import Future, before_wait, pumps_here
 from ._public import publish
 from ._shape import Point, Shape
 from ._value_mesh import ValueMesh
@@ -117,6 +117,7 @@ class CallFuture(Future[Any]):
         call.stopper(self, "interrupted", call.grace if grace is None else grace)
 
     def get(self, timeout: float | None = None) -> Any:
+        before_wait()  # (again in _wait: cheap) before this thread receives
         try:
             call = self._call
             wait = timeout

@@ -76,8 +76,8 @@ def take(
     nothing waits, 1: a budget is spent, 2: libzmq refused (ask pyzmq). None
     where the C path is unavailable."""
     if is_link(socket):
-        done, more = socket.take(frames, messages)
-        return done, None, False, 0, BUDGET_SPENT if more else DRAINED
+        done, more = socket.take(frames, messages, max_per_message)
+        return done, None, False, socket.take_dropped(), BUDGET_SPENT if more else DRAINED
     if _fastzmq is None or socket.closed:
         return None
     return _fastzmq.take(socket.underlying, partial, dropping, frames, messages, max_per_message)

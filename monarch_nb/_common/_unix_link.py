@@ -11,7 +11,8 @@ It stands in for the two zmq sockets it replaces, as far as the wire uses
 them (:mod:`._sockets` dispatches to it): :class:`LinkRouter` for the
 controller's ROUTER (messages come as ``[identity, *frames]`` and go to the
 identity in their first part), :class:`LinkDealer` for a worker's DEALER.
-``MONARCH_NB_LINK=unix`` turns it on for local meshes (off by default).
+It is the local meshes' link by default; ``MONARCH_NB_LINK=zmq`` puts them
+back on libzmq's ``ipc://`` socket.
 
 Framing: a message is a frame count (u32), each frame's length (u64), then
 the frames. A large frame is received straight into a buffer of its own
@@ -24,11 +25,20 @@ Sends never wait: what the kernel does not take at once (a large frame,
 a slow reader) queues on the connection and a flusher thread writes it when
 the socket can take more, so two sides sending big messages to each other
 cannot deadlock, as a zmq socket with no high-water mark could not.
+
+Write-behind: a caller that sends several calls before it waits for any
+(a gather over several actor meshes) has all but the first held per worker
+and written in one write when it waits, or a few milliseconds later
+(:meth:`LinkRouter.flush_behind`); otherwise a worker woken by the first
+went back to sleep before the next came, and 128 processes on two cores
+woke once a call. libzmq's I/O thread coalesced them the same way, by
+writing whatever had queued for a worker when it got to it.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import select
 import socket
@@ -36,7 +46,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeGuard
 
 from ._extensions import load_extension
@@ -46,11 +56,16 @@ _POLLIN, _POLLOUT = 1, 2  # as zmq.POLLIN / zmq.POLLOUT
 _COUNT = struct.Struct("<I")
 _READ_CHUNK = 256 << 10
 _OWN_BUFFER_BYTES = 64 << 10  # frames this large are read into a buffer of their own
-_MAX_FRAMES = 1 << 16
+_MAX_FRAMES = 1 << 16  # the wire's default (MONARCH_NB_MAX_MESSAGE_FRAMES): take() passes its own
+_IOV_MAX = 1024  # buffers one sendmsg takes (Linux's UIO_MAXIOV)
+# How long a caller's sends may wait behind (LinkRouter.write_behind) when it
+# does not wait for a reply first: messages fired and forgotten in a row.
+_WRITE_BEHIND_S = 0.002
 _SEND_BUFFER_BYTES = 4 << 20
 _MAX_IDENTITY_BYTES = 256
 _DEALER_LINGER_MS = 2000
 _fastlink = load_extension("_fastlink")
+_log = logging.getLogger("monarch_nb")
 
 
 def _header(count: int) -> struct.Struct:
@@ -71,7 +86,8 @@ _MAX_FRAME_BYTES = 1 << 40
 
 
 class LinkFrame(bytes):
-    """A small received frame: ``bytes`` with pyzmq's ``Frame.bytes``/``.buffer``."""
+    """A connection's name as the first frame of what it sent: ``bytes`` with
+    pyzmq's ``Frame.bytes``, which the controller reads of a sender's identity."""
 
     __slots__ = ()
 
@@ -79,21 +95,10 @@ class LinkFrame(bytes):
     def bytes(self) -> bytes:
         return self
 
-    @property
-    def buffer(self) -> memoryview:
-        return memoryview(self)
-
 
 class LinkBuffer(bytearray):
-    """A large received frame, read straight into its own memory."""
-
-    @property
-    def bytes(self) -> bytes:
-        return bytes(self)
-
-    @property
-    def buffer(self) -> memoryview:
-        return memoryview(self)
+    """A large received frame, read straight into its own memory (a subclass: a
+    ``bytearray`` cannot be weakly referenced, and the tests follow one)."""
 
 
 class _BufferPool:
@@ -164,6 +169,8 @@ class _Connection:
         self._big: LinkBuffer | None = None  # a large frame being read into
         self._big_got = 0
         self._short = False  # the last read took less than it had room for
+        self._max_frames = _MAX_FRAMES
+        self.dropped_oversized = 0  # messages over max_frames (each ended the stream)
 
     # -- sending (any thread, under send_lock) -----------------------------------------
 
@@ -185,15 +192,33 @@ class _Connection:
                     elif left < 0:
                         self.eof = True
                     return left > 0
-            header = _header_of(frames)
-            try:
-                sent = self.sock.sendmsg([header, *frames])
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                self.eof = True
+            return self._write_parts([_header_of(frames), *frames])
+
+    def send_many(self, messages: Sequence[Sequence[Any]]) -> bool:
+        """Send ``messages`` in one write where the kernel takes them; as :meth:`send`."""
+        with self.send_lock:
+            if self.eof:
                 return False
-            return self._queue([header, *frames], sent)
+            parts: list[Any] = []
+            for frames in messages:
+                parts.append(_header_of(frames))
+                parts.extend(frames)
+            if self.backlog:
+                return self._queue(parts, 0)
+            return self._write_parts(parts)
+
+    def _write_parts(self, parts: list[Any]) -> bool:
+        """Write what the kernel takes of ``parts`` and queue the rest (under send_lock)."""
+        try:
+            # At most _IOV_MAX buffers a write (more fail, EMSGSIZE): the flusher
+            # writes the rest of a message of many frames.
+            sent = self.sock.sendmsg(parts[:_IOV_MAX])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self.eof = True
+            return False
+        return self._queue(parts, sent)
 
     def _queue(self, parts: list[Any], sent: int) -> bool:
         """Queue what is left of ``parts`` once ``sent`` bytes went; True if any is."""
@@ -244,8 +269,10 @@ class _Connection:
 
     # -- receiving (the receiving thread) ----------------------------------------------
 
-    def read(self, out: list[list[Any]]) -> None:
-        """Read what the socket has and append each whole message to ``out``."""
+    def read(self, out: list[list[Any]], max_frames: int = _MAX_FRAMES) -> None:
+        """Read what the socket has and append each whole message to ``out``; a
+        message of more than ``max_frames`` frames breaks the stream."""
+        self._max_frames = max_frames
         self._short = False
         while not self.eof:
             if self._big is not None:
@@ -300,7 +327,12 @@ class _Connection:
             if self._lengths is None:
                 if _fastlink is not None:  # whole messages of small frames, in C
                     messages, self._start = _fastlink.parse(
-                        self._buf, self._start, self._end, 1 << 30, _OWN_BUFFER_BYTES, _MAX_FRAMES
+                        self._buf,
+                        self._start,
+                        self._end,
+                        1 << 30,
+                        _OWN_BUFFER_BYTES,
+                        self._max_frames,
                     )
                     if messages:
                         out.extend(messages)
@@ -308,7 +340,10 @@ class _Connection:
                 if self._end - self._start < 4:
                     return progress
                 (count,) = _COUNT.unpack_from(self._buf, self._start)
-                if count == 0 or count > _MAX_FRAMES:
+                if count == 0 or count > self._max_frames:
+                    # Not skipped: its lengths alone may be more than we would
+                    # allocate. Counted as zmq's receiver counts what it drops.
+                    self.dropped_oversized += count > self._max_frames
                     self._broken()
                     return False
                 if self._end - self._start < 4 + 8 * count:
@@ -393,10 +428,12 @@ class _Connection:
 
 
 class _Flusher:
-    """A thread that writes connections' backlogs when their sockets can take more."""
+    """A thread that writes connections' backlogs when their sockets can take more,
+    and runs what is due later (the router's write-behind)."""
 
     def __init__(self, name: str) -> None:
         self._waiting: set[_Connection] = set()
+        self._due: list[tuple[float, Callable[[], None]]] = []
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._closed = False
@@ -405,18 +442,52 @@ class _Flusher:
 
     def want(self, conn: _Connection) -> None:
         with self._lock:
+            if self._closed:  # the socket closed: its connections' backlogs went with it
+                return
             self._waiting.add(conn)
-        os.write(self._wake_w, b"x")
+            self._wake()
+
+    def later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on this thread in ``delay_s`` seconds."""
+        with self._lock:
+            if self._closed:
+                return
+            self._due.append((time.monotonic() + delay_s, fn))
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
 
     def close(self) -> None:
-        self._closed = True
-        os.write(self._wake_w, b"x")
+        with self._lock:
+            self._closed = True
+            self._wake()
+
+    def _run_due(self) -> float | None:
+        """Run what is due; milliseconds until the next, None if nothing waits."""
+        with self._lock:
+            if not self._due:
+                return None
+            now = time.monotonic()
+            ready = [fn for when, fn in self._due if when <= now]
+            self._due = [(when, fn) for when, fn in self._due if when > now]
+            next_ms = min((when - now) * 1000 for when, _ in self._due) if self._due else None
+        for fn in ready:
+            try:
+                fn()
+            except Exception:  # (a bug) this thread must go on writing backlogs
+                _log.exception("monarch_nb: a Unix link's timer failed")
+        return next_ms
 
     def _run(self) -> None:
         poller = select.poll()
         poller.register(self._wake_r, select.POLLIN)
         registered: set[int] = set()
         while not self._closed:
+            next_ms = self._run_due()
             with self._lock:
                 waiting = list(self._waiting)
             for conn in waiting:
@@ -431,7 +502,10 @@ class _Flusher:
             for fd in fds - registered:
                 poller.register(fd, select.POLLOUT)
             registered = fds
-            for fd, _ in poller.poll(1000 if fds else None):
+            timeout = 1000.0 if fds else None
+            if next_ms is not None:
+                timeout = next_ms if timeout is None else min(timeout, next_ms)
+            for fd, _ in poller.poll(timeout):
                 if fd == self._wake_r:
                     try:
                         os.read(self._wake_r, 4096)
@@ -452,6 +526,14 @@ class _LinkSocket:
         self._flusher: _Flusher | None = None
         self._flusher_lock = threading.Lock()
         self._pool = _BufferPool()  # used by whoever receives, under the wire's lock
+        self._max_frames = _MAX_FRAMES
+        self._dropped_oversized = 0
+
+    def take_dropped(self) -> int:
+        """How many messages over the frame cap were refused since the last ask
+        (each ended its connection)."""
+        dropped, self._dropped_oversized = self._dropped_oversized, 0
+        return dropped
 
     def send(self, data: Any, flags: int = 0, copy: bool = True, track: bool = False) -> None:
         """As ``zmq.Socket.send``: parts with ``zmq.SNDMORE`` wait for the last."""
@@ -465,14 +547,23 @@ class _LinkSocket:
         raise NotImplementedError
 
     def _queued(self, conn: _Connection) -> None:
+        self._flusher_thread().want(conn)
+
+    def _flusher_thread(self) -> _Flusher:
         with self._flusher_lock:
             if self._flusher is None:
                 self._flusher = _Flusher("monarch_nb-link-flush")
-        self._flusher.want(conn)
+            return self._flusher
 
-    def take(self, frames: int, messages: int) -> tuple[list[list[Any]], bool]:
-        """Up to ``messages`` whole messages; and whether more may wait."""
+    def take(
+        self, frames: int, messages: int, max_frames: int = _MAX_FRAMES
+    ) -> tuple[list[list[Any]], bool]:
+        """Up to ``messages`` whole messages (``frames`` in all, about); and whether
+        more may wait. A message of more than ``max_frames`` frames breaks its
+        connection: only a peer of our own uid can send one, and no sender of ours
+        does (the wire refuses to send it)."""
         if not self._ready:
+            self._max_frames = max_frames
             self._read()
         done: list[list[Any]] = []
         ready = self._ready
@@ -528,6 +619,12 @@ class LinkRouter(_LinkSocket):
         self._by_fd: dict[int, _Connection] = {}
         self._by_identity: dict[bytes, _Connection] = {}
         self._lock = threading.Lock()  # the tables, for senders on other threads
+        # Write-behind: while ``write_behind`` is set (by the controller, around a
+        # caller's sends), messages wait here, per connection, in order, until
+        # flush_behind() (the caller waits) or _WRITE_BEHIND_S later. See send_to.
+        self.write_behind = False
+        self._behind: dict[_Connection, list[Sequence[Any]]] = {}
+        self._behind_lock = threading.Lock()
 
     @property
     def address(self) -> str:
@@ -545,12 +642,43 @@ class LinkRouter(_LinkSocket):
 
     def send_to(self, identity: bytes, frames: Sequence[Any]) -> None:
         """One message to ``identity``: dropped if no such worker is connected (as a
-        ROUTER drops it)."""
+        ROUTER drops it). Written at once, unless ``write_behind`` is set or earlier
+        messages to that worker wait behind (they go first)."""
         conn = self._by_identity.get(identity)
         if conn is None or conn.eof:
             return
+        if self.write_behind or self._behind:
+            with self._behind_lock:
+                behind = self._behind
+                if self.write_behind or conn in behind:
+                    if not behind:
+                        self._flusher_thread().later(_WRITE_BEHIND_S, self.flush_behind)
+                    waiting = behind.get(conn)
+                    if waiting is None:
+                        behind[conn] = [frames]
+                    else:
+                        waiting.append(frames)
+                    return
         if conn.send(frames):
             self._queued(conn)
+
+    def flush_behind(self) -> None:
+        """Write the messages waiting behind: each worker's in one write.
+
+        Why they wait: a worker woken by one message goes back to sleep before
+        the next comes, so a caller sending several calls in a row (a gather of
+        eight actor meshes) woke each of 128 processes eight times, on two
+        cores; libzmq's I/O thread coalesced them into a write a worker. The
+        dict empties only after the writes: a sender that finds it non-empty
+        waits for the lock, so nothing overtakes what waited."""
+        with self._behind_lock:
+            behind = self._behind
+            if not behind:
+                return
+            for conn, messages in behind.items():
+                if conn.send_many(messages):
+                    self._queued(conn)
+            behind.clear()
 
     def _read(self) -> None:
         listener = self._listener.fileno()
@@ -563,7 +691,10 @@ class LinkRouter(_LinkSocket):
             if conn is None:
                 continue
             messages: list[list[Any]] = []
-            conn.read(messages)
+            conn.read(messages, self._max_frames)
+            if conn.dropped_oversized:
+                self._dropped_oversized += conn.dropped_oversized
+                conn.dropped_oversized = 0
             for message in messages:
                 if conn.identity is None:
                     if len(message) != 1 or len(message[0]) > _MAX_IDENTITY_BYTES:
@@ -619,6 +750,7 @@ class LinkRouter(_LinkSocket):
     def close(self, linger: int | None = None) -> None:
         if self.closed:
             return
+        self.flush_behind()  # sent before the close, as zmq's linger (0 here) would try
         self.closed = True
         self._close_flusher()
         for conn in list(self._by_fd.values()):
@@ -655,7 +787,9 @@ class LinkDealer(_LinkSocket):
         conn = self._conn
         if conn.eof:
             return
-        conn.read(self._ready)  # type: ignore[arg-type]
+        conn.read(self._ready, self._max_frames)  # type: ignore[arg-type]
+        self._dropped_oversized += conn.dropped_oversized
+        conn.dropped_oversized = 0
         if conn.eof:
             # The controller is gone (the worker's watchdog ends us next). Whoever
             # polls the fd read it once: keep the number, make it quiet, or an

@@ -49,10 +49,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import zmq
 
-from .._common import _rundir
-from .._common._errors import MeshFailure, RemoteFailure
+from .._common import _config, _rundir
+from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure
 from .._common._eventfd import clear_eventfd
-from .._common._future import Future, deferred_callbacks, pumps_here
+from .._common._future import Future, deferred_callbacks, pumps_here, set_before_wait
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._sockets import socket_events
 from .._common._unix_link import LinkRouter
@@ -126,6 +126,12 @@ class Controller:
             return cls._default
 
     def __init__(self, bind_host: str | None = None) -> None:
+        self._link_kind = _config.get("link")
+        if self._link_kind not in ("unix", "zmq"):  # before anything starts
+            raise MeshUsageError(
+                f"MONARCH_NB_LINK={self._link_kind!r}: the controller's link to local workers "
+                "is 'unix' (the default) or 'zmq'"
+            )
         self._pid = os.getpid()
         self.bind_host = bind_host or os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
         self.stats = WireStats()
@@ -157,8 +163,15 @@ class Controller:
         self._receiver_ident = 0  # the receiving caller's thread
         self._sigint: tuple[Any] | None = None  # a Ctrl-C the receiving main thread deferred
         self._closed = False  # the sockets are closed (shutdown)
+        # Threads that sent since they last waited on a future: on a Unix link,
+        # their next send is written behind (see _write_behind).
+        self._sent_unwaited: set[int] = set()
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
+        self._link = self.router if isinstance(self.router, LinkRouter) else None
+        if self._link is not None:
+            _link_controllers.append(self)
+            set_before_wait(_callers_wait)
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         # Host agents' CURVE links have a socket of their own, made when a host
         # mesh first needs one: nothing from the network shares a socket (or a
@@ -170,17 +183,18 @@ class Controller:
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.SNDHWM, 0)
         router.setsockopt(zmq.RCVHWM, 0)
+        # Local workers reach us over a Unix socket in the tree's private (0700)
+        # run directory: no other user can connect to it at all (a loopback port
+        # would take anyone's frames), and it is faster than TCP.
         if "MONARCH_NB_BIND" in os.environ:  # asked for: a TCP port on that interface
             router.bind_to_random_port(f"tcp://{self.bind_host}")
-        elif os.environ.get("MONARCH_NB_LINK") == "unix":
-            # The same place, without libzmq (see _unix_link): no I/O-thread hand-offs.
+        elif self._link_kind == "unix":
+            # Without libzmq (see _unix_link): the thread that sends writes, the
+            # thread that receives reads, no hand-off to an I/O thread of its own.
             router.close()
-            path = _rundir.socket_path(f"controller-{secrets.token_hex(8)}")[len("ipc://") :]
-            router = LinkRouter(path)  # type: ignore[assignment]
+            path = _rundir.socket_path(f"controller-{secrets.token_hex(8)}")
+            router = LinkRouter(path[len("ipc://") :])  # type: ignore[assignment]
         else:
-            # Local workers reach us over a Unix socket in the tree's private (0700)
-            # run directory: no other user can connect to it at all (a loopback
-            # port would take anyone's frames), and it is faster than TCP.
             router.bind(_rundir.socket_path(f"controller-{secrets.token_hex(8)}"))
         self.router = router
         self._router_fd = int(router.getsockopt(zmq.FD))
@@ -224,6 +238,9 @@ class Controller:
                 hosts.shutdown(grace=2.0)
             except Exception:
                 _log.exception("monarch_nb: could not stop the agents of a host mesh at exit")
+
+        if self in _link_controllers:
+            _link_controllers.remove(self)
 
         def close() -> None:
             with self._lock:
@@ -295,9 +312,16 @@ class Controller:
                                 )
                 router = self.router
                 frames = message.seal()  # in send order: see _wire's docstring
+                behind = self._link is not None and self._write_behind()
                 for via, identities in routes:
                     if via is None:
-                        message.send_each(router, identities, frames)
+                        if behind:
+                            router.write_behind = True
+                        try:
+                            message.send_each(router, identities, frames)
+                        finally:
+                            if behind:
+                                router.write_behind = False
                     else:  # once per host: its agent relays to each
                         router = self._hosts()
                         message.send(router, via, frames, RELAY + b"\n".join(identities))
@@ -313,6 +337,30 @@ class Controller:
             self._input_pending()
             if self._hosts_router is not None:
                 self.loop.call_soon(self._on_hosts_readable)
+
+    def _write_behind(self) -> bool:
+        """Whether this send waits behind (under ``_lock``, on a Unix link): a
+        caller's second send before it waits for anything. Its first goes at
+        once, so a lone call's round trip is as before; the ones after it wait
+        until the caller waits on a future (:func:`_callers_wait`) or for the
+        link's short timer, and each worker gets them in one write, so a gather
+        of several calls wakes each worker about twice, not once a call. Never
+        on the I/O thread: nothing there waits on a future to write them."""
+        if self.loop.in_loop_thread:
+            return False
+        ident = threading.get_ident()
+        if ident in self._sent_unwaited:
+            return True
+        self._sent_unwaited.add(ident)
+        return False
+
+    def caller_waits(self) -> None:
+        """This thread is about to wait for a reply: write what waits behind."""
+        if self._sent_unwaited:
+            self._sent_unwaited.discard(threading.get_ident())
+        link = self._link
+        if link is not None and link._behind:
+            link.flush_behind()
 
     def end_group(
         self, group: ProcGroup, state: Any, error: MeshFailure, *, unless_ended: bool = False
@@ -836,6 +884,17 @@ class Controller:
 
 
 _HANDLING_FAILED = "monarch_nb: handling a message from a worker failed"
+
+
+# Controllers of this process on a Unix link (most often one): a thread about to
+# wait on a future has what it sent written first. A plain list, as it is read
+# on every wait (atexit holds each controller until its shutdown anyway).
+_link_controllers: list[Controller] = []
+
+
+def _callers_wait() -> None:
+    for controller in _link_controllers:
+        controller.caller_waits()
 
 
 def _rank_failed(mesh: str, failure: RemoteFailure, label: str) -> RankFailed:

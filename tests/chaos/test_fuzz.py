@@ -1,5 +1,6 @@
-"""Bad input on the wire: forged, truncated, replayed and oversized frames sent with
-raw pyzmq to the controller's real socket. Nothing crashes, no frame is unpickled
+"""Bad input on the wire: forged, truncated, replayed and oversized frames sent
+to the controller's real socket (over its Unix link, or with raw pyzmq where it
+is a zmq socket: ``rogues.Rogue``). Nothing crashes, no frame is unpickled
 without a valid signature (canary pickles prove it), every frame is counted in the
 wire statistics, and the meshes still answer calls afterwards."""
 
@@ -11,7 +12,6 @@ import signal
 
 import chaos_actors
 import pytest
-import zmq
 from chaos_actors import Canary, Probe
 from chaos_support import (
     HEADER_BYTES,
@@ -28,6 +28,7 @@ from chaos_support import (
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rogues import Rogue
 
 from monarch_nb import this_host
 
@@ -52,12 +53,8 @@ def healthy():
 def rogue_socket():
     sockets = []
 
-    def make(identity: bytes | None = None) -> zmq.Socket:
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        if identity is not None:
-            sock.setsockopt(zmq.IDENTITY, identity)
+    def make(identity: bytes | None = None) -> Rogue:
+        sock = Rogue(identity)
         sockets.append(sock)
         return sock
 

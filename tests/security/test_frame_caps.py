@@ -29,14 +29,21 @@ FRAMES = 500_000
 
 _FLOOD = textwrap.dedent(
     """
-    import sys, zmq
-    context = zmq.Context()
-    s = context.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 60_000)
-    s.connect(sys.argv[1])
-    s.send_multipart([b""] * int(sys.argv[2]))
-    s.close()
-    context.term()  # returns once every frame is delivered (or after the linger)
+    import os, sys, zmq
+    address, frames = sys.argv[1], int(sys.argv[2])
+    if address.startswith("unixlink://"):  # the controller's default link
+        from monarch_nb._common._unix_link import LinkDealer
+        s = LinkDealer(address, os.urandom(16))
+        s.send_parts([b""] * frames)
+        s.close(60_000)  # returns once it is all written, or the controller hung up
+    else:
+        context = zmq.Context()
+        s = context.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 60_000)
+        s.connect(address)
+        s.send_multipart([b""] * frames)
+        s.close()
+        context.term()  # returns once every frame is delivered (or after the linger)
     print("sent", flush=True)
     """
 )

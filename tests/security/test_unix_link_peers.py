@@ -1,4 +1,5 @@
-"""The Unix link (``MONARCH_NB_LINK=unix``) admits only our uid, twice over.
+"""The Unix link (the controller's default link to local workers) admits only our
+uid, twice over.
 
 Its socket lives in the tree's 0700 run directory, so another user cannot
 even connect; and if the directory ever let them (a run directory made
