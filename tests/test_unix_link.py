@@ -153,8 +153,23 @@ def test_messages_written_behind_wait_for_the_flush_in_order(router, worker, mon
         assert got == [[str(i).encode()] for i in range(5)] + [[b"after"]]
         _sockets.send_copied(router, [b"w", b"now"])  # nothing waits: at once
         assert take_until(Receiver(worker, WireStats()), 1, timeout=5) == [[b"now"]]
+        # A worker's full batch goes at once, flag or not: a pipelining caller's
+        # thousands of calls flow in batches, not one timer apart.
+        router.write_behind = True
+        batch = _unix_link._BEHIND_BATCH
+        for i in range(batch + 1):
+            _sockets.send_copied(router, [b"w", str(i).encode()])
+        router.write_behind = False
+        got = take_until(Receiver(worker, WireStats()), batch, timeout=5)
+        assert got == [[str(i).encode()] for i in range(batch)]
+        assert router._behind[worker_conn(router, b"w")] == [[str(batch).encode()]]
+        router.flush_behind()
     finally:
         other.close()
+
+
+def worker_conn(router: LinkRouter, identity: bytes):
+    return router._by_identity[identity]
 
 
 def test_what_waits_behind_goes_by_itself_soon_after(router, worker):
@@ -375,6 +390,19 @@ def test_a_mesh_runs_on_either_link_end_to_end(link):
             meshes = [echo, other, echo, other, echo]
             futures = [m.echo.call(i) for i, m in enumerate(meshes)]
             assert [list(f.get().values()) for f in futures] == [[i, i] for i in range(5)]
+            if link == "unix":
+                # After a burst the caller's next first send waits behind too,
+                # until its wait; after a lone call, a lone call goes at once.
+                from monarch_nb._common import _unix_link
+                router, timer = Controller.get().router, _unix_link._WRITE_BEHIND_S
+                _unix_link._WRITE_BEHIND_S = 600.0  # no timer here
+                future = echo.echo.call(1)
+                assert router._behind, "a bursting caller's first send went at once"
+                assert list(future.get().values()) == [1, 1]
+                future = echo.echo.call(2)
+                assert not router._behind, "a lone call waited behind"
+                assert list(future.get().values()) == [2, 2]
+                _unix_link._WRITE_BEHIND_S = timer
             # Fired and forgotten, never waited for: they still arrive (on the
             # link, its timer writes them).
             where = tempfile.mkdtemp()

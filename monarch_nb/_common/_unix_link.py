@@ -61,6 +61,9 @@ _IOV_MAX = 1024  # buffers one sendmsg takes (Linux's UIO_MAXIOV)
 # How long a caller's sends may wait behind (LinkRouter.write_behind) when it
 # does not wait for a reply first: messages fired and forgotten in a row.
 _WRITE_BEHIND_S = 0.002
+# Messages a worker may have waiting behind: that many go in one write at once
+# (a pipelining caller's thousands of calls flow in batches, not after the timer).
+_BEHIND_BATCH = 64
 _SEND_BUFFER_BYTES = 4 << 20
 _MAX_IDENTITY_BYTES = 256
 _DEALER_LINGER_MS = 2000
@@ -656,8 +659,13 @@ class LinkRouter(_LinkSocket):
                     waiting = behind.get(conn)
                     if waiting is None:
                         behind[conn] = [frames]
+                    elif len(waiting) < _BEHIND_BATCH - 1:
+                        waiting.append(frames)
                     else:
                         waiting.append(frames)
+                        del behind[conn]
+                        if conn.send_many(waiting):
+                            self._queued(conn)
                     return
         if conn.send(frames):
             self._queued(conn)

@@ -163,9 +163,11 @@ class Controller:
         self._receiver_ident = 0  # the receiving caller's thread
         self._sigint: tuple[Any] | None = None  # a Ctrl-C the receiving main thread deferred
         self._closed = False  # the sockets are closed (shutdown)
-        # Threads that sent since they last waited on a future: on a Unix link,
-        # their next send is written behind (see _write_behind).
-        self._sent_unwaited: set[int] = set()
+        # On a Unix link, per caller thread: sends since it last waited on a
+        # future, and whether it sent several before its last wait (a burst).
+        # They say which sends are written behind (see _write_behind).
+        self._sends_unwaited: dict[int, int] = {}
+        self._bursting: set[int] = set()
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
         self._link = self.router if isinstance(self.router, LinkRouter) else None
@@ -339,25 +341,33 @@ class Controller:
                 self.loop.call_soon(self._on_hosts_readable)
 
     def _write_behind(self) -> bool:
-        """Whether this send waits behind (under ``_lock``, on a Unix link): a
-        caller's second send before it waits for anything. Its first goes at
-        once, so a lone call's round trip is as before; the ones after it wait
-        until the caller waits on a future (:func:`_callers_wait`) or for the
-        link's short timer, and each worker gets them in one write, so a gather
-        of several calls wakes each worker about twice, not once a call. Never
-        on the I/O thread: nothing there waits on a future to write them."""
+        """Whether this send waits behind (under ``_lock``, on a Unix link).
+
+        A caller's second send before it waits for anything does, and so does
+        its first where it sent several before its last wait (it sends in
+        bursts: a gather of several calls, a pipeline); they wait until the
+        caller waits on a future (:func:`_callers_wait`), or for the link's short
+        timer, and each worker gets them in one write: a worker of a gather
+        wakes once, not once a call (on two cores with 128 processes a wake-up
+        costs more than the call). A caller of one call at a time sends at
+        once, so its round trip is as before. Never on the I/O thread: nothing
+        there waits on a future to write them."""
         if self.loop.in_loop_thread:
             return False
         ident = threading.get_ident()
-        if ident in self._sent_unwaited:
-            return True
-        self._sent_unwaited.add(ident)
-        return False
+        sent = self._sends_unwaited.get(ident, 0)
+        self._sends_unwaited[ident] = sent + 1
+        return sent > 0 or ident in self._bursting
 
     def caller_waits(self) -> None:
         """This thread is about to wait for a reply: write what waits behind."""
-        if self._sent_unwaited:
-            self._sent_unwaited.discard(threading.get_ident())
+        if self._sends_unwaited:
+            ident = threading.get_ident()
+            sent = self._sends_unwaited.pop(ident, 0)
+            if sent > 1:
+                self._bursting.add(ident)
+            elif sent == 1:
+                self._bursting.discard(ident)
         link = self._link
         if link is not None and link._behind:
             link.flush_behind()
