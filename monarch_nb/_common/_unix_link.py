@@ -654,6 +654,15 @@ class LinkRouter(_LinkSocket):
             with self._behind_lock:
                 behind = self._behind
                 if self.write_behind or conn in behind:
+                    if any(frame.__class__ is not bytes for frame in frames):
+                        # A frame of the caller's own memory (a tensor's bytes,
+                        # not copied): written now, with what waits before it,
+                        # so a change the caller makes next is not what is sent.
+                        waiting = behind.pop(conn, [])
+                        waiting.append(frames)
+                        if conn.send_many(waiting):
+                            self._queued(conn)
+                        return
                     if not behind:
                         self._flusher_thread().later(_WRITE_BEHIND_S, self.flush_behind)
                     waiting = behind.get(conn)
