@@ -658,9 +658,8 @@ class LinkRouter(_LinkSocket):
                         # A frame of the caller's own memory (a tensor's bytes,
                         # not copied): written now, with what waits before it,
                         # so a change the caller makes next is not what is sent.
-                        waiting = behind.pop(conn, [])
-                        waiting.append(frames)
-                        if conn.send_many(waiting):
+                        now = [*behind.pop(conn, ()), frames]
+                        if conn.send_many(now):
                             self._queued(conn)
                         return
                     if not behind:
