@@ -529,7 +529,6 @@ class _LinkSocket:
         self._flusher: _Flusher | None = None
         self._flusher_lock = threading.Lock()
         self._pool = _BufferPool()  # used by whoever receives, under the wire's lock
-        self._max_frames = _MAX_FRAMES
         self._dropped_oversized = 0
 
     def take_dropped(self) -> int:
@@ -566,8 +565,7 @@ class _LinkSocket:
         connection: only a peer of our own uid can send one, and no sender of ours
         does (the wire refuses to send it)."""
         if not self._ready:
-            self._max_frames = max_frames
-            self._read()
+            self._read(max_frames)
         done: list[list[Any]] = []
         ready = self._ready
         while ready and len(done) < messages and frames > 0:
@@ -576,7 +574,7 @@ class _LinkSocket:
             done.append(message)
         return done, bool(ready)
 
-    def _read(self) -> None:
+    def _read(self, max_frames: int) -> None:
         raise NotImplementedError
 
     def events(self) -> int:
@@ -652,31 +650,26 @@ class LinkRouter(_LinkSocket):
             return
         if self.write_behind or self._behind:
             with self._behind_lock:
-                behind = self._behind
-                if self.write_behind or conn in behind:
-                    if any(frame.__class__ is not bytes for frame in frames):
-                        # A frame of the caller's own memory (a tensor's bytes,
-                        # not copied): written now, with what waits before it,
-                        # so a change the caller makes next is not what is sent.
-                        now = [*behind.pop(conn, ()), frames]
-                        if conn.send_many(now):
-                            self._queued(conn)
-                        return
-                    if not behind:
-                        self._flusher_thread().later(_WRITE_BEHIND_S, self.flush_behind)
-                    waiting = behind.get(conn)
-                    if waiting is None:
-                        behind[conn] = [frames]
-                    elif len(waiting) < _BEHIND_BATCH - 1:
-                        waiting.append(frames)
-                    else:
-                        waiting.append(frames)
-                        del behind[conn]
-                        if conn.send_many(waiting):
-                            self._queued(conn)
+                if self.write_behind or conn in self._behind:
+                    self._hold(conn, frames)
                     return
         if conn.send(frames):
             self._queued(conn)
+
+    def _hold(self, conn: _Connection, frames: Sequence[Any]) -> None:
+        """Queue ``frames`` behind ``conn``'s waiting messages (under _behind_lock).
+        They all go at once when a worker has a batch, or when this message has a
+        frame of the caller's own memory (a tensor's bytes, not copied): held, it
+        would send what the caller writes into it next."""
+        behind = self._behind
+        if not behind:
+            self._flusher_thread().later(_WRITE_BEHIND_S, self.flush_behind)
+        waiting = behind.setdefault(conn, [])
+        waiting.append(frames)
+        if len(waiting) >= _BEHIND_BATCH or any(f.__class__ is not bytes for f in frames):
+            del behind[conn]
+            if conn.send_many(waiting):
+                self._queued(conn)
 
     def flush_behind(self) -> None:
         """Write the messages waiting behind: each worker's in one write.
@@ -696,7 +689,7 @@ class LinkRouter(_LinkSocket):
                     self._queued(conn)
             behind.clear()
 
-    def _read(self) -> None:
+    def _read(self, max_frames: int) -> None:
         listener = self._listener.fileno()
         events = self._epoll.poll(0)
         if any(fd == listener for fd, _ in events):
@@ -707,7 +700,7 @@ class LinkRouter(_LinkSocket):
             if conn is None:
                 continue
             messages: list[list[Any]] = []
-            conn.read(messages, self._max_frames)
+            conn.read(messages, max_frames)
             if conn.dropped_oversized:
                 self._dropped_oversized += conn.dropped_oversized
                 conn.dropped_oversized = 0
@@ -799,11 +792,11 @@ class LinkDealer(_LinkSocket):
         if self._conn.send(parts):
             self._queued(self._conn)
 
-    def _read(self) -> None:
+    def _read(self, max_frames: int) -> None:
         conn = self._conn
         if conn.eof:
             return
-        conn.read(self._ready, self._max_frames)  # type: ignore[arg-type]
+        conn.read(self._ready, max_frames)  # type: ignore[arg-type]
         self._dropped_oversized += conn.dropped_oversized
         conn.dropped_oversized = 0
         if conn.eof:
