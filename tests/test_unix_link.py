@@ -294,6 +294,38 @@ def test_a_closing_worker_still_sends_what_queues(router, worker):
     assert bytes(message[1]) == big
 
 
+def test_a_socket_closing_as_its_flusher_ends_touches_no_closed_descriptor(monkeypatch):
+    """The flusher's thread may see the close flag (it reads it unlocked, on each
+    turn) before close() has written its wake-up: the pipe must still be open
+    then, or the wake-up fails (EBADF), or writes into a file that took its
+    number. A timer that sets itself again keeps the thread turning."""
+    failures: list = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    write = os.write
+
+    def slow_write(fd: int, data: bytes) -> int:  # widens the gap between the two
+        time.sleep(0.001)
+        return write(fd, data)
+
+    monkeypatch.setattr(_unix_link.os, "write", slow_write)
+    _close_flushers_as_they_turn(200)
+    assert failures == []
+
+
+def _close_flushers_as_they_turn(times: int) -> None:
+    for _ in range(times):
+        flusher = _unix_link._Flusher("test-flush")
+
+        def again(flusher=flusher) -> None:  # keeps the thread turning
+            flusher.later(0.0, again)
+
+        again()
+        flusher.close()
+        flusher.close()  # a second close (two threads closing the socket) is harmless
+        flusher._thread.join(30)
+        assert not flusher._thread.is_alive()
+
+
 @pytest.mark.parametrize(
     "garbage",
     [

@@ -466,6 +466,8 @@ class _Flusher:
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:  # (the thread may have closed the pipe already)
+                return
             self._closed = True
             self._wake()
 
@@ -514,8 +516,13 @@ class _Flusher:
                         os.read(self._wake_r, 4096)
                     except BlockingIOError:
                         pass
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        # Under the lock: close() sets _closed and then wakes us, both under it,
+        # and this loop reads _closed without it, so it may end (on a timeout)
+        # between the two. Closed outside the lock, the wake-up would write to a
+        # closed fd number, or to whatever file opened next with that number.
+        with self._lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
 
 class _LinkSocket:
@@ -602,6 +609,15 @@ class _LinkSocket:
     def _close_flusher(self) -> None:
         if self._flusher is not None:
             self._flusher.close()
+
+    def _first_close(self) -> bool:
+        """Mark closed; True for the one caller that closes (two threads may both
+        close a socket, a shutdown and a teardown; each fd must close once)."""
+        with self._flusher_lock:
+            if self.closed:
+                return False
+            self.closed = True
+            return True
 
 
 class LinkRouter(_LinkSocket):
@@ -760,7 +776,8 @@ class LinkRouter(_LinkSocket):
         if self.closed:
             return
         self.flush_behind()  # sent before the close, as zmq's linger (0 here) would try
-        self.closed = True
+        if not self._first_close():
+            return
         self._close_flusher()
         for conn in list(self._by_fd.values()):
             conn.close()
@@ -811,9 +828,8 @@ class LinkDealer(_LinkSocket):
         """Close, first sending what still queues for up to ``linger`` ms (as a zmq
         socket's ``LINGER``, which a worker's socket had at 2 s): a rank's last
         words (a large reply, its output) still reach the controller."""
-        if self.closed:
+        if not self._first_close():
             return
-        self.closed = True
         self._close_flusher()
         self._conn.drain(_DEALER_LINGER_MS if linger is None else linger)
         self._conn.close()
