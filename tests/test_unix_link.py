@@ -398,6 +398,22 @@ def test_a_mesh_runs_on_either_link_end_to_end(link):
             def touch(self, path):
                 open(f"{path}-{os.getpid()}", "w").close()
 
+        class Holder(Actor):
+            def __init__(self):
+                self.w = torch.zeros(6 << 20)
+
+            @endpoint
+            def weights(self):
+                return self.w
+
+            @endpoint
+            def step(self):
+                self.w.add_(1.0)
+
+            @endpoint
+            def reset(self):
+                self.w.zero_()
+
         link = sys.argv[1]
         deadline = time.monotonic() + 120
         with this_host().spawn_procs(per_host={"procs": 2}, name="link") as procs:
@@ -423,16 +439,6 @@ def test_a_mesh_runs_on_either_link_end_to_end(link):
             futures = [m.echo.call(i) for i, m in enumerate(meshes)]
             assert [list(f.get().values()) for f in futures] == [[i, i] for i in range(5)]
             if link == "unix":
-                # A tensor sent in a row and changed at once: what was sent is
-                # what it held at the call (its bytes are not copied, so the
-                # link does not hold them behind; 1 MiB, which the kernel takes
-                # at once). libzmq's I/O thread sends such frames later: there
-                # the same check fails (a known limit, in the README).
-                t = torch.zeros(1 << 18)
-                futures = [echo.echo.call(0), echo.slice(procs=0).echo.call_one(t)]
-                t.fill_(1.0)
-                assert torch.equal(futures[1].get(), torch.zeros(1 << 18))
-            if link == "unix":
                 # After a burst the caller's next first send waits behind too,
                 # until its wait; after a lone call, a lone call goes at once.
                 from monarch_nb._common import _unix_link
@@ -445,6 +451,21 @@ def test_a_mesh_runs_on_either_link_end_to_end(link):
                 assert not router._behind, "a lone call waited behind"
                 assert list(future.get().values()) == [2, 2]
                 _unix_link._WRITE_BEHIND_S = timer
+            # A tensor sent in a row and changed at once, 1 MiB (which the
+            # link's kernel buffer takes at once) and 24 MiB (which no socket
+            # does): what was sent is what it held at the call.
+            for numel in (1 << 18, 6 << 20):
+                t = torch.zeros(numel)
+                futures = [echo.echo.call(0), echo.slice(procs=0).echo.call_one(t)]
+                t.fill_(1.0)
+                assert torch.equal(futures[1].get(), torch.zeros(numel)), numel
+            # And a rank's reply: the weights it returned, updated in place by
+            # its next endpoint while the reply is still being sent.
+            holder = procs.spawn("holder", Holder).slice(procs=0)
+            for _ in range(3):
+                weights, _ = holder.weights.call_one(), holder.step.call_one()
+                assert torch.equal(weights.get(), torch.zeros(6 << 20))
+                holder.reset.call_one().get()
             # Fired and forgotten, never waited for: they still arrive (on the
             # link, its timer writes them).
             where = tempfile.mkdtemp()

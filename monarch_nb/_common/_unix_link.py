@@ -88,6 +88,15 @@ def _header_of(frames: Sequence[Any]) -> bytes:
 _MAX_FRAME_BYTES = 1 << 40
 
 
+def is_immutable(frame: Any) -> bool:
+    """Whether ``frame``'s bytes can never change: ``bytes``, or a view of bytes.
+    Anything else (a tensor's or an array's own memory, a bytearray) the caller
+    may change once its send returns, so what is sent later must be a copy."""
+    return frame.__class__ is bytes or (
+        frame.__class__ is memoryview and frame.obj.__class__ is bytes
+    )
+
+
 class LinkFrame(bytes):
     """A connection's name as the first frame of what it sent: ``bytes`` with
     pyzmq's ``Frame.bytes``, which the controller reads of a sender's identity."""
@@ -224,13 +233,19 @@ class _Connection:
         return self._queue(parts, sent)
 
     def _queue(self, parts: list[Any], sent: int) -> bool:
-        """Queue what is left of ``parts`` once ``sent`` bytes went; True if any is."""
+        """Queue what is left of ``parts`` once ``sent`` bytes went; True if any is.
+
+        What is left of a frame the caller may change (a tensor's memory) is
+        copied: the send returns now, and the caller may then fill the tensor
+        with its next values; what it sent is what the tensor held at the send.
+        """
         for part in parts:
             view = memoryview(part).cast("B")
             if sent >= view.nbytes:
                 sent -= view.nbytes
                 continue
-            self.backlog.append(view[sent:])
+            rest = view[sent:]
+            self.backlog.append(rest if is_immutable(part) else memoryview(bytes(rest)))
             sent = 0
         return bool(self.backlog)
 

@@ -82,6 +82,7 @@ from ._serialize import dumps
 from ._sockets import ASK_PYZMQ as _ASK_PYZMQ
 from ._sockets import DRAINED as _DRAINED
 from ._sockets import send_copied, send_each_copied, socket_events, take
+from ._unix_link import is_immutable, is_link
 
 _fastwire = load_extension("_fastwire")
 
@@ -205,9 +206,19 @@ class Encoded:
         sizes = [memoryview(b).nbytes for b in buffers]
         self.nbytes = len(body) + sum(sizes)
         # Per frame of a sealed message, whether zmq copies it: decided once here,
-        # not on every send of a cast to many ranks.
+        # not on every send of a cast to many ranks. A frame of memory the caller
+        # may change (a tensor's) is copied however large: libzmq's I/O thread
+        # reads what it does not copy after send() returns, and the caller may
+        # change the tensor then; what is sent is what it held at the call.
         big = [len(body)] if self.separate_body else []
-        self.copy = (True, *(n < _ZERO_COPY_BYTES for n in big + sizes))
+        self.copy = (
+            True,
+            *(n < _ZERO_COPY_BYTES for n in big),
+            *(
+                n < _ZERO_COPY_BYTES or not is_immutable(b)
+                for n, b in zip(sizes, buffers, strict=True)
+            ),
+        )
 
     def seal(self) -> list[Any]:
         """The frames, with the sender's next sequence number and their signature.
@@ -241,6 +252,12 @@ class Encoded:
             last = len(parts) - 1
             for i in range(send_copied(socket, parts), last + 1):
                 socket.send(parts[i], _SNDMORE if i < last else 0)
+            return
+        if is_link(socket):  # frames as they are: the link copies what it cannot write now
+            parts = frames
+            if envelope is not None:
+                parts = [envelope, *parts]
+            socket.send_parts(parts if identity is None else [identity, *parts])
             return
         send = socket.send
         if identity is not None:

@@ -1,0 +1,140 @@
+"""What a message carries is what the caller's memory held when it was sent.
+
+Large tensor, array and bytearray frames go to the socket without a copy, and
+what the socket does not take at once (the link's kernel buffer is full, or
+libzmq's I/O thread has not got to it) is sent after ``send`` returns. The
+caller may change that memory then (fill a tensor with its next step's values,
+a rank's next endpoint updating the weights it just returned): the message
+must still carry the old bytes, and still verify. These tests send a message
+far larger than any socket buffer to a peer that reads only after the sender
+has changed its memory, on each link the wire runs on.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+
+import pytest
+import zmq
+
+from monarch_nb._common._messages import Call
+from monarch_nb._common._unix_link import LinkDealer, LinkRouter
+from monarch_nb._common._wire import (
+    CONTROLLER,
+    Receiver,
+    ReplayWindow,
+    Signer,
+    WireStats,
+    decode_payload,
+    new_key,
+    sender_tag,
+)
+
+BIG = 24 << 20  # more than a Unix socket's or libzmq's buffers take at once
+RANK_NAME = b"rank-0"
+
+
+def _unix_pair(tmp_path):
+    router = LinkRouter(str(tmp_path / "link"))
+    dealer = LinkDealer(router.address, RANK_NAME)
+    dealer.send_parts([b"hello"])
+    assert _take(router, 1) == [[RANK_NAME, b"hello"]]
+    return router, dealer, lambda: (dealer.close(0), router.close())
+
+
+def _zmq_pair(tmp_path, scheme: str):
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.linger = 0
+    if scheme == "tcp":
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        address = f"tcp://127.0.0.1:{port}"
+    else:
+        address = f"ipc://{tmp_path}/zmq-link"
+        router.bind(address)
+    dealer = context.socket(zmq.DEALER)
+    dealer.linger = 0
+    dealer.identity = RANK_NAME
+    dealer.connect(address)
+    dealer.send(b"hello")
+    assert _take(router, 1) == [[RANK_NAME, b"hello"]]
+    return router, dealer, lambda: (dealer.close(0), router.close(0), context.term())
+
+
+def _take(socket, count: int, timeout: float = 60.0) -> list[list[bytes]]:
+    """``count`` whole messages, polled as the wire polls."""
+    receiver = Receiver(socket, WireStats())
+    poller = select.poll()
+    fd = socket.fileno() if hasattr(socket, "send_parts") else socket.getsockopt(zmq.FD)
+    poller.register(fd, select.POLLIN)
+    got: list[list[bytes]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count} messages came"
+        done, more = receiver.take()
+        got.extend([bytes(memoryview(f)) for f in m] for m in done)
+        if not more and len(got) < count:
+            poller.poll(100)
+    return got
+
+
+@pytest.fixture(params=["unix", "zmq-ipc", "zmq-tcp"])
+def pair(request, tmp_path):
+    if request.param == "unix":
+        router, dealer, close = _unix_pair(tmp_path)
+    else:
+        router, dealer, close = _zmq_pair(tmp_path, request.param.split("-")[1])
+    # Untrusted (buffers hashed) where the transport does not authenticate its
+    # peer: a changed buffer would then also fail the digest, and be dropped.
+    trusted = request.param != "zmq-tcp"
+    yield router, dealer, trusted
+    close()
+
+
+@pytest.mark.parametrize("kind", ["bytearray", "tensor"])
+def test_a_big_argument_changed_right_after_its_send_arrives_as_it_was(pair, kind):
+    router, dealer, trusted = pair
+    key = new_key()
+    controller = Signer(key, WireStats(), sender=CONTROLLER, upstream=False, trusted_link=trusted)
+    rank = Signer(
+        key, WireStats(), sender=sender_tag(RANK_NAME), upstream=True, trusted_link=trusted
+    )
+    if kind == "tensor":
+        torch = pytest.importorskip("torch")
+        data = torch.zeros(BIG // 4)
+        expected = torch.zeros(BIG // 4)
+    else:
+        data = bytearray(BIG)
+        expected = bytearray(BIG)
+    controller.encode(Call(7, 1, "echo", True), (data, 1)).send(router, RANK_NAME)
+    # The next step's values, written as soon as send returned; the peer has
+    # not read a byte of the message yet.
+    if kind == "tensor":
+        data.fill_(1.0)
+    else:
+        data[:] = b"\x01" * BIG
+    (frames,) = _take(dealer, 1)
+    message = rank.verify(frames, ReplayWindow(), sender=CONTROLLER)
+    assert message is not None, f"the message was dropped: {rank.stats}"
+    payload, tag = decode_payload(frames)
+    assert tag == 1
+    if kind == "tensor":
+        assert torch.equal(payload, expected), "the tensor's later values were sent"
+    else:
+        assert payload == expected, "the bytearray's later values were sent"
+
+
+def test_bytes_still_go_without_a_copy(pair):
+    """``bytes`` never change, so they still go zero-copy on libzmq (the copy
+    rule is for memory the caller may write), and arrive whole."""
+    router, dealer, trusted = pair
+    key = new_key()
+    controller = Signer(key, WireStats(), sender=CONTROLLER, upstream=False, trusted_link=trusted)
+    data = os.urandom(1 << 20) * 8
+    encoded = controller.encode(Call(7, 1, "echo", True), data)
+    assert encoded.copy[-1] is False
+    encoded.send(router, RANK_NAME)
+    (frames,) = _take(dealer, 1)
+    assert decode_payload(frames) == data
