@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
+import tracemalloc
 
 import pytest
 import zmq
@@ -33,18 +35,26 @@ from monarch_nb._common._wire import (
 )
 
 BIG = 24 << 20  # more than a Unix socket's or libzmq's buffers take at once
-RANK_NAME = b"rank-0"
+RANK_NAMES = [b"rank-0", b"rank-1", b"rank-2"]
+RANK_NAME = RANK_NAMES[0]
 
 
-def _unix_pair(tmp_path):
+def _unix_link(tmp_path, ranks: int):
     router = LinkRouter(str(tmp_path / "link"))
-    dealer = LinkDealer(router.address, RANK_NAME)
-    dealer.send_parts([b"hello"])
-    assert _take(router, 1) == [[RANK_NAME, b"hello"]]
-    return router, dealer, lambda: (dealer.close(0), router.close())
+    dealers = [LinkDealer(router.address, name) for name in RANK_NAMES[:ranks]]
+    for dealer in dealers:
+        dealer.send_parts([b"hello"])
+    assert sorted(_take(router, ranks)) == [[name, b"hello"] for name in RANK_NAMES[:ranks]]
+
+    def close():
+        for dealer in dealers:
+            dealer.close(0)
+        router.close()
+
+    return router, dealers, close
 
 
-def _zmq_pair(tmp_path, scheme: str):
+def _zmq_link(tmp_path, ranks: int, scheme: str):
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
     router.linger = 0
@@ -54,13 +64,23 @@ def _zmq_pair(tmp_path, scheme: str):
     else:
         address = f"ipc://{tmp_path}/zmq-link"
         router.bind(address)
-    dealer = context.socket(zmq.DEALER)
-    dealer.linger = 0
-    dealer.identity = RANK_NAME
-    dealer.connect(address)
-    dealer.send(b"hello")
-    assert _take(router, 1) == [[RANK_NAME, b"hello"]]
-    return router, dealer, lambda: (dealer.close(0), router.close(0), context.term())
+    dealers = []
+    for name in RANK_NAMES[:ranks]:
+        dealer = context.socket(zmq.DEALER)
+        dealer.linger = 0
+        dealer.identity = name
+        dealer.connect(address)
+        dealer.send(b"hello")
+        dealers.append(dealer)
+    assert sorted(_take(router, ranks)) == [[name, b"hello"] for name in RANK_NAMES[:ranks]]
+
+    def close():
+        for dealer in dealers:
+            dealer.close(0)
+        router.close(0)
+        context.term()
+
+    return router, dealers, close
 
 
 def _take(socket, count: int, timeout: float = 60.0) -> list[list[bytes]]:
@@ -80,12 +100,18 @@ def _take(socket, count: int, timeout: float = 60.0) -> list[list[bytes]]:
     return got
 
 
-@pytest.fixture(params=["unix", "zmq-ipc", "zmq-tcp"])
+def _link(kind: str, tmp_path, ranks: int):
+    if kind == "unix":
+        return _unix_link(tmp_path, ranks)
+    return _zmq_link(tmp_path, ranks, kind.split("-")[1])
+
+
+LINKS = ["unix", "zmq-ipc", "zmq-tcp"]
+
+
+@pytest.fixture(params=LINKS)
 def pair(request, tmp_path):
-    if request.param == "unix":
-        router, dealer, close = _unix_pair(tmp_path)
-    else:
-        router, dealer, close = _zmq_pair(tmp_path, request.param.split("-")[1])
+    router, (dealer,), close = _link(request.param, tmp_path, 1)
     # Untrusted (buffers hashed) where the transport does not authenticate its
     # peer: a changed buffer would then also fail the digest, and be dropped.
     trusted = request.param != "zmq-tcp"
@@ -138,3 +164,50 @@ def test_bytes_still_go_without_a_copy(pair):
     encoded.send(router, RANK_NAME)
     (frames,) = _take(dealer, 1)
     assert decode_payload(frames) == data
+
+
+@pytest.mark.parametrize("kind", LINKS)
+def test_a_cast_copies_the_callers_memory_once_for_all_its_ranks(kind, tmp_path):
+    """A cast of a tensor's memory to several ranks, changed right after: every
+    rank gets what it held. The copy is made once for the cast, not once a
+    rank (on the link, where Python allocates it, traced to show it)."""
+    router, dealers, close = _link(kind, tmp_path, 3)
+    try:
+        key = new_key()
+        trusted = kind != "zmq-tcp"
+        controller = Signer(
+            key, WireStats(), sender=CONTROLLER, upstream=False, trusted_link=trusted
+        )
+        data = bytearray(BIG)
+        encoded = controller.encode(Call(7, 1, "echo", True), data)
+        frames = encoded.seal()
+        tracemalloc.start()
+        try:
+            encoded.send_each(router, RANK_NAMES, frames)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        data[:] = b"\x01" * BIG
+        if kind == "unix":  # one copy (less what the kernels took), not three
+            assert peak < 1.5 * BIG, f"{peak / BIG:.1f} copies of the cast's tensor"
+        for name, dealer in zip(RANK_NAMES, dealers, strict=True):
+            (got,) = _take(dealer, 1)
+            rank = Signer(
+                key, WireStats(), sender=sender_tag(name), upstream=True, trusted_link=trusted
+            )
+            assert rank.verify(got, ReplayWindow(), sender=CONTROLLER) is not None, name
+            assert decode_payload(got) == bytes(BIG), f"{name!r} got the later values"
+    finally:
+        close()
+
+
+def test_a_closed_link_starts_no_flusher(tmp_path):
+    """A send that finds the socket closed (a sender racing the close) must not
+    start a flusher thread that nothing would ever stop."""
+    router, (dealer,), close = _unix_link(tmp_path, 1)
+    close()
+    before = {t.ident for t in threading.enumerate() if t.name == "monarch_nb-link-flush"}
+    dealer._queued(dealer._conn)  # where a send that could not finish lands
+    router.send_to(RANK_NAME, [b"late"])
+    after = {t.ident for t in threading.enumerate() if t.name == "monarch_nb-link-flush"}
+    assert after <= before

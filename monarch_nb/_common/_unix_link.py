@@ -571,11 +571,15 @@ class _LinkSocket:
         raise NotImplementedError
 
     def _queued(self, conn: _Connection) -> None:
-        self._flusher_thread().want(conn)
+        flusher = self._flusher_thread()
+        if flusher is not None:
+            flusher.want(conn)
 
-    def _flusher_thread(self) -> _Flusher:
+    def _flusher_thread(self) -> _Flusher | None:
+        """The flusher, started on first use; None once this socket is closed
+        (one started then would never be closed)."""
         with self._flusher_lock:
-            if self._flusher is None:
+            if self._flusher is None and not self.closed:
                 self._flusher = _Flusher("monarch_nb-link-flush")
             return self._flusher
 
@@ -622,8 +626,10 @@ class _LinkSocket:
         raise NotImplementedError
 
     def _close_flusher(self) -> None:
-        if self._flusher is not None:
-            self._flusher.close()
+        with self._flusher_lock:  # after _first_close: no flusher starts after this
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.close()
 
     def _first_close(self) -> bool:
         """Mark closed; True for the one caller that closes (two threads may both
@@ -694,10 +700,12 @@ class LinkRouter(_LinkSocket):
         would send what the caller writes into it next."""
         behind = self._behind
         if not behind:
-            self._flusher_thread().later(_WRITE_BEHIND_S, self.flush_behind)
+            flusher = self._flusher_thread()
+            if flusher is not None:  # (closed: nothing would be written anyway)
+                flusher.later(_WRITE_BEHIND_S, self.flush_behind)
         waiting = behind.setdefault(conn, [])
         waiting.append(frames)
-        if len(waiting) >= _BEHIND_BATCH or any(f.__class__ is not bytes for f in frames):
+        if len(waiting) >= _BEHIND_BATCH or not all(map(is_immutable, frames)):
             del behind[conn]
             if conn.send_many(waiting):
                 self._queued(conn)

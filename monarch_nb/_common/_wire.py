@@ -237,10 +237,12 @@ class Encoded:
         identity: bytes | None = None,
         frames: list[Any] | None = None,
         envelope: bytes | None = None,
+        copy: tuple[bool, ...] | None = None,
     ) -> None:
         """Send on ``socket`` (to ``identity`` first, for a ROUTER); seals unless
         ``frames`` (from :meth:`seal`) are given. ``envelope``, a frame between the
-        identity and the message, tells a host agent what to do with it (relay)."""
+        identity and the message, tells a host agent what to do with it (relay).
+        ``copy``: per frame, whether zmq copies it (default: :attr:`copy`)."""
         if frames is None:
             frames = self.seal()
         if self.copy is _ONE_COPIED_FRAME:  # most messages: in C, then pyzmq if need be
@@ -265,16 +267,24 @@ class Encoded:
         if envelope is not None:
             send(envelope, _SNDMORE)
         last = len(frames) - 1
-        for i, (frame, copy) in enumerate(zip(frames, self.copy, strict=True)):
-            send(frame, _SNDMORE if i < last else 0, copy=copy)
+        copies = self.copy if copy is None else copy
+        for i, (frame, copied) in enumerate(zip(frames, copies, strict=True)):
+            send(frame, _SNDMORE if i < last else 0, copy=copied)
 
     def send_each(self, socket: zmq.Socket, identities: list[bytes], frames: list[Any]) -> None:
         """Send sealed ``frames`` to each of ``identities`` on a ROUTER (a cast)."""
         if self.copy is _ONE_COPIED_FRAME:  # one call into C for the whole cast
             send_each_copied(socket, identities, frames[0])
             return
+        copy = None
+        if len(identities) > 1 and not all(map(is_immutable, frames)):
+            # The caller's memory copied once for every rank, not once a rank
+            # (by the link, or by zmq): a 64 MiB tensor cast to 8 ranks is one
+            # more 64 MiB, not eight. The copies are bytes: sent without another.
+            frames = [f if is_immutable(f) else bytes(f) for f in frames]
+            copy = (True, *(memoryview(f).nbytes < _ZERO_COPY_BYTES for f in frames[1:]))
         for identity in identities:
-            self.send(socket, identity, frames)
+            self.send(socket, identity, frames, copy=copy)
 
 
 def receive(socket: zmq.Socket, stats: WireStats | None = None) -> list[zmq.Frame] | None:
