@@ -211,3 +211,28 @@ def test_a_closed_link_starts_no_flusher(tmp_path):
     router.send_to(RANK_NAME, [b"late"])
     after = {t.ident for t in threading.enumerate() if t.name == "monarch_nb-link-flush"}
     assert after <= before
+
+
+def test_the_link_copies_nothing_its_socket_takes_at_once(tmp_path):
+    """The README's rule: on the link a tensor's memory is written without a
+    copy as far as the kernel's socket buffer takes it at once (1 MiB here);
+    only a remainder is copied."""
+    router, (dealer,), close = _unix_link(tmp_path, 1)
+    try:
+        controller = Signer(
+            new_key(), WireStats(), sender=CONTROLLER, upstream=False, trusted_link=True
+        )
+        data = bytearray(1 << 20)
+        encoded = controller.encode(Call(7, 1, "echo", True), data)
+        frames = encoded.seal()
+        tracemalloc.start()
+        try:
+            encoded.send(router, RANK_NAME, frames)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < len(data) // 4, f"{peak:,} bytes allocated to send {len(data):,}"
+        (got,) = _take(dealer, 1)
+        assert decode_payload(got) == data
+    finally:
+        close()

@@ -185,6 +185,18 @@ class WireStats:
 _ONE_COPIED_FRAME: tuple[bool, ...] = (True,)
 
 
+def _copied_by_zmq(frames: Sequence[Any]) -> tuple[bool, ...]:
+    """Per frame of a sealed message (its header, then ``frames``), whether zmq
+    copies it: small ones (cheaper than pinning them), and any of memory the
+    caller may change (a tensor's) however large, since libzmq's I/O thread
+    reads what it does not copy after send() returns: what is sent is what the
+    memory held at the call."""
+    return (
+        True,
+        *(memoryview(f).nbytes < _ZERO_COPY_BYTES or not is_immutable(f) for f in frames),
+    )
+
+
 class Encoded:
     """A message pickled and digested once, ready to seal and send any number of times."""
 
@@ -205,20 +217,8 @@ class Encoded:
             return
         sizes = [memoryview(b).nbytes for b in buffers]
         self.nbytes = len(body) + sum(sizes)
-        # Per frame of a sealed message, whether zmq copies it: decided once here,
-        # not on every send of a cast to many ranks. A frame of memory the caller
-        # may change (a tensor's) is copied however large: libzmq's I/O thread
-        # reads what it does not copy after send() returns, and the caller may
-        # change the tensor then; what is sent is what it held at the call.
-        big = [len(body)] if self.separate_body else []
-        self.copy = (
-            True,
-            *(n < _ZERO_COPY_BYTES for n in big),
-            *(
-                n < _ZERO_COPY_BYTES or not is_immutable(b)
-                for n, b in zip(sizes, buffers, strict=True)
-            ),
-        )
+        # Decided once here, not on every send of a cast to many ranks.
+        self.copy = _copied_by_zmq([body, *buffers] if self.separate_body else buffers)
 
     def seal(self) -> list[Any]:
         """The frames, with the sender's next sequence number and their signature.
@@ -282,7 +282,7 @@ class Encoded:
             # (by the link, or by zmq): a 64 MiB tensor cast to 8 ranks is one
             # more 64 MiB, not eight. The copies are bytes: sent without another.
             frames = [f if is_immutable(f) else bytes(f) for f in frames]
-            copy = (True, *(memoryview(f).nbytes < _ZERO_COPY_BYTES for f in frames[1:]))
+            copy = _copied_by_zmq(frames[1:])
         for identity in identities:
             self.send(socket, identity, frames, copy=copy)
 
