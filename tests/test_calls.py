@@ -152,3 +152,40 @@ def test_calls_racing_a_restart_each_complete_and_leave_no_load_behind():
         assert outcomes["value"] > 0
         assert _in_flight(procs) == 0
         assert procs.run("'after'").values() == ["after", "after"]
+
+
+def test_a_reply_completing_a_call_and_one_to_a_cancelled_call_each_leave_no_load(tmp_path):
+    """The last reply of a call ends its rank's load and the call in one step;
+    a reply to a call already cancelled only records that the rank answered.
+    Either way nothing stays in flight, and the timeline says how each ended."""
+    from stress_actors import Gate
+
+    from monarch_nb import this_host
+
+    gate_file = str(tmp_path / "open")
+    with this_host().spawn_procs(per_host={"procs": 2}) as procs:
+        gates = procs.spawn("gate", Gate)
+        held = gates.wait.call(gate_file)
+        assert held.cancel()
+        queued = gates.slice(procs=0).wait.call_one(gate_file)  # behind the cancelled one
+        both = gates.wait.call(gate_file)
+        with open(gate_file, "w"):
+            pass
+        assert queued.get(timeout=60) == "open"
+        assert both.get(timeout=60).values() == ["open", "open"]
+        group = procs._group
+        deadline = time.monotonic() + 60
+        while _in_flight(procs) or any(c.group is group for c in group.controller._calls.values()):
+            assert time.monotonic() < deadline, "a call's load was never taken back"
+            time.sleep(0.01)
+        spans = group.timeline.timeline([0, 1], since=0).spans
+        outcomes = sorted((s.call_id, s.rank, s.outcome) for s in spans if s.label == "Gate.wait")
+        held_id = min(call_id for call_id, _, _ in outcomes)
+        assert [(rank, outcome) for _, rank, outcome in outcomes] == [
+            (0, "cancelled"),
+            (1, "cancelled"),
+            (0, "ok"),  # the one-rank call
+            (0, "ok"),
+            (1, "ok"),
+        ]
+        assert outcomes[0][0] == held_id

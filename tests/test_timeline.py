@@ -107,6 +107,22 @@ def test_the_recorder_keeps_the_newest_calls() -> None:
     assert sorted({s.call_id for s in by_calls.timeline([0], since=0).spans}) == [3, 4]
 
 
+def test_the_reply_that_ends_a_call_marks_it_once() -> None:
+    """``answered_last`` is ``answered`` then ``ended`` with no error: the rank is
+    ok, the call is over, and a later end or answer changes nothing."""
+    recorder = TimelineRecorder()
+    recorder.began(1, "A.f", [0, 1])
+    recorder.answered(1, 0, "ValueError: no")
+    recorder.answered_last(1, 1)
+    recorder.ended(1, "KeyboardInterrupt: too late")
+    recorder.answered_last(1, 0)
+    recorder.began(2, "A.g", [0])
+    recorder.ended(2, "CallCancelled: A.g was cancelled")
+    recorder.answered_last(2, 0)  # its reply, after the cancel
+    spans = {(s.call_id, s.rank): s.outcome for s in recorder.timeline([0, 1], since=0).spans}
+    assert spans == {(1, 0): "error", (1, 1): "ok", (2, 0): "cancelled"}
+
+
 def test_the_timeline_magic_in_a_kernel() -> None:
     with Kernel() as kernel:
         kernel.ok("%load_ext monarch_nb")

@@ -225,6 +225,49 @@ def test_a_message_of_more_frames_than_one_write_takes_arrives_whole(
     assert take_until(Receiver(worker, WireStats()), 2) == [frames, frames]
 
 
+@pytest.mark.parametrize("in_c", [True, False], ids=["c", "python"])
+def test_a_batch_the_kernel_takes_in_part_arrives_whole_as_it_was_sent(
+    router, worker, monkeypatch, in_c
+):
+    """Messages held behind go in one write (in C, else in Python); what the
+    socket's buffer does not take arrives after, in order, and a frame of the
+    caller's own memory arrives as it was at the send, changed or not since."""
+    if not in_c:
+        monkeypatch.setattr(_unix_link, "_fastlink", None)
+    monkeypatch.setattr(_unix_link, "_WRITE_BEHIND_S", 60.0)  # no timer in this test
+    held = [os.urandom(2 << 20) for _ in range(3)]
+    mine = bytearray(os.urandom(2 << 20))  # 8 MiB in all: twice the socket's buffer
+    sent_as = bytes(mine)
+    router.write_behind = True
+    for frame in held:
+        _sockets.send_copied(router, [b"w", b"", frame])  # bytes: held
+    assert len(router._behind[worker_conn(router, b"w")]) == 3
+    router.send(b"w", 2)  # zmq.SNDMORE
+    router.send(mine, 0, copy=False)  # the caller's memory: all four go now
+    router.write_behind = False
+    assert not router._behind
+    mine[:] = bytes(len(mine))
+    got = take_until(Receiver(worker, WireStats()), 4)
+    assert got == [[b"", frame] for frame in held] + [[sent_as]]
+
+
+def test_the_c_batch_write_declines_what_it_does_not_take(router, worker):
+    """``send_many`` in C leaves to Python what is not a list of lists of at
+    most 16 buffers each, and more buffers than one write takes."""
+    fastlink = _unix_link._fastlink
+    if fastlink is None:
+        pytest.skip("monarch_nb._common._fastlink was not built")
+    fd = worker_conn(router, b"w").fd
+    assert fastlink.send_many(fd, [(b"a",)]) is None
+    assert fastlink.send_many(fd, [[]]) is None
+    assert fastlink.send_many(fd, [[b"x"] * 17]) is None
+    assert fastlink.send_many(fd, [[b"x"] * 16] * 61) is None  # 1,037 buffers
+    assert fastlink.send_many(fd, [[b"a"], ["not a buffer"]]) is None
+    assert fastlink.send_many(fd, []) is None
+    assert fastlink.send_many(fd, [[b"a", b""], [b"bc"]]) == 0
+    assert take_until(Receiver(worker, WireStats()), 2) == [[b"a", b""], [b"bc"]]
+
+
 def test_large_frames_arrive_unchanged_in_writable_buffers_of_their_own(router, worker):
     payload = os.urandom(3 << 20) + bytes(5 << 20)
     router.send(b"w", 2)  # zmq.SNDMORE

@@ -2,7 +2,8 @@
  *
  * send: one message (a frame count, each frame's length, the frames) in one
  * non-blocking sendmsg straight from the frames' buffers; how much the kernel
- * took, the caller queues the rest. parse: the whole messages of small frames
+ * took, the caller queues the rest. send_many: a batch of messages held for
+ * one worker, in one sendmsg the same way. parse: the whole messages of small frames
  * a read buffer holds, as lists of bytes, stopping at the first that is not
  * whole, has a large frame, or is malformed (the Python parser takes it from
  * there, with the same rules). In Python each cost about as much as the rest
@@ -30,6 +31,30 @@ static uint32_t read_u32(const unsigned char *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
+}
+
+/* One non-blocking sendmsg of `whole` bytes, retried on EINTR, without the GIL
+ * where the kernel copies MiBs (the other threads run meanwhile): the bytes
+ * the kernel did not take (0: all sent), or -errno. */
+static Py_ssize_t send_message(int fd, struct msghdr *msg, Py_ssize_t whole) {
+    ssize_t sent;
+    int err;
+    if (whole >= UNLOCKED_SEND_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        do
+            sent = sendmsg(fd, msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (sent < 0 && errno == EINTR);
+        err = errno;
+        Py_END_ALLOW_THREADS
+    } else {
+        do
+            sent = sendmsg(fd, msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (sent < 0 && errno == EINTR);
+        err = errno;
+    }
+    if (sent < 0)
+        return err == EAGAIN || err == EWOULDBLOCK ? whole : -(Py_ssize_t)err;
+    return whole - (Py_ssize_t)sent;
 }
 
 /* send(fd, frames) -> the bytes of the message the kernel did not take (0: all
@@ -74,27 +99,93 @@ static PyObject *link_send(PyObject *self, PyObject *args) {
     struct msghdr msg = {0};
     msg.msg_iov = iov;
     msg.msg_iovlen = (size_t)parts;
-    ssize_t sent;
-    int err = 0;
-    if (total >= UNLOCKED_SEND_MIN) { /* the kernel copies MiBs: let the other thread run */
-        Py_BEGIN_ALLOW_THREADS
-        do
-            sent = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        while (sent < 0 && errno == EINTR);
-        err = errno;
-        Py_END_ALLOW_THREADS
-    } else {
-        do
-            sent = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        while (sent < 0 && errno == EINTR);
-        err = errno;
-    }
+    Py_ssize_t left = send_message(fd, &msg, (Py_ssize_t)iov[0].iov_len + total);
     for (Py_ssize_t i = 0; i < count; i++)
         PyBuffer_Release(&views[i]);
-    Py_ssize_t whole = (Py_ssize_t)iov[0].iov_len + total;
-    if (sent < 0)
-        return PyLong_FromSsize_t(err == EAGAIN || err == EWOULDBLOCK ? whole : -(Py_ssize_t)err);
-    return PyLong_FromSsize_t(whole - sent);
+    return PyLong_FromSsize_t(left);
+}
+
+#define MAX_SEND_IOV 1024 /* Linux's UIO_MAXIOV: buffers one sendmsg takes */
+
+/* send_many(fd, messages) -> as send, for several messages in one sendmsg: the
+ * bytes of them all the kernel did not take (0: all sent), -errno, or None
+ * where they are not for this path (a message of no frames or more than
+ * MAX_SEND_FRAMES, more buffers than one sendmsg takes, a frame that is not a
+ * contiguous buffer). What a caller that holds a batch of small messages for
+ * one worker writes; in Python, each message's header and each part cost more
+ * than the write. */
+static PyObject *link_send_many(PyObject *self, PyObject *args) {
+    int fd;
+    PyObject *messages;
+    if (!PyArg_ParseTuple(args, "iO!", &fd, &PyList_Type, &messages))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(messages), frames_total = 0;
+    for (Py_ssize_t m = 0; m < n; m++) {
+        PyObject *frames = PyList_GET_ITEM(messages, m);
+        if (!PyList_Check(frames))
+            Py_RETURN_NONE;
+        Py_ssize_t count = PyList_GET_SIZE(frames);
+        if (count < 1 || count > MAX_SEND_FRAMES)
+            Py_RETURN_NONE;
+        frames_total += count;
+    }
+    if (n == 0 || n + frames_total > MAX_SEND_IOV)
+        Py_RETURN_NONE;
+    Py_buffer *views = PyMem_Malloc(sizeof(Py_buffer) * (size_t)frames_total);
+    struct iovec *iov = PyMem_Malloc(sizeof(struct iovec) * (size_t)(n + frames_total));
+    unsigned char *headers = PyMem_Malloc((size_t)(4 * n + 8 * frames_total));
+    if (views == NULL || iov == NULL || headers == NULL) {
+        PyMem_Free(views);
+        PyMem_Free(iov);
+        PyMem_Free(headers);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t got = 0, whole = 0;
+    int parts = 0, ok = 1;
+    unsigned char *header = headers;
+    for (Py_ssize_t m = 0; m < n && ok; m++) {
+        PyObject *frames = PyList_GET_ITEM(messages, m);
+        Py_ssize_t count = PyList_GET_SIZE(frames);
+        uint32_t n32 = (uint32_t)count;
+        memcpy(header, &n32, 4);
+        iov[parts].iov_base = header;
+        iov[parts].iov_len = 4 + 8 * (size_t)count;
+        whole += (Py_ssize_t)iov[parts].iov_len;
+        parts++;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (PyObject_GetBuffer(PyList_GET_ITEM(frames, i), &views[got], PyBUF_SIMPLE) != 0) {
+                PyErr_Clear();
+                ok = 0;
+                break;
+            }
+            uint64_t len = (uint64_t)views[got].len;
+            memcpy(header + 4 + 8 * i, &len, 8);
+            whole += views[got].len;
+            if (views[got].len > 0) {
+                iov[parts].iov_base = views[got].buf;
+                iov[parts].iov_len = (size_t)views[got].len;
+                parts++;
+            }
+            got++;
+        }
+        header += 4 + 8 * count;
+    }
+    PyObject *result = NULL;
+    if (ok) {
+        struct msghdr msg = {0};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)parts;
+        result = PyLong_FromSsize_t(send_message(fd, &msg, whole));
+    } else {
+        Py_INCREF(Py_None);
+        result = Py_None;
+    }
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(iov);
+    PyMem_Free(headers);
+    return result;
 }
 
 /* parse(buffer, start, end, max_messages, small, max_frames) -> (messages, start)
@@ -171,6 +262,8 @@ fail_view:
 static PyMethodDef methods[] = {
     {"send", link_send, METH_VARARGS,
      "send(fd, frames) -> bytes left unsent (0: all), -errno, or None (not for C)"},
+    {"send_many", link_send_many, METH_VARARGS,
+     "send_many(fd, messages) -> bytes left unsent (0: all), -errno, or None (not for C)"},
     {"parse", link_parse, METH_VARARGS,
      "parse(buffer, start, end, max_messages, small, max_frames) -> (messages, start)"},
     {NULL, NULL, 0, NULL},

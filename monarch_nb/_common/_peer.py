@@ -360,6 +360,10 @@ class PeerNode:
         call.closed = True
         self._calls.pop(call.call_id, None)
 
+    def last_answered(self, call: PendingCall, rank: int) -> None:
+        call.answered.add(rank)
+        self.call_finished(call, None)
+
     # -- the node's thread ----------------------------------------------------------------
 
     def _wake(self) -> None:

@@ -50,6 +50,11 @@ class CallTracker(Protocol):
 
     def call_finished(self, call: PendingCall, error: BaseException | None) -> None: ...
 
+    def last_answered(self, call: PendingCall, rank: int) -> None:
+        """``rank_answered`` then ``call_finished(call, None)``: the reply that
+        completes a call with no failure (most calls), in one step."""
+        ...
+
 
 # How a caller gives up on a call: interrupt the ranks still running it, kill
 # them after ``grace`` s if they do not stop, and return or raise like get().
@@ -225,12 +230,38 @@ class PendingCall:
 
     def add_value(self, rank: int, value: Any) -> None:
         self.values[rank] = value
-        self._answer(rank)
         if self.stream_futures:
+            self._answer(rank)
             self._next_stream_item(lambda f: f.set_result((self.shape.point_of_rank(rank), value)))
-        else:  # every reply of a gather comes here: no closure to build
-            self._arrived += 1
-        self._maybe_finish()
+            self._maybe_finish()
+            return
+        # Every reply of a gather comes here: no closure to build.
+        self._arrived += 1
+        if (
+            self._arrived < len(self.ranks)
+            or self.failures
+            or self.serialization_failures
+            or self.tracker is None
+        ):
+            self._answer(rank)
+            self._maybe_finish()
+            return
+        # The reply that completes a call that had no failure (most calls): the
+        # rank's answer and the call's end are one step of the tracker's.
+        if self.collect == "one":
+            result = value
+        else:
+            result = ValueMesh(self.shape, [self.values[r] for r in self.ranks])
+        with _settle_lock:
+            settled, self._settled = self._settled, True
+        if settled:  # failed or cancelled first: only the answer is news
+            self.tracker.rank_answered(self, rank)
+            return
+        try:
+            self.tracker.last_answered(self, rank)
+        finally:  # as _settle: whatever the bookkeeping did, the caller is not left waiting
+            self.future.set_result(result)
+            self.future._call = None
 
     def add_failure(self, failure: RemoteFailure, *, serialization: bool = False) -> None:
         failures = self.serialization_failures if serialization else self.failures

@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 
 from ._extensions import load_extension
-from ._unix_link import is_link
+from ._unix_link import LinkRouter, is_link
 
 _EVENTS = int(zmq.EVENTS)
 _SNDMORE = int(zmq.SNDMORE)
@@ -115,10 +115,12 @@ def send_each_copied(socket: zmq.Socket, identities: list[bytes], frame: bytes) 
     """Send the one-frame message ``frame`` to each of ``identities`` (a ROUTER's
     cast): in C, then through pyzmq from where libzmq stopped, waiting or raising
     as pyzmq does."""
+    if isinstance(socket, LinkRouter):
+        socket.send_frame(identities, frame if frame.__class__ is bytes else bytes(frame))
+        return
     if is_link(socket):
-        frame = bytes(frame)
         for identity in identities:
-            socket.send_parts([identity, frame])
+            socket.send_parts([identity, bytes(frame)])
         return
     start = 0
     if _fastzmq is not None and not socket.closed:

@@ -211,10 +211,18 @@ class _Connection:
         with self.send_lock:
             if self.eof:
                 return False
+            left = None
+            if _fastlink is not None and not self.backlog and isinstance(messages, list):
+                left = _fastlink.send_many(self.fd, messages)
+                if left is not None and left <= 0:  # all sent (most often), or an error
+                    self.eof = left < 0
+                    return False
             parts: list[Any] = []
             for frames in messages:
                 parts.append(_header_of(frames))
                 parts.extend(frames)
+            if left is not None:  # the kernel's buffer is full: the flusher sends the rest
+                return self._queue(parts, sum(memoryview(p).nbytes for p in parts) - left)
             if self.backlog:
                 return self._queue(parts, 0)
             return self._write_parts(parts)
@@ -693,19 +701,39 @@ class LinkRouter(_LinkSocket):
         if conn.send(frames):
             self._queued(conn)
 
-    def _hold(self, conn: _Connection, frames: Sequence[Any]) -> None:
+    def send_frame(self, identities: Sequence[bytes], frame: bytes) -> None:
+        """:meth:`send_to` of the one-frame message ``frame`` to each of
+        ``identities``: most calls and casts, in fewer steps."""
+        message = [frame]  # (never changed: ranks of a cast may hold it)
+        by_identity = self._by_identity
+        for identity in identities:
+            conn = by_identity.get(identity)
+            if conn is None or conn.eof:
+                continue
+            if self.write_behind or self._behind:
+                with self._behind_lock:
+                    if self.write_behind or conn in self._behind:
+                        self._hold(conn, message, True)
+                        continue
+            if conn.send(message):
+                self._queued(conn)
+
+    def _hold(self, conn: _Connection, frames: Sequence[Any], immutable: bool = False) -> None:
         """Queue ``frames`` behind ``conn``'s waiting messages (under _behind_lock).
         They all go at once when a worker has a batch, or when this message has a
         frame of the caller's own memory (a tensor's bytes, not copied): held, it
-        would send what the caller writes into it next."""
+        would send what the caller writes into it next. ``immutable``: the caller
+        knows every frame is bytes."""
         behind = self._behind
         if not behind:
             flusher = self._flusher_thread()
             if flusher is not None:  # (closed: nothing would be written anyway)
                 flusher.later(_WRITE_BEHIND_S, self.flush_behind)
-        waiting = behind.setdefault(conn, [])
+        waiting = behind.get(conn)
+        if waiting is None:
+            waiting = behind[conn] = []
         waiting.append(frames)
-        if len(waiting) >= _BEHIND_BATCH or not all(map(is_immutable, frames)):
+        if len(waiting) >= _BEHIND_BATCH or not (immutable or all(map(is_immutable, frames))):
             del behind[conn]
             if conn.send_many(waiting):
                 self._queued(conn)

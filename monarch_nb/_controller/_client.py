@@ -453,6 +453,28 @@ class Controller:
         for rank in idle:
             group.rank_settled(rank)
 
+    def last_answered(self, call: PendingCall, rank: int) -> None:
+        """``rank_answered(call, rank)`` then ``call_finished(call, None)``, one lock
+        and one timeline entry for both: what the last reply of most calls does."""
+        with self._lock:
+            if call.closed or rank in call.answered:
+                return
+            call.answered.add(rank)
+            call.closed = True
+            self._calls.pop(call.call_id, None)
+            idle = self._unload(call, rank)
+        group = call.group
+        if group is None:
+            return
+        group.timeline.answered_last(call.call_id, rank)
+        events = group.events
+        if not events.observed:
+            return
+        if idle:
+            group.rank_settled(rank)
+        if events.wants(CallFinished):
+            events.emit_soon(CallFinished(group.name, call.call_id, call.label, call.ranks, None))
+
     def _unload(self, call: PendingCall, rank: int) -> bool:
         """One call less in flight on ``rank``; True if it has none left (lock held)."""
         assert call.group is not None

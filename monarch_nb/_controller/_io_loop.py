@@ -55,6 +55,7 @@ class IOLoop:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._ident: int | None = self._thread.ident  # set once start() returns
 
     @property
     def stopping(self) -> bool:
@@ -63,7 +64,7 @@ class IOLoop:
 
     @property
     def in_loop_thread(self) -> bool:
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._ident  # every send asks: no current_thread()
 
     # -- thread-safe entry points --------------------------------------------
 
@@ -134,6 +135,7 @@ class IOLoop:
                 self._poll_once()
             self._run_batch()  # queued before stop(), as call_soon's callbacks run
         finally:
+            self._ident = None  # a later thread may be given the same number
             os.close(self._wake_fd)
 
     def call_after_poll(self, callback: Callback) -> None:

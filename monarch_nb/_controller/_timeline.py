@@ -93,15 +93,17 @@ class TimelineRecorder:
 
     def began(self, call_id: int, label: str, ranks: Iterable[int]) -> None:
         ranks = tuple(ranks)
+        call = _Call(label, ranks, time.time())
         with self._lock:
-            self._calls[call_id] = _Call(label, ranks, time.time())
-            self._entries += len(ranks)
             calls = self._calls
-            while len(calls) > 1 and (
-                len(calls) > self.max_calls or self._entries > self._max_entries
-            ):
-                _, old = calls.popitem(last=False)
-                self._entries -= len(old.ranks)
+            calls[call_id] = call
+            self._entries += len(ranks)
+            if len(calls) > self.max_calls or self._entries > self._max_entries:
+                while len(calls) > 1 and (
+                    len(calls) > self.max_calls or self._entries > self._max_entries
+                ):
+                    _, old = calls.popitem(last=False)
+                    self._entries -= len(old.ranks)
 
     def answered(self, call_id: int, rank: int, error: str | None) -> None:
         """``rank`` replied to ``call_id``: with ``error`` ("Type: message") or a value."""
@@ -112,6 +114,17 @@ class TimelineRecorder:
             call = self._calls.get(call_id)
             if call is not None and rank not in call.ends:
                 call.ends[rank] = end
+
+    def answered_last(self, call_id: int, rank: int) -> None:
+        """``answered(call_id, rank, None)`` then ``ended(call_id, None)``: the reply
+        that completed the call, with a value, and every other rank answered."""
+        now = time.time()
+        with self._lock:
+            call = self._calls.get(call_id)
+            if call is None or call.finished:
+                return
+            call.finished = True
+            call.ends.setdefault(rank, (now, "ok", ""))
 
     def ended(self, call_id: int, error: str | None) -> None:
         """The call is over (``error``: "Type: message" if it failed): the ranks that
@@ -153,7 +166,7 @@ def _outcome_of(error: str | None) -> tuple[Outcome, str]:
         return "ok", ""
     if error.startswith("KeyboardInterrupt"):
         return "interrupted", ""
-    if error.startswith(("CancelledError", "TimeoutError")):
+    if error.startswith(("CallCancelled", "CancelledError", "TimeoutError")):  # cancel()
         return "cancelled", error
     return "error", error
 
