@@ -258,10 +258,16 @@ def test_events_nobody_takes_are_not_built():
         assert stream.observed
         assert stream
         assert not stream.wants(RankStateChanged)
+        assert not stream.calls_observed  # a call and its reply build no event
         with stream.subscribe(print):
             assert stream.wants(RankStateChanged)
+            assert stream.calls_observed
         assert not stream.wants(RankStateChanged)
         assert stream.observed
+        for kind in (CallStarted, CallFinished, RankStateChanged):
+            with stream.subscribe(print, kinds=(kind,)):
+                assert stream.calls_observed, kind
+        assert not stream.calls_observed
     assert not stream.wants(Output)
     assert not stream.observed
     assert not stream

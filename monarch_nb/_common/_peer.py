@@ -354,14 +354,14 @@ class PeerNode:
     # -- call bookkeeping (CallTracker) -------------------------------------------------
 
     def rank_answered(self, call: PendingCall, rank: int) -> None:
-        call.answered.add(rank)
+        call.mark_answered(rank)
 
     def call_finished(self, call: PendingCall, error: BaseException | None) -> None:
         call.closed = True
         self._calls.pop(call.call_id, None)
 
     def last_answered(self, call: PendingCall, rank: int) -> None:
-        call.answered.add(rank)
+        call.mark_answered(rank)
         self.call_finished(call, None)
 
     # -- the node's thread ----------------------------------------------------------------

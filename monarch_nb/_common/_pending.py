@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from ._errors import (
@@ -68,6 +69,7 @@ _wait_hook: Callable[[CallFuture, float | None], None] | None = None
 # Guards each call's "settled" flag: one lock for all calls (held for a flag's
 # test-and-set), not one more lock object per call.
 _settle_lock = threading.Lock()
+_NONE_ANSWERED: frozenset[int] = frozenset()
 
 
 def set_wait_hook(hook: Callable[[CallFuture, float | None], None] | None) -> None:
@@ -210,7 +212,9 @@ class PendingCall:
         self.tracker: CallTracker | None = None  # set when sent
         self.stopper: Stopper | None = None  # how Ctrl-C reaches the ranks
         self.grace = 3.0  # seconds the stopper waits before it kills
-        self.answered: set[int] = set()
+        # The ranks that replied: one shared empty set until one does (a set a
+        # call in flight is one more object for the collector to scan).
+        self.answered: AbstractSet[int] = _NONE_ANSWERED
         self.closed = False  # finish bookkeeping done (under the tracker's lock)
         self._settled = False  # its outcome is decided (under _settle_lock)
         # Called with each rank's failure as it arrives, on the receiving thread,
@@ -220,6 +224,14 @@ class PendingCall:
     @property
     def label(self) -> str:
         return f"{self.actor}.{self.endpoint}" if self.endpoint else self.actor
+
+    def mark_answered(self, rank: int) -> None:
+        """``rank`` replied (under the tracker's lock, where it has one)."""
+        answered = self.answered
+        if isinstance(answered, set):
+            answered.add(rank)
+        else:
+            self.answered = {rank}
 
     def waiting_ranks(self) -> list[int]:
         """Ranks that have not replied yet."""
@@ -281,7 +293,7 @@ class PendingCall:
         if self.tracker is not None:
             self.tracker.rank_answered(self, rank)
         else:
-            self.answered.add(rank)
+            self.mark_answered(rank)
 
     def _next_stream_item(self, complete: Callable[[Future[Any]], Any]) -> None:
         if self.stream_futures:

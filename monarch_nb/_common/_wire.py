@@ -41,12 +41,13 @@ Encoding (pickling and the content digest, the expensive part) happens
 once, however many ranks a message goes to, and outside any lock.
 *Sealing* (the next sequence number and the HMAC over 57 bytes) happens
 at send time, under the lock that orders the sender's sends, so sequence
-numbers leave each sender in order, whichever thread encoded first. A rank's
-small reply (a body under 16 KiB, no buffer frames) is digested and sealed
-in one C step under that lock instead (:meth:`Signer.seal_small`, the same
-bytes): the same hashing as before, moved under the lock (0.7 us for a
-no-op's reply, at most ~20 us at the limit), where it saves a dozen
-interpreted steps per reply.
+numbers leave each sender in order, whichever thread encoded first. A small
+message (a body under 16 KiB, no buffer frames: a rank's reply, most calls)
+is digested and sealed in one C step under that lock instead
+(:meth:`Signer.seal_small`, or :meth:`Encoded.seal` of one encoded small;
+the same bytes): the same hashing as before, moved under the lock (0.7 us
+for a no-op's reply, at most ~20 us at the limit), where it saves a dozen
+interpreted steps per message.
 
 Nothing is unpickled before the signature, the sender, the direction and the
 sequence check pass; frames that fail are dropped and counted in
@@ -198,22 +199,50 @@ def _copied_by_zmq(frames: Sequence[Any]) -> tuple[bool, ...]:
 
 
 class Encoded:
-    """A message pickled and digested once, ready to seal and send any number of times."""
+    """A message pickled and digested once, ready to seal and send any number of times.
 
-    __slots__ = ("body", "buffers", "copy", "digest", "flags", "nbytes", "separate_body", "signer")
+    A small one (``meta`` given: a body C hashes in one step, no buffers) is
+    digested as it is sealed instead, in the same C call as its signature: a
+    call's message is sealed once however many ranks it goes to, and the
+    separate steps cost more than the hashing (as :meth:`Signer.seal_small`).
+    """
+
+    __slots__ = (
+        "body",
+        "buffers",
+        "copy",
+        "digest",
+        "flags",
+        "meta",
+        "nbytes",
+        "separate_body",
+        "signer",
+    )
 
     def __init__(
-        self, signer: Signer, body: bytes, buffers: list[Any], digest: bytes, flags: int
+        self,
+        signer: Signer,
+        body: bytes,
+        buffers: list[Any],
+        digest: bytes,
+        flags: int,
+        meta: bytes | None = None,
     ) -> None:
         self.signer = signer  # whose key and sequence seal it
-        self.body = body
+        self.body = body  # with ``meta``: the pickled payload only
         self.buffers = buffers
         self.digest = digest
         self.flags = flags
+        self.meta = meta
+        if meta is not None:
+            self.separate_body = False
+            self.nbytes = _META_LEN_BYTES + len(meta) + len(body)
+            self.copy: tuple[bool, ...] = _ONE_COPIED_FRAME
+            return
         self.separate_body = len(body) >= _ZERO_COPY_BYTES
         if not buffers and not self.separate_body:  # most messages: one small frame
             self.nbytes = len(body)
-            self.copy: tuple[bool, ...] = _ONE_COPIED_FRAME
+            self.copy = _ONE_COPIED_FRAME
             return
         sizes = [memoryview(b).nbytes for b in buffers]
         self.nbytes = len(body) + sum(sizes)
@@ -226,6 +255,8 @@ class Encoded:
         Call under the lock that orders this sender's sends; a sealed message
         may go to any number of receivers (each keeps its own replay window).
         """
+        if self.meta is not None:
+            return [self.signer.frame(self.flags, self.meta, self.body)]
         header = self.signer.header(self.flags, self.digest)
         if self.separate_body:
             return [header, self.body, *self.buffers]
@@ -443,6 +474,12 @@ class Signer:
     ) -> Encoded:
         """:meth:`encode` of a payload already pickled (``dumps``)."""
         meta_bytes = pickle.dumps(to_wire(message), protocol=5)
+        if not buffers and _fastwire is not None:
+            body_bytes = _META_LEN_BYTES + len(meta_bytes) + len(payload_bytes)
+            if body_bytes <= _SMALL_FRAME_BYTES:  # digested as it is sealed, in C
+                self.stats.encoded += 1
+                self.stats.bytes_in_band += body_bytes
+                return Encoded(self, payload_bytes, buffers, b"", self._flags, meta_bytes)
         if len(buffers) > MAX_FRAMES_PER_MESSAGE - 4:  # header, body, identity, envelope
             raise pickle.PicklingError(
                 f"this value holds {len(buffers):,} tensors or arrays over 4 KiB, each its own "
@@ -475,16 +512,18 @@ class Signer:
         body_bytes = _META_LEN_BYTES + len(meta_bytes) + len(payload_bytes)
         if _fastwire is None or body_bytes > _SMALL_FRAME_BYTES:
             return None
-        frame: bytes = _fastwire.frame(
-            self._key_state,
-            next(self._sequence),
-            self._flags,
-            self.sender,
-            meta_bytes,
-            payload_bytes,
-        )
         self.stats.encoded += 1
         self.stats.bytes_in_band += body_bytes
+        return self.frame(self._flags, meta_bytes, payload_bytes)
+
+    def frame(self, flags: int, meta_bytes: bytes, payload_bytes: bytes) -> bytes:
+        """The one sealed frame of a small body (``meta_bytes`` and ``payload_bytes``
+        within the C path's limit), digested and signed in one C call, with the
+        next sequence number (under the lock that orders this sender's sends)."""
+        assert _fastwire is not None
+        frame: bytes = _fastwire.frame(
+            self._key_state, next(self._sequence), flags, self.sender, meta_bytes, payload_bytes
+        )
         return frame
 
     def verify(

@@ -304,7 +304,7 @@ class Controller:
                         if outstanding[(gid, rank)] == 1:
                             became_busy.append(rank)
                     events = group.events
-                    if events.observed:  # queued now, before any reply can be: in order
+                    if events.calls_observed:  # queued now, before any reply can be: in order
                         if events.wants(CallStarted):
                             events.post(CallStarted(group.name, call.call_id, call.label, ranks))
                         if became_busy and events.wants(RankStateChanged):
@@ -333,7 +333,7 @@ class Controller:
             if call is not None:
                 call.fail(failure)
             return
-        if call is not None and group.events.observed:
+        if call is not None and group.events.calls_observed:
             group.events.flush_soon()
         if pending_input:
             self._input_pending()
@@ -422,7 +422,7 @@ class Controller:
         with self._lock:
             if call.closed or rank in call.answered:
                 return
-            call.answered.add(rank)
+            call.mark_answered(rank)
             idle = self._unload(call, rank)
             group = call.group
             if group is not None:
@@ -430,7 +430,7 @@ class Controller:
                 group.timeline.answered(
                     call.call_id, rank, _failure_of(call, rank) if failed else None
                 )
-        if idle and group is not None and group.events.observed:  # rank_settled says it
+        if idle and group is not None and group.events.calls_observed:  # rank_settled says it
             group.rank_settled(rank)
 
     def call_finished(self, call: PendingCall, error: BaseException | None) -> None:
@@ -459,7 +459,7 @@ class Controller:
         with self._lock:
             if call.closed or rank in call.answered:
                 return
-            call.answered.add(rank)
+            call.mark_answered(rank)
             call.closed = True
             self._calls.pop(call.call_id, None)
             idle = self._unload(call, rank)
@@ -468,7 +468,7 @@ class Controller:
             return
         group.timeline.answered_last(call.call_id, rank)
         events = group.events
-        if not events.observed:
+        if not events.calls_observed:
             return
         if idle:
             group.rank_settled(rank)

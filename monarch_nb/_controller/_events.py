@@ -190,6 +190,9 @@ class Subscription:
         self.close()
 
 
+_CALL_EVENTS = (CallStarted, CallFinished, RankStateChanged)
+
+
 class EventStream:
     """The events of one process mesh; subscribe any number of observers."""
 
@@ -201,6 +204,10 @@ class EventStream:
         # Whether anyone subscribed (kept by _update): an attribute, since the
         # controller asks on every call and reply; ``bool(stream)`` says the same.
         self.observed = False
+        # Whether anyone takes the events of calls (started, finished, a rank busy
+        # or idle): asked on every call and reply, where most observers (the
+        # output echo) take only Output.
+        self.calls_observed = False
         self._entries: list[tuple[Subscription, Observer, tuple[type[Event], ...] | None]] = []
         self._wanted: frozenset[type[Event]] | None = frozenset()  # None: every kind
         self._queue: deque[Event] = deque()  # emitted, not yet handed to the observers
@@ -255,6 +262,7 @@ class EventStream:
                 for kind in k or ()
                 for sub in _with_subclasses(kind)
             )
+        self.calls_observed = self.observed and any(map(self.wants, _CALL_EVENTS))
 
     def after_received(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread once the events already received are emitted.
