@@ -251,6 +251,29 @@ def test_a_batch_the_kernel_takes_in_part_arrives_whole_as_it_was_sent(
     assert got == [[b"", frame] for frame in held] + [[sent_as]]
 
 
+def test_a_batch_written_as_the_reader_finds_the_peer_gone_leaves_it_gone(
+    router, worker, monkeypatch
+):
+    """The reader marks a connection ended without the send lock; a batch write
+    that succeeds meanwhile must not mark it alive again (it would stay in use)."""
+    fastlink = _unix_link._fastlink
+    if fastlink is None:
+        pytest.skip("monarch_nb._common._fastlink was not built")
+    conn = worker_conn(router, b"w")
+
+    def send_many_as_the_reader_ends_it(fd, messages):
+        conn.eof = True  # what the I/O thread's read does on EOF, unlocked
+        return fastlink.send_many(fd, messages)
+
+    monkeypatch.setattr(
+        _unix_link,
+        "_fastlink",
+        type("FastLink", (), {"send_many": staticmethod(send_many_as_the_reader_ends_it)}),
+    )
+    assert conn.send_many([[b"x"], [b"y"]]) is False
+    assert conn.eof
+
+
 def test_the_c_batch_write_declines_what_it_does_not_take(router, worker):
     """``send_many`` in C leaves to Python what is not a list of lists of at
     most 16 buffers each, and more buffers than one write takes."""

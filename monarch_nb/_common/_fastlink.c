@@ -134,26 +134,40 @@ static PyObject *link_send_many(PyObject *self, PyObject *args) {
     Py_buffer *views = PyMem_Malloc(sizeof(Py_buffer) * (size_t)frames_total);
     struct iovec *iov = PyMem_Malloc(sizeof(struct iovec) * (size_t)(n + frames_total));
     unsigned char *headers = PyMem_Malloc((size_t)(4 * n + 8 * frames_total));
-    if (views == NULL || iov == NULL || headers == NULL) {
+    if (views == NULL || iov == NULL || headers == NULL) { /* Python's path then */
         PyMem_Free(views);
         PyMem_Free(iov);
         PyMem_Free(headers);
-        return PyErr_NoMemory();
+        Py_RETURN_NONE;
     }
     Py_ssize_t got = 0, whole = 0;
     int parts = 0, ok = 1;
     unsigned char *header = headers;
     for (Py_ssize_t m = 0; m < n && ok; m++) {
-        PyObject *frames = PyList_GET_ITEM(messages, m);
-        Py_ssize_t count = PyList_GET_SIZE(frames);
+        /* Checked again: a buffer's exporter may run Python that changes the lists
+         * after the first pass, and the arrays are sized by it. */
+        PyObject *frames = m < PyList_GET_SIZE(messages) ? PyList_GET_ITEM(messages, m) : NULL;
+        Py_ssize_t count = frames != NULL && PyList_Check(frames) ? PyList_GET_SIZE(frames) : 0;
+        if (count < 1 || count > MAX_SEND_FRAMES || got + count > frames_total) {
+            ok = 0;
+            break;
+        }
         uint32_t n32 = (uint32_t)count;
         memcpy(header, &n32, 4);
         iov[parts].iov_base = header;
         iov[parts].iov_len = 4 + 8 * (size_t)count;
         whole += (Py_ssize_t)iov[parts].iov_len;
         parts++;
+        Py_INCREF(frames); /* held while exporters run: they may change the lists */
         for (Py_ssize_t i = 0; i < count; i++) {
-            if (PyObject_GetBuffer(PyList_GET_ITEM(frames, i), &views[got], PyBUF_SIMPLE) != 0) {
+            PyObject *frame = i < PyList_GET_SIZE(frames) ? PyList_GET_ITEM(frames, i) : NULL;
+            int taken = -1;
+            if (frame != NULL) {
+                Py_INCREF(frame);
+                taken = PyObject_GetBuffer(frame, &views[got], PyBUF_SIMPLE);
+                Py_DECREF(frame);
+            }
+            if (taken != 0) {
                 PyErr_Clear();
                 ok = 0;
                 break;
@@ -168,6 +182,7 @@ static PyObject *link_send_many(PyObject *self, PyObject *args) {
             }
             got++;
         }
+        Py_DECREF(frames);
         header += 4 + 8 * count;
     }
     PyObject *result = NULL;

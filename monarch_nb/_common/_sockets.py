@@ -119,8 +119,9 @@ def send_each_copied(socket: zmq.Socket, identities: list[bytes], frame: bytes) 
         socket.send_frame(identities, frame if frame.__class__ is bytes else bytes(frame))
         return
     if is_link(socket):
+        frame = bytes(frame)
         for identity in identities:
-            socket.send_parts([identity, bytes(frame)])
+            socket.send_parts([identity, frame])
         return
     start = 0
     if _fastzmq is not None and not socket.closed:

@@ -215,7 +215,8 @@ class _Connection:
             if _fastlink is not None and not self.backlog and isinstance(messages, list):
                 left = _fastlink.send_many(self.fd, messages)
                 if left is not None and left <= 0:  # all sent (most often), or an error
-                    self.eof = left < 0
+                    if left < 0:  # (never cleared here: the reader may have set it meanwhile)
+                        self.eof = True
                     return False
             parts: list[Any] = []
             for frames in messages:
@@ -702,8 +703,10 @@ class LinkRouter(_LinkSocket):
             self._queued(conn)
 
     def send_frame(self, identities: Sequence[bytes], frame: bytes) -> None:
-        """:meth:`send_to` of the one-frame message ``frame`` to each of
-        ``identities``: most calls and casts, in fewer steps."""
+        """:meth:`send_to` of the one-frame message ``frame`` (``bytes``: held
+        without a copy) to each of ``identities``: most calls and casts, in
+        fewer steps."""
+        assert frame.__class__ is bytes, "send_frame holds the frame: bytes only"
         message = [frame]  # (never changed: ranks of a cast may hold it)
         by_identity = self._by_identity
         for identity in identities:

@@ -54,8 +54,8 @@ class IOLoop:
         self._batch_due: float | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._ident: int | None = None  # the loop thread's, while it runs (_run sets it)
         self._thread.start()
-        self._ident: int | None = self._thread.ident  # set once start() returns
 
     @property
     def stopping(self) -> bool:
@@ -130,6 +130,7 @@ class IOLoop:
     # -- the loop ---------------------------------------------------------------
 
     def _run(self) -> None:
+        self._ident = threading.get_ident()
         try:
             while not self._stopping:
                 self._poll_once()
