@@ -82,6 +82,33 @@ def test_resize_renumbers_the_survivors_and_keeps_their_namespaces():
     assert not wait_for_exit(pids, LIMIT_S)
 
 
+def test_a_kept_rank_still_busy_with_a_call_given_up_on_is_waited_for(spawn, tmp_path, monkeypatch):
+    """A kept rank may still run what its caller gave up on (a collective the dead
+    rank left, until torch.distributed's timeout): the resize waits for it that
+    long, not only the start timeout, and then renumbers it."""
+    import threading
+
+    from stress_actors import Gate
+
+    from monarch_nb._controller import _resize
+
+    monkeypatch.setattr(_resize, "START_TIMEOUT_S", 0.5)
+    monkeypatch.setenv("MONARCH_NB_COLLECTIVE_TIMEOUT", "60")
+    procs = spawn(2)
+    gate_file = str(tmp_path / "open")
+    gates = procs.spawn("gates", Gate)
+    held = gates.wait.call(gate_file)
+    assert held.cancel()  # the ranks go on waiting at the gate; nobody counts them busy
+    opener = threading.Timer(2.0, lambda: open(gate_file, "w").close())
+    opener.start()
+    try:
+        again = procs.resize(procs=2)
+    finally:
+        opener.cancel()
+    assert os.path.exists(gate_file), "the resize returned before the ranks were free"
+    assert again.run("rank").values() == [0, 1]
+
+
 def test_grow_adds_ranks_after_the_live_ones(spawn):
     procs = spawn(2)
     procs.run("x = rank + 1")

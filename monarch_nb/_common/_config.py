@@ -287,3 +287,25 @@ def table() -> str:
         default = "—" if s.default is None else repr(s.default)
         rows.append(f"| `{s.name}` | `{s.env}` | {s.type.__name__} | {default} | {s.doc} |")
     return "\n".join(rows)
+
+
+# -- torch.distributed, as a mesh started with a backend sets it up -------------------
+
+COLLECTIVE_TIMEOUT_S = 60.0
+
+
+def collective_timeout() -> float:
+    """How long a collective waits for a peer before it raises on the ranks that wait
+    (torch.distributed's timeout, set for ``--dist``): a rank that died or hangs in
+    a collective fails the others within this, not torch's default 30 minutes.
+    ``MONARCH_NB_COLLECTIVE_TIMEOUT`` (seconds) when the mesh (re)starts, else 60."""
+    value = os.environ.get("MONARCH_NB_COLLECTIVE_TIMEOUT", "")
+    try:
+        seconds = float(value) if value else COLLECTIVE_TIMEOUT_S
+    except ValueError:
+        raise MeshUsageError(
+            f"MONARCH_NB_COLLECTIVE_TIMEOUT={value!r}: give seconds, e.g. 60"
+        ) from None
+    if seconds <= 0:
+        raise MeshUsageError(f"MONARCH_NB_COLLECTIVE_TIMEOUT={value!r}: give seconds > 0")
+    return seconds

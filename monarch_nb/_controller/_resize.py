@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import functools
 import secrets
+import time
 from typing import TYPE_CHECKING
 
+from .._common._config import COLLECTIVE_TIMEOUT_S, collective_timeout
 from .._common._dist import STORE_ENV, fresh_store_path
 from .._common._errors import MeshFailure, MeshUsageError
 from .._common._messages import Renumber
@@ -225,8 +227,16 @@ def _renumber(new: ProcGroup, ranks: range) -> None:
                 actor=f"renumber as rank {rank}",
             ).future
         )
+    # A kept rank may still be in a collective the dead rank left (gloo frees only
+    # the dead rank's neighbours at once; the others wait for torch.distributed's
+    # timeout): its renumber runs after that, so it may take that long too.
+    try:
+        in_collective_s = collective_timeout()
+    except MeshUsageError:  # a bad value fails the mesh's start, not its resize
+        in_collective_s = COLLECTIVE_TIMEOUT_S
+    deadline = time.monotonic() + START_TIMEOUT_S + in_collective_s
     for future in futures:
-        future.get(timeout=START_TIMEOUT_S)
+        future.get(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _start_added(new: ProcGroup, ranks: range) -> None:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from .._common._actors import Actor
 from .._common._cell_source import compile_cell, next_cell_name
+from .._common._config import collective_timeout
 from .._common._dist import STORE_ENV, fresh_store_path
 from .._common._errors import MeshUsageError, format_ranks
 from .._common._future import Future
@@ -47,26 +48,6 @@ from ._selection import select
 A = TypeVar("A", bound=Actor)
 DIST_BACKENDS = ("gloo", "nccl")
 DIST_INIT_TIMEOUT_S = 120.0
-COLLECTIVE_TIMEOUT_S = 60.0
-
-
-def collective_timeout() -> float:
-    """How long a collective waits for a peer before it raises on the ranks that wait
-    (torch.distributed's timeout, set for ``--dist``): a rank that died or hangs in
-    a collective fails the others within this, not torch's default 30 minutes.
-    ``MONARCH_NB_COLLECTIVE_TIMEOUT`` (seconds) when the mesh (re)starts, else 60."""
-    value = os.environ.get("MONARCH_NB_COLLECTIVE_TIMEOUT", "")
-    try:
-        seconds = float(value) if value else COLLECTIVE_TIMEOUT_S
-    except ValueError:
-        raise MeshUsageError(
-            f"MONARCH_NB_COLLECTIVE_TIMEOUT={value!r}: give seconds, e.g. 60"
-        ) from None
-    if seconds <= 0:
-        raise MeshUsageError(f"MONARCH_NB_COLLECTIVE_TIMEOUT={value!r}: give seconds > 0")
-    return seconds
-
-
 _OUTPUT_SETTLE_S = 10.0  # the I/O thread writes out a finished cell's output in well under this
 
 
