@@ -181,12 +181,7 @@ def test_a_cast_copies_the_callers_memory_once_for_all_its_ranks(kind, tmp_path)
         data = bytearray(BIG)
         encoded = controller.encode(Call(7, 1, "echo", True), data)
         frames = encoded.seal()
-        tracemalloc.start()
-        try:
-            encoded.send_each(router, RANK_NAMES, frames)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = _peak_allocated(lambda: encoded.send_each(router, RANK_NAMES, frames))
         data[:] = b"\x01" * BIG
         if kind == "unix":  # one copy (less what the kernels took), not three
             assert peak < 1.5 * BIG, f"{peak / BIG:.1f} copies of the cast's tensor"
@@ -225,14 +220,19 @@ def test_the_link_copies_nothing_its_socket_takes_at_once(tmp_path):
         data = bytearray(1 << 20)
         encoded = controller.encode(Call(7, 1, "echo", True), data)
         frames = encoded.seal()
-        tracemalloc.start()
-        try:
-            encoded.send(router, RANK_NAME, frames)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        peak = _peak_allocated(lambda: encoded.send(router, RANK_NAME, frames))
         assert peak < len(data) // 4, f"{peak:,} bytes allocated to send {len(data):,}"
         (got,) = _take(dealer, 1)
         assert decode_payload(got) == data
     finally:
         close()
+
+
+def _peak_allocated(send) -> int:
+    """The most memory Python held allocated while ``send()`` ran, in bytes."""
+    tracemalloc.start()
+    try:
+        send()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -57,6 +57,57 @@ static Py_ssize_t send_message(int fd, struct msghdr *msg, Py_ssize_t whole) {
     return whole - (Py_ssize_t)sent;
 }
 
+/* One message into a sendmsg's arrays: its frame count and each frame's length
+ * in `header`, then the header and each non-empty frame as iovecs from
+ * iov[*parts], each frame's buffer view in views[*got]; the bytes added to
+ * *whole. -1 where a frame is not a contiguous buffer or `frames` lost some
+ * meanwhile (an exporter may run Python): the views taken so far are counted
+ * in *got, for the caller to release. `frames` and each frame are held while
+ * their exporters run. */
+static int take_message(PyObject *frames, Py_ssize_t count, unsigned char *header,
+                        Py_buffer *views, Py_ssize_t *got, struct iovec *iov, int *parts,
+                        Py_ssize_t *whole) {
+    uint32_t n32 = (uint32_t)count;
+    memcpy(header, &n32, 4);
+    iov[*parts].iov_base = header;
+    iov[*parts].iov_len = 4 + 8 * (size_t)count;
+    *whole += (Py_ssize_t)iov[*parts].iov_len;
+    (*parts)++;
+    int ok = 0;
+    Py_INCREF(frames);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *frame = i < PyList_GET_SIZE(frames) ? PyList_GET_ITEM(frames, i) : NULL;
+        int taken = -1;
+        if (frame != NULL) {
+            Py_INCREF(frame);
+            taken = PyObject_GetBuffer(frame, &views[*got], PyBUF_SIMPLE);
+            Py_DECREF(frame);
+        }
+        if (taken != 0) {
+            PyErr_Clear();
+            ok = -1;
+            break;
+        }
+        Py_buffer *view = &views[*got];
+        uint64_t len = (uint64_t)view->len;
+        memcpy(header + 4 + 8 * i, &len, 8);
+        *whole += view->len;
+        if (view->len > 0) {
+            iov[*parts].iov_base = view->buf;
+            iov[*parts].iov_len = (size_t)view->len;
+            (*parts)++;
+        }
+        (*got)++;
+    }
+    Py_DECREF(frames);
+    return ok;
+}
+
+static void release_views(Py_buffer *views, Py_ssize_t got) {
+    for (Py_ssize_t i = 0; i < got; i++)
+        PyBuffer_Release(&views[i]);
+}
+
 /* send(fd, frames) -> the bytes of the message the kernel did not take (0: all
  * sent), -errno on an error, or None where the frames are not for this path
  * (too many, not contiguous buffers): the caller sends them its own way. */
@@ -71,37 +122,17 @@ static PyObject *link_send(PyObject *self, PyObject *args) {
     unsigned char header[4 + 8 * MAX_SEND_FRAMES];
     Py_buffer views[MAX_SEND_FRAMES];
     struct iovec iov[MAX_SEND_FRAMES + 1];
-    uint32_t n32 = (uint32_t)count;
-    memcpy(header, &n32, 4);
-    Py_ssize_t total = 0, got = 0;
-    int parts = 1;
-    for (; got < count; got++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(frames, got), &views[got], PyBUF_SIMPLE) != 0) {
-            PyErr_Clear();
-            break;
-        }
-        uint64_t len = (uint64_t)views[got].len;
-        memcpy(header + 4 + 8 * got, &len, 8);
-        total += views[got].len;
-        if (views[got].len > 0) {
-            iov[parts].iov_base = views[got].buf;
-            iov[parts].iov_len = (size_t)views[got].len;
-            parts++;
-        }
-    }
-    if (got < count) {
-        for (Py_ssize_t i = 0; i < got; i++)
-            PyBuffer_Release(&views[i]);
+    Py_ssize_t got = 0, whole = 0;
+    int parts = 0;
+    if (take_message(frames, count, header, views, &got, iov, &parts, &whole) != 0) {
+        release_views(views, got);
         Py_RETURN_NONE;
     }
-    iov[0].iov_base = header;
-    iov[0].iov_len = 4 + 8 * (size_t)count;
     struct msghdr msg = {0};
     msg.msg_iov = iov;
     msg.msg_iovlen = (size_t)parts;
-    Py_ssize_t left = send_message(fd, &msg, (Py_ssize_t)iov[0].iov_len + total);
-    for (Py_ssize_t i = 0; i < count; i++)
-        PyBuffer_Release(&views[i]);
+    Py_ssize_t left = send_message(fd, &msg, whole);
+    release_views(views, got);
     return PyLong_FromSsize_t(left);
 }
 
@@ -152,37 +183,8 @@ static PyObject *link_send_many(PyObject *self, PyObject *args) {
             ok = 0;
             break;
         }
-        uint32_t n32 = (uint32_t)count;
-        memcpy(header, &n32, 4);
-        iov[parts].iov_base = header;
-        iov[parts].iov_len = 4 + 8 * (size_t)count;
-        whole += (Py_ssize_t)iov[parts].iov_len;
-        parts++;
-        Py_INCREF(frames); /* held while exporters run: they may change the lists */
-        for (Py_ssize_t i = 0; i < count; i++) {
-            PyObject *frame = i < PyList_GET_SIZE(frames) ? PyList_GET_ITEM(frames, i) : NULL;
-            int taken = -1;
-            if (frame != NULL) {
-                Py_INCREF(frame);
-                taken = PyObject_GetBuffer(frame, &views[got], PyBUF_SIMPLE);
-                Py_DECREF(frame);
-            }
-            if (taken != 0) {
-                PyErr_Clear();
-                ok = 0;
-                break;
-            }
-            uint64_t len = (uint64_t)views[got].len;
-            memcpy(header + 4 + 8 * i, &len, 8);
-            whole += views[got].len;
-            if (views[got].len > 0) {
-                iov[parts].iov_base = views[got].buf;
-                iov[parts].iov_len = (size_t)views[got].len;
-                parts++;
-            }
-            got++;
-        }
-        Py_DECREF(frames);
+        if (take_message(frames, count, header, views, &got, iov, &parts, &whole) != 0)
+            ok = 0;
         header += 4 + 8 * count;
     }
     PyObject *result = NULL;
@@ -195,8 +197,7 @@ static PyObject *link_send_many(PyObject *self, PyObject *args) {
         Py_INCREF(Py_None);
         result = Py_None;
     }
-    for (Py_ssize_t i = 0; i < got; i++)
-        PyBuffer_Release(&views[i]);
+    release_views(views, got);
     PyMem_Free(views);
     PyMem_Free(iov);
     PyMem_Free(headers);

@@ -687,39 +687,29 @@ class LinkRouter(_LinkSocket):
         identity = bytes(parts[0])
         self.send_to(identity, parts[1:])
 
-    def send_to(self, identity: bytes, frames: Sequence[Any]) -> None:
+    def send_to(self, identity: bytes, frames: Sequence[Any], immutable: bool = False) -> None:
         """One message to ``identity``: dropped if no such worker is connected (as a
         ROUTER drops it). Written at once, unless ``write_behind`` is set or earlier
-        messages to that worker wait behind (they go first)."""
+        messages to that worker wait behind (they go first). ``immutable``: the
+        caller knows every frame is ``bytes``."""
         conn = self._by_identity.get(identity)
         if conn is None or conn.eof:
             return
         if self.write_behind or self._behind:
             with self._behind_lock:
                 if self.write_behind or conn in self._behind:
-                    self._hold(conn, frames)
+                    self._hold(conn, frames, immutable)
                     return
         if conn.send(frames):
             self._queued(conn)
 
     def send_frame(self, identities: Sequence[bytes], frame: bytes) -> None:
         """:meth:`send_to` of the one-frame message ``frame`` (``bytes``: held
-        without a copy) to each of ``identities``: most calls and casts, in
-        fewer steps."""
+        without a copy) to each of ``identities``: most calls and casts."""
         assert frame.__class__ is bytes, "send_frame holds the frame: bytes only"
         message = [frame]  # (never changed: ranks of a cast may hold it)
-        by_identity = self._by_identity
         for identity in identities:
-            conn = by_identity.get(identity)
-            if conn is None or conn.eof:
-                continue
-            if self.write_behind or self._behind:
-                with self._behind_lock:
-                    if self.write_behind or conn in self._behind:
-                        self._hold(conn, message, True)
-                        continue
-            if conn.send(message):
-                self._queued(conn)
+            self.send_to(identity, message, True)
 
     def _hold(self, conn: _Connection, frames: Sequence[Any], immutable: bool = False) -> None:
         """Queue ``frames`` behind ``conn``'s waiting messages (under _behind_lock).

@@ -474,12 +474,8 @@ class Signer:
     ) -> Encoded:
         """:meth:`encode` of a payload already pickled (``dumps``)."""
         meta_bytes = pickle.dumps(to_wire(message), protocol=5)
-        if not buffers and _fastwire is not None:
-            body_bytes = _META_LEN_BYTES + len(meta_bytes) + len(payload_bytes)
-            if body_bytes <= _SMALL_FRAME_BYTES:  # digested as it is sealed, in C
-                self.stats.encoded += 1
-                self.stats.bytes_in_band += body_bytes
-                return Encoded(self, payload_bytes, buffers, b"", self._flags, meta_bytes)
+        if not buffers and self._one_step(meta_bytes, payload_bytes):  # digested as sealed
+            return Encoded(self, payload_bytes, buffers, b"", self._flags, meta_bytes)
         if len(buffers) > MAX_FRAMES_PER_MESSAGE - 4:  # header, body, identity, envelope
             raise pickle.PicklingError(
                 f"this value holds {len(buffers):,} tensors or arrays over 4 KiB, each its own "
@@ -509,12 +505,19 @@ class Signer:
         sequence number.
         """
         meta_bytes = pickle.dumps(meta, protocol=5)
+        if not self._one_step(meta_bytes, payload_bytes):
+            return None
+        return self.frame(self._flags, meta_bytes, payload_bytes)
+
+    def _one_step(self, meta_bytes: bytes, payload_bytes: bytes) -> bool:
+        """Whether this body (no buffer frames) is digested and signed in one C call
+        when sealed: it is within the C path's limit (counted as encoded, then)."""
         body_bytes = _META_LEN_BYTES + len(meta_bytes) + len(payload_bytes)
         if _fastwire is None or body_bytes > _SMALL_FRAME_BYTES:
-            return None
+            return False
         self.stats.encoded += 1
         self.stats.bytes_in_band += body_bytes
-        return self.frame(self._flags, meta_bytes, payload_bytes)
+        return True
 
     def frame(self, flags: int, meta_bytes: bytes, payload_bytes: bytes) -> bytes:
         """The one sealed frame of a small body (``meta_bytes`` and ``payload_bytes``

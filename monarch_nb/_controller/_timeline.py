@@ -98,12 +98,11 @@ class TimelineRecorder:
             calls = self._calls
             calls[call_id] = call
             self._entries += len(ranks)
-            if len(calls) > self.max_calls or self._entries > self._max_entries:
-                while len(calls) > 1 and (
-                    len(calls) > self.max_calls or self._entries > self._max_entries
-                ):
-                    _, old = calls.popitem(last=False)
-                    self._entries -= len(old.ranks)
+            while len(calls) > 1 and (
+                len(calls) > self.max_calls or self._entries > self._max_entries
+            ):
+                _, old = calls.popitem(last=False)
+                self._entries -= len(old.ranks)
 
     def answered(self, call_id: int, rank: int, error: str | None) -> None:
         """``rank`` replied to ``call_id``: with ``error`` ("Type: message") or a value."""
