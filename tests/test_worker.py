@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -89,6 +91,30 @@ def test_an_idle_rank_answers_a_call_behind_a_burst_of_control_messages(monkeypa
         burst = group.signer.encode(Interrupt(10**9))
         group.controller.send(group, [0] * 500, burst, even_if_failed=True)  # one seal
         assert watcher.noop.call_one().get(timeout=30) is None
+
+
+def test_an_idle_rank_runs_every_call_of_a_burst_it_read_in_one_go(monkeypatch):
+    # An idle rank polls its socket, and on a Unix link polls without draining
+    # first when nothing waits read (the fd is level-triggered). A burst read in
+    # one go is parsed whole, but a drain hands on a batch of it: the rest waits
+    # in the rank, where no poll of the socket announces it. The rank must look
+    # there before it polls again. The rank is stopped while the burst is sent
+    # (the calls held behind the first written too), so that it reads it at
+    # once; the idle recheck is far off, which would otherwise hide the wait.
+    monkeypatch.setenv("MONARCH_NB_IDLE_RECHECK_MS", str(600_000))
+    from monarch_nb import config
+
+    with config.configured(heartbeat=600), this_host().spawn_procs(per_host={"procs": 1}) as procs:
+        watcher = procs.spawn("burst_reader", WireWatcher)
+        watcher.noop.call_one().get(timeout=30)  # idle from here on
+        (pid,) = procs.pids
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            futures = [watcher.echo.call_one(i) for i in range(100)]
+            procs._group.controller.caller_waits()  # the held ones written now, not at SIGCONT
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert [f.get(timeout=30) for f in futures] == list(range(100))
 
 
 def test_a_heartbeat_never_says_a_rank_runs_a_call_whose_reply_it_sent():

@@ -72,6 +72,10 @@ class WireWatcher(Actor):
     def noop(self) -> None:
         return None
 
+    @endpoint
+    def echo(self, value: int) -> int:
+        return value
+
 
 class SlowSampler(Actor):
     """A rank whose heartbeat reads its resources slowly, as a loaded host does (a

@@ -306,11 +306,17 @@ class _Connection:
                 if not self._read_big():
                     return
                 continue
-            if self._parse(out):
-                continue
+            # A parse stops only where the buffer runs out (or a big frame begins,
+            # above): it runs once per read, and not on an empty buffer between
+            # messages (it needs 4 bytes there), which on a rank's path for a small
+            # call were two parses in vain.
+            if self._start != self._end or self._lengths is not None:
+                self._parse(out)
+                if self._big is not None:
+                    continue
             # A read that did not fill the buffer took all there was: another
             # would only say so (EAGAIN); what comes later wakes the poller again.
-            if self._short or not self._fill():
+            if self.eof or self._short or not self._fill():
                 return
 
     def _fill(self) -> bool:

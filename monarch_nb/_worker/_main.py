@@ -451,16 +451,22 @@ class Worker:
         wire.main_begins_receiving()
         try:
             timed_out = False
+            # Before the first poll, a drain only where the poll could miss input.
+            look = wire.input_unannounced()
             while True:
                 self._waiting_on_socket = True
-                # What came while nobody watched first: the socket's fd is edge-triggered.
-                # A batch at most: the first piece of work waits for no more than that.
-                # Not behind the wire thread's drain: its deliveries wake us.
-                try:
-                    more = wire.drain(at_most=_IDLE_DRAIN_BATCH, wait=False)
-                except Exception:  # a bug here must not stop the rank: say it, go on
-                    traceback.print_exc()
-                    more = False  # the deadline below retries it, not a busy loop
+                # What came while nobody watched first (a zmq socket's fd is
+                # edge-triggered), then what the poll announced. A batch at most:
+                # the first piece of work waits for no more than that. Not behind
+                # the wire thread's drain: its deliveries wake us.
+                more: bool | None = False
+                if look:
+                    try:
+                        more = wire.drain(at_most=_IDLE_DRAIN_BATCH, wait=False)
+                    except Exception:  # a bug here must not stop the rank: say it, go on
+                        traceback.print_exc()
+                        # more stays False: the deadline below retries, not a busy loop
+                look = True
                 if timed_out and (more or not inbox.empty()):
                     self._missed_wakeup()
                 if not inbox.empty():
