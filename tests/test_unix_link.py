@@ -24,7 +24,7 @@ import weakref
 
 import pytest
 
-from monarch_nb._common import _sockets, _unix_link
+from monarch_nb._common import _sockets, _unix_link, _wire
 from monarch_nb._common._unix_link import LinkDealer, LinkRouter, is_link
 from monarch_nb._common._wire import Receiver, WireStats
 
@@ -204,6 +204,25 @@ def test_a_message_over_the_wires_frame_cap_ends_its_connection(router, worker):
         poller.poll(100)
     assert router.take_dropped() == 1  # counted, as zmq's receiver counts what it drops
     assert router.take_dropped() == 0
+
+
+def test_the_wires_receiver_counts_what_a_link_drops_over_its_cap(monkeypatch, router, worker):
+    """The wire's receiver asks a link directly (no C wrapper between): what the
+    link drops over the wire's frame cap still reaches the wire's counters."""
+    monkeypatch.setattr(_wire, "MAX_FRAMES_PER_MESSAGE", 3)
+    stats = WireStats()
+    receiver = Receiver(router, stats)
+    _sockets.send_copied(worker, [b"x"] * 3)
+    assert take_until(receiver, 1) == [[b"w", b"x", b"x", b"x"]]
+    _sockets.send_copied(worker, [b"x"] * 4)
+    poller = select.poll()
+    poller.register(router.fileno(), select.POLLIN)
+    deadline = time.monotonic() + 30
+    while stats.dropped_oversized == 0:
+        assert time.monotonic() < deadline, "the message over the cap was never counted"
+        assert receiver.take() == ([], False)
+        poller.poll(100)
+    assert stats.dropped_oversized == 1
 
 
 @pytest.mark.parametrize("in_c", [True, False], ids=["c", "python"])

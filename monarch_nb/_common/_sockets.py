@@ -74,10 +74,8 @@ def take(
     """Whole messages off ``socket`` in C, as :class:`._wire.Receiver` takes them:
     ``(done, partial, dropping, dropped, status)``; status 0: the socket said
     nothing waits, 1: a budget is spent, 2: libzmq refused (ask pyzmq). None
-    where the C path is unavailable."""
-    if is_link(socket):
-        done, more = socket.take(frames, messages, max_per_message)
-        return done, None, False, socket.take_dropped(), BUDGET_SPENT if more else DRAINED
+    where the C path is unavailable. A zmq socket only: the receiver asks a
+    Unix link itself."""
     if _fastzmq is None or socket.closed:
         return None
     return _fastzmq.take(socket.underlying, partial, dropping, frames, messages, max_per_message)

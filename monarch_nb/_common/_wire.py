@@ -339,17 +339,25 @@ class Receiver:
     frame by frame as it arrives (counted), never held whole.
     """
 
-    __slots__ = ("_dropping", "_partial", "socket", "stats")
+    __slots__ = ("_dropping", "_link", "_partial", "socket", "stats")
 
     def __init__(self, socket: zmq.Socket, stats: WireStats | None = None) -> None:
         self.socket = socket
         self.stats = stats
+        self._link = socket if is_link(socket) else None  # asked directly: a rank's every call
         self._partial: list[zmq.Frame] | None = None  # a message begun in an earlier take
         self._dropping = False
 
     def take(self, frames: int = 4096, messages: int = 64) -> tuple[list[list[zmq.Frame]], bool]:
         """Up to ``messages`` whole messages, reading at most ``frames`` frames; and
         whether the socket may hold more (False: it said it had nothing waiting)."""
+        link = self._link
+        if link is not None:  # no partial message kept here, nothing to fall back to
+            done, more = link.take(frames, messages, MAX_FRAMES_PER_MESSAGE)
+            dropped = link.take_dropped()
+            if dropped and self.stats is not None:
+                self.stats.dropped_oversized += dropped
+            return done, more
         taken = take(
             self.socket, self._partial, self._dropping, frames, messages, MAX_FRAMES_PER_MESSAGE
         )
