@@ -758,9 +758,11 @@ class LinkRouter(_LinkSocket):
     def _read(self, max_frames: int) -> None:
         listener = self._listener.fileno()
         events = self._epoll.poll(0)
-        if any(fd == listener for fd, _ in events):
-            self._accept()  # and read what the new connections sent already
-            events = [(fd, ev) for fd, ev in self._epoll.poll(0) if fd != listener]
+        for fd, _ in events:  # a loop, not any(): no generator to run per reply
+            if fd == listener:
+                self._accept()  # and read what the new connections sent already
+                events = [(fd, ev) for fd, ev in self._epoll.poll(0) if fd != listener]
+                break
         for fd, _ in events:
             conn = self._by_fd.get(fd)
             if conn is None:

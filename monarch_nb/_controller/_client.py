@@ -43,7 +43,7 @@ import select
 import threading
 import time
 import weakref
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -55,7 +55,7 @@ from .._common._eventfd import clear_eventfd
 from .._common._future import Future, deferred_callbacks, pumps_here, set_before_wait
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._sockets import socket_events
-from .._common._unix_link import LinkRouter
+from .._common._unix_link import LinkFrame, LinkRouter
 from .._common._wire import (
     MAX_FRAME_BYTES,
     OWN,
@@ -141,8 +141,9 @@ class Controller:
         self._calls: dict[int, PendingCall] = {}
         self._call_ids = itertools.count(1)
         # Calls in flight per (group id, rank), counted as they are sent, so
-        # choose() sees a call the instant it was made.
-        self.outstanding: Counter[tuple[int, int]] = Counter()
+        # choose() sees a call the instant it was made. A plain dict, no zeros
+        # kept: a Counter's missing key and its del each ran Python per rank per call.
+        self.outstanding: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
         self.host_meshes: weakref.WeakSet[Any] = weakref.WeakSet()  # _hosts.HostAgents
@@ -300,8 +301,9 @@ class Controller:
                             group.rank_failures.pop(rank, None)
                     group.timeline.began(call.call_id, call.label, ranks)
                     for rank in ranks:
-                        outstanding[(gid, rank)] += 1
-                        if outstanding[(gid, rank)] == 1:
+                        key = (gid, rank)
+                        load = outstanding[key] = outstanding.get(key, 0) + 1
+                        if load == 1:
                             became_busy.append(rank)
                     events = group.events
                     if events.calls_observed:  # queued now, before any reply can be: in order
@@ -479,12 +481,14 @@ class Controller:
         """One call less in flight on ``rank``; True if it has none left (lock held)."""
         assert call.group is not None
         key = (call.group.id, rank)
-        self.outstanding[key] -= 1
-        if self.outstanding[key] <= 0:
-            del self.outstanding[key]
-            call.group.idle_since[rank] = time.monotonic()
-            return True
-        return False
+        outstanding = self.outstanding
+        left = outstanding.get(key, 0) - 1
+        if left > 0:
+            outstanding[key] = left
+            return False
+        outstanding.pop(key, None)
+        call.group.idle_since[rank] = time.monotonic()
+        return True
 
     # -- I/O thread ---------------------------------------------------------------------
 
@@ -850,7 +854,9 @@ class Controller:
     ) -> tuple[_Peer, Message, list[Any]] | None:
         """Who sent ``frames`` and what, once every check passed; None otherwise
         (counted), or once an agent's own message was handed to it."""
-        sender = frames[0].bytes
+        sender = frames[0]
+        if sender.__class__ is not LinkFrame:  # a zmq.Frame (a LinkFrame is bytes already)
+            sender = sender.bytes
         # Local workers speak on the local socket, agents on theirs: a name
         # claimed on the other socket is nobody's.
         peer = None if from_hosts else self._peers.get(sender)

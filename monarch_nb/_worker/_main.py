@@ -90,10 +90,6 @@ class _LiveActor:
         self.tasks: set[Any] = set()  # its concurrent endpoints' asyncio tasks
         self._endpoints: dict[str, _EndpointFacts] = {}
 
-    def label_of(self, endpoint: str) -> str:
-        facts = self._endpoints.get(endpoint)
-        return facts.label if facts is not None else f"{self.label}.{endpoint}"
-
     def facts(self, endpoint: str, method: Any) -> _EndpointFacts:
         """What a call of ``endpoint`` (now ``method``) needs to know, looked up once
         per actor: asking a bound method for a mark it lacks costs more than a
@@ -310,12 +306,20 @@ class Worker:
         self._enqueue(message, frames, route.sender, route)
 
     def _enqueue(self, message: Message, frames: list[Any], origin: bytes, route: Route) -> None:
-        ticket = (origin, _call_id_of(message))
+        if message.__class__ is Call:  # most messages (as _call_id_of, a step fewer)
+            ticket = (origin, message.call_id if message.reply else 0)
+        else:
+            ticket = (origin, _call_id_of(message))
         if ticket[1]:
             with self._calls_lock:
                 self._queued[ticket] = route
         self._inbox.put((message, frames, ticket, route))
-        self._wake()
+        # _wake()'s conditions first: the idle main thread that drained this itself
+        # has nobody to wake (every call to an idle rank).
+        if self._waker is not None or (
+            self._waiting_on_socket and threading.get_ident() != self._main_ident
+        ):
+            self._wake()
 
     def interrupt(self, call_id: int) -> None:
         """The controller's interrupt of ``call_id`` (0: whatever runs)."""
@@ -627,6 +631,9 @@ class Worker:
             self._finish()
 
     def _handle(self, message: Message, frames: list[Any], route: Route) -> bool:
+        if message.__class__ is Call:  # most messages: no pattern matching to run
+            self.on_call(message, frames, route)
+            return True
         from_controller = route is self.controller_route
         match message:
             case Call():
@@ -710,7 +717,12 @@ class Worker:
             message.reply,
         )
         live = self.actors.get(actor_id)
-        label = live.label_of(endpoint) if live else f"actor.{endpoint}"
+        if live is not None:
+            method = getattr(live.instance, endpoint, None)
+            facts = live.facts(endpoint, method)
+            label = facts.label
+        else:
+            label = f"actor.{endpoint}"
         decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id, route)
         if decoded is _FAILED:
             return
@@ -719,8 +731,6 @@ class Worker:
             self._report(call_id, reply, actor_id, label, self.failure_of(error), route)
             return
         args, kwargs = decoded
-        method = getattr(live.instance, endpoint, None)
-        facts = live.facts(endpoint, method)
         if facts.response_port:
             args = (_ResponsePort(self, route, call_id if reply else 0), *args)
             reply = False  # the endpoint answers through the port
