@@ -422,8 +422,16 @@ def _close_flushers_as_they_turn(times: int) -> None:
         struct.pack("<IQ", 1, 100 << 20) + b"x" * 1024,
         # a greeting of two frames
         struct.pack("<IQQ", 2, 1, 1) + b"ab",
+        # a "name" longer than any, then a 100 MiB frame in the same read
+        struct.pack("<IQ", 1, 300) + b"n" * 300 + struct.pack("<IQ", 1, 100 << 20) + b"x" * 1024,
     ],
-    ids=["too-many-frames", "no-frames", "big-before-name", "two-frame-greeting"],
+    ids=[
+        "too-many-frames",
+        "no-frames",
+        "big-before-name",
+        "two-frame-greeting",
+        "big-after-no-name",
+    ],
 )
 def test_a_malformed_stream_ends_that_connection_only(router, garbage):
     good = LinkDealer(router.address, b"good")
@@ -443,6 +451,20 @@ def test_a_malformed_stream_ends_that_connection_only(router, garbage):
     finally:
         bad.close()
         good.close()
+
+
+def test_a_large_frame_read_with_the_name_before_it_arrives_whole(router):
+    """A worker's first message after its name may carry a large frame, and the
+    router may read both at once: the name, taken once the read returns, is
+    not known yet, but it came first (it broke the connection)."""
+    worker = LinkDealer(router.address, b"w")  # its name, written at once
+    big = b"b" * (1 << 20)
+    try:
+        _sockets.send_copied(worker, [b"hello", big])
+        (message,) = take_until(Receiver(router, WireStats()), 1)
+        assert [bytes(frame) for frame in message] == [b"w", b"hello", big]
+    finally:
+        worker.close()
 
 
 def test_a_worker_whose_controller_is_gone_is_not_woken_forever(router, worker):

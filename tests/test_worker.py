@@ -8,7 +8,7 @@ import time
 
 import pytest
 from process_checks import voluntary_switches
-from worker_actors import Raiser, Sleeper, SlowSampler, Unpicklable, WireWatcher
+from worker_actors import LookupRaiser, Raiser, Sleeper, SlowSampler, Unpicklable, WireWatcher
 
 from monarch_nb import MeshFailure, RemoteError, this_host
 from monarch_nb.events import EventLog, RankFailed, RankState
@@ -146,6 +146,18 @@ def test_an_exception_whose_str_raises_is_reported_not_fatal(procs2):
     raisers = procs2.spawn("raisers", Raiser)
     with pytest.raises(RemoteError, match="str\\(\\) of the exception failed"):
         raisers.boom.call().get(timeout=10)
+    assert procs2.state == "running"
+
+
+def test_an_endpoint_whose_lookup_raises_fails_its_call_not_the_rank(procs2):
+    # Finding the endpoint on the actor runs the actor's own code (a property,
+    # __getattribute__): what it raises is the call's error, and the rank, with
+    # its other endpoints, stays.
+    actors = procs2.spawn("lookup_raiser", LookupRaiser)
+    with pytest.raises(RemoteError, match="looking up guarded failed") as failed:
+        actors.guarded.call().get(timeout=30)
+    assert "LookupRaiser.guarded" in str(failed.value)
+    assert actors.fine.call().get(timeout=30).values() == [2, 2]
     assert procs2.state == "running"
 
 

@@ -49,6 +49,23 @@ class Raiser(Actor):
         raise BrokenStr()
 
 
+class LookupRaiser(Actor):
+    """An actor whose own attribute lookup raises for one endpoint."""
+
+    @endpoint
+    def guarded(self) -> int:
+        return 1
+
+    @endpoint
+    def fine(self) -> int:
+        return 2
+
+    def __getattribute__(self, name: str):
+        if name == "guarded":
+            raise RuntimeError("looking up guarded failed")
+        return super().__getattribute__(name)
+
+
 class Unpicklable:
     """Pickles on the controller, fails to unpickle on a rank."""
 

@@ -76,6 +76,7 @@ def take(
     nothing waits, 1: a budget is spent, 2: libzmq refused (ask pyzmq). None
     where the C path is unavailable. A zmq socket only: the receiver asks a
     Unix link itself."""
+    assert not is_link(socket), "a Unix link takes its own messages (Receiver.take)"
     if _fastzmq is None or socket.closed:
         return None
     return _fastzmq.take(socket.underlying, partial, dropping, frames, messages, max_per_message)

@@ -394,7 +394,7 @@ class _Connection:
             while len(self._frames) < len(self._lengths):
                 n = self._lengths[len(self._frames)]
                 if n >= _OWN_BUFFER_BYTES:
-                    if self.identity is None and self.introduced_by_name:
+                    if self.identity is None and self.introduced_by_name and not _names(out):
                         self._broken()  # a name is a few bytes: nothing big before it
                         return False
                     try:
@@ -887,6 +887,13 @@ class LinkDealer(_LinkSocket):
         self._conn.close()
         if self._quiet_w is not None:
             os.close(self._quiet_w)
+
+
+def _names(out: list[list[Any]]) -> bool:
+    """Whether the first message a connection sent, read in the same read as
+    what follows it (the router takes the name once the read returns), is a
+    name: then a large frame after it is a worker's, not a stranger's."""
+    return bool(out) and len(out[0]) == 1 and len(out[0][0]) <= _MAX_IDENTITY_BYTES
 
 
 def is_link(socket: Any) -> TypeGuard[_LinkSocket]:

@@ -717,12 +717,16 @@ class Worker:
             message.reply,
         )
         live = self.actors.get(actor_id)
+        label = f"actor.{endpoint}"
         if live is not None:
-            method = getattr(live.instance, endpoint, None)
-            facts = live.facts(endpoint, method)
+            try:  # the actor's own code may run here (a property, __getattribute__)
+                method = getattr(live.instance, endpoint, None)
+                facts = live.facts(endpoint, method)
+            except Exception as exc:  # the call's error, not the rank's end
+                label = f"{live.label}.{endpoint}"
+                self._report(call_id, reply, actor_id, label, self.failure_of(exc), route)
+                return
             label = facts.label
-        else:
-            label = f"actor.{endpoint}"
         decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id, route)
         if decoded is _FAILED:
             return

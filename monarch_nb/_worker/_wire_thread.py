@@ -127,14 +127,15 @@ class WireThread:
         self.status_held = False
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="monarch_nb-wire", daemon=True)
-        self._thread_ident: int | None = None  # once started (Thread.ident is a property)
+        # Set by the thread itself, first thing (Thread.ident is a property, and set
+        # after start() returned, a drain the thread began before would not know it).
+        self._thread_ident: int | None = None
         # Message type -> handler run here on the wire thread, for layers above the
         # core (the debugger feeds pdb's input while the main thread waits in it).
         self.control_handlers: dict[type[Message], Callable[[Message], None]] = {}
 
     def start(self) -> None:
         self._thread.start()
-        self._thread_ident = self._thread.ident
 
     def stop(self) -> None:
         self._stopping = True
@@ -228,6 +229,7 @@ class WireThread:
     # -- the wire thread --------------------------------------------------------------
 
     def _run(self) -> None:
+        self._thread_ident = threading.get_ident()
         try:
             self._loop()
         except BaseException:
