@@ -107,6 +107,20 @@ def test_the_recorder_keeps_the_newest_calls() -> None:
     assert sorted({s.call_id for s in by_calls.timeline([0], since=0).spans}) == [3, 4]
 
 
+def test_the_recorder_holds_a_bounded_log() -> None:
+    """What is recorded is a log of bounded length: a call whose start fell out
+    of it is gone, with whatever came for it later; memory stays flat."""
+    recorder = TimelineRecorder(max_calls=3, max_entries=10)
+    assert recorder.max_events == 16
+    for call_id in range(100):
+        recorder.began(call_id, f"call {call_id}", [0])
+        recorder.answered_last(call_id, 0)
+    recorder.answered(10, 0, "ValueError: late")  # a call long gone: nothing
+    assert len(recorder._log) == 16
+    spans = recorder.timeline([0], since=0).spans
+    assert [(s.call_id, s.outcome) for s in spans] == [(97, "ok"), (98, "ok"), (99, "ok")]
+
+
 def test_the_reply_that_ends_a_call_marks_it_once() -> None:
     """``answered_last`` is ``answered`` then ``ended`` with no error: the rank is
     ok, the call is over, and a later end or answer changes nothing."""

@@ -3,9 +3,9 @@
 The controller's call bookkeeping (``_client``) tells a mesh's
 :class:`TimelineRecorder` when a call was sent to which ranks, when each rank
 answered (and whether with an error) and when the call ended, so the ranks
-that never answered (died, cancelled) get an end too. That is a dict insert
-per call and a dict store per reply, under the lock the bookkeeping already
-holds: cheap enough to stay on for every mesh.
+that never answered (died, cancelled) get an end too. That is an entry
+appended to a bounded log per call and per reply, no lock: cheap enough to
+stay on for every mesh. The log is read back into spans when asked.
 
 ``procs.timeline(minutes=10)`` (``%mesh timeline``) reads it back as a
 :class:`Timeline`: its ``spans`` (one per rank and call), ``stragglers()``
@@ -16,10 +16,10 @@ a text chart for ``print`` and an SVG chart in a notebook.
 from __future__ import annotations
 
 import html
+import itertools
 import statistics
-import threading
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -72,92 +72,125 @@ class Straggler:
         )
 
 
-@dataclass(slots=True)  # kept for the last MAX_CALLS calls: no __dict__ each for the GC
-class _Call:
-    label: str
-    ranks: tuple[int, ...]
-    start: float
-    ends: dict[int, tuple[float, Outcome, str]] = field(default_factory=dict)
-    finished: bool = False
+# What the recorder keeps: a log of what happened, appended to without a lock
+# (one deque append, atomic under the GIL) and read back into spans only when
+# someone asks. A pipelining caller sends and answers thousands of calls a
+# second; bookkeeping per call (a lock, a dict per call, evictions) cost it
+# more than a tenth of its rate (34,200 against 39,400 calls/s with the
+# recorder off, same run). Each entry is a tuple of atoms, which the garbage
+# collector stops tracking at the first collection it sees.
+_BEGAN, _ANSWERED, _FAILED, _LAST, _ENDED = range(5)
 
 
 class TimelineRecorder:
-    """The calls of one process mesh, newest last (thread-safe)."""
+    """The calls of one process mesh, newest last (thread-safe).
+
+    Keeps the newest calls: at most ``max_calls`` of them, and at most
+    ``max_entries`` (call, rank) entries in all (always the newest call). The
+    log behind them holds ``max_events`` entries: a call logs its start, one
+    answer per rank and its end.
+    """
 
     def __init__(self, max_calls: int = MAX_CALLS, max_entries: int = MAX_ENTRIES) -> None:
-        self._lock = threading.Lock()
-        self._calls: OrderedDict[int, _Call] = OrderedDict()
-        self._entries = 0
         self.max_calls = max_calls
         self._max_entries = max_entries
+        self.max_events = max_entries + 2 * max_calls
+        self._log: deque[tuple[Any, ...]] = deque(maxlen=self.max_events)
 
     def began(self, call_id: int, label: str, ranks: Iterable[int]) -> None:
-        ranks = tuple(ranks)
-        call = _Call(label, ranks, time.time())
-        with self._lock:
-            calls = self._calls
-            calls[call_id] = call
-            self._entries += len(ranks)
-            while len(calls) > 1 and (
-                len(calls) > self.max_calls or self._entries > self._max_entries
-            ):
-                _, old = calls.popitem(last=False)
-                self._entries -= len(old.ranks)
+        self._log.append((_BEGAN, call_id, label, tuple(ranks), time.time()))
 
     def answered(self, call_id: int, rank: int, error: str | None) -> None:
         """``rank`` replied to ``call_id``: with ``error`` ("Type: message") or a value."""
-        end: tuple[float, Outcome, str] = (
-            (time.time(), "ok", "") if error is None else (time.time(), *_outcome_of(error))
-        )
-        with self._lock:
-            call = self._calls.get(call_id)
-            if call is not None and rank not in call.ends:
-                call.ends[rank] = end
+        if error is None:
+            self._log.append((_ANSWERED, call_id, rank, time.time()))
+        else:
+            self._log.append((_FAILED, call_id, rank, time.time(), *_outcome_of(error)))
 
     def answered_last(self, call_id: int, rank: int) -> None:
         """``answered(call_id, rank, None)`` then ``ended(call_id, None)``: the reply
         that completed the call, with a value, and every other rank answered."""
-        now = time.time()
-        with self._lock:
-            call = self._calls.get(call_id)
-            if call is None or call.finished:
-                return
-            call.finished = True
-            call.ends.setdefault(rank, (now, "ok", ""))
+        self._log.append((_LAST, call_id, rank, time.time()))
 
     def ended(self, call_id: int, error: str | None) -> None:
         """The call is over (``error``: "Type: message" if it failed): the ranks that
         never answered end now, as died (a MeshFailure), cancelled or interrupted."""
-        with self._lock:
-            call = self._calls.get(call_id)
-            if call is None or call.finished:
-                return
-            call.finished = True
-            now = time.time()
-            if error is not None and error.startswith("MeshFailure"):
-                outcome: tuple[Outcome, str] = ("died", error)  # or was stopped under it
-            else:
-                outcome = _outcome_of(error or "CancelledError: the call ended first")
-            for rank in call.ranks:
-                call.ends.setdefault(rank, (now, *outcome))
+        if error is not None and error.startswith("MeshFailure"):
+            outcome: tuple[Outcome, str] = ("died", error)  # or was stopped under it
+        else:
+            outcome = _outcome_of(error or "CancelledError: the call ended first")
+        self._log.append((_ENDED, call_id, time.time(), *outcome))
+
+    def _copy(self) -> list[tuple[Any, ...]]:
+        """The log as it is: a copy in one step in C, which appends wait for;
+        should another thread ever run meanwhile, the copy notices, and is made again."""
+        while True:
+            try:
+                return list(self._log)
+            except RuntimeError:  # "deque mutated during iteration"
+                continue
+
+    def _calls(self) -> dict[int, _Call]:
+        """The newest calls within the limits, each with its ranks' ends, from the log."""
+        events = self._copy()
+        # Where the oldest call kept begins (the newest calls that fit, always
+        # one): what comes before it is of calls no longer kept, not read at all.
+        first, kept, entries = len(events), 0, 0
+        for at in range(len(events) - 1, -1, -1):
+            event = events[at]
+            if event[0] != _BEGAN:
+                continue
+            entries += len(event[3])
+            if kept and (kept >= self.max_calls or entries > self._max_entries):
+                break
+            kept, first = kept + 1, at
+        calls: dict[int, _Call] = {}
+        for event in itertools.islice(events, first, None):
+            kind, call_id = event[0], event[1]
+            if kind == _BEGAN:
+                calls[call_id] = _Call(event[2], event[3], event[4])
+                continue
+            call = calls.get(call_id)
+            if call is None:  # a call begun before those kept
+                continue
+            if kind == _ANSWERED:
+                call.ends.setdefault(event[2], (event[3], "ok", ""))
+            elif kind == _FAILED:
+                call.ends.setdefault(event[2], (event[3], event[4], event[5]))
+            elif not call.finished:  # _LAST or _ENDED: the first end of the call counts
+                call.finished = True
+                if kind == _LAST:
+                    call.ends.setdefault(event[2], (event[3], "ok", ""))
+                else:
+                    for rank in call.ranks:
+                        call.ends.setdefault(rank, (event[2], event[3], event[4]))
+        return calls
 
     def timeline(self, ranks: Iterable[int], since: float) -> Timeline:
         """The spans of ``ranks`` that ran at or after ``since`` (wall clock)."""
         wanted = set(ranks)
         spans: list[Span] = []
-        with self._lock:
-            for call_id, call in self._calls.items():
-                for rank in call.ranks:
-                    if rank not in wanted:
-                        continue
-                    end = call.ends.get(rank)
-                    if end is not None and end[0] < since:
-                        continue
-                    if end is None:
-                        spans.append(Span(rank, call_id, call.label, call.start, None, "running"))
-                    else:
-                        spans.append(Span(rank, call_id, call.label, call.start, *end))
+        for call_id, call in self._calls().items():
+            for rank in call.ranks:
+                if rank not in wanted:
+                    continue
+                end = call.ends.get(rank)
+                if end is None:
+                    spans.append(Span(rank, call_id, call.label, call.start, None, "running"))
+                elif end[0] >= since:
+                    spans.append(Span(rank, call_id, call.label, call.start, *end))
         return Timeline(spans, sorted(wanted), since, time.time())
+
+
+@dataclass(slots=True)
+class _Call:
+    """A call as read back from the log."""
+
+    label: str
+    ranks: tuple[int, ...]
+    start: float
+    ends: dict[int, tuple[float, Outcome, str]] = field(default_factory=dict)
+    finished: bool = False
 
 
 def _outcome_of(error: str | None) -> tuple[Outcome, str]:

@@ -52,7 +52,7 @@ def test_many_calls_and_casts_do_not_grow_controller_memory(load_procs):
     every = load_procs.spawn("every", Probe)
     # Warm up: caches, pools, allocator arenas, and the bounded histories at their
     # cap (the mesh's timeline keeps the newest calls).
-    pipelined_calls(one, max(3 * BATCH, load_procs._group.timeline.max_calls + BATCH))
+    pipelined_calls(one, max(3 * BATCH, load_procs._group.timeline.max_events + BATCH))
     for i in range(BATCH):
         every.echo.broadcast(i)
     every.rank.call().get(timeout=30)
