@@ -394,7 +394,8 @@ class _Connection:
             while len(self._frames) < len(self._lengths):
                 n = self._lengths[len(self._frames)]
                 if n >= _OWN_BUFFER_BYTES:
-                    if self.identity is None and self.introduced_by_name and not _names(out):
+                    named = bool(out) and _is_name(out[0])  # read with what follows it
+                    if self.identity is None and self.introduced_by_name and not named:
                         self._broken()  # a name is a few bytes: nothing big before it
                         return False
                     try:
@@ -774,7 +775,7 @@ class LinkRouter(_LinkSocket):
                 conn.dropped_oversized = 0
             for message in messages:
                 if conn.identity is None:
-                    if len(message) != 1 or len(message[0]) > _MAX_IDENTITY_BYTES:
+                    if not _is_name(message):
                         conn.eof = True  # not a worker's greeting
                         break
                     if not self._introduce(conn, bytes(message[0])):
@@ -889,11 +890,11 @@ class LinkDealer(_LinkSocket):
             os.close(self._quiet_w)
 
 
-def _names(out: list[list[Any]]) -> bool:
-    """Whether the first message a connection sent, read in the same read as
-    what follows it (the router takes the name once the read returns), is a
-    name: then a large frame after it is a worker's, not a stranger's."""
-    return bool(out) and len(out[0]) == 1 and len(out[0][0]) <= _MAX_IDENTITY_BYTES
+def _is_name(message: list[Any]) -> bool:
+    """Whether ``message``, a connection's first, can be a worker's name (one frame
+    of a few bytes). The router takes the name once a read returns; a large frame
+    read after a name in the same read is a worker's, not a stranger's."""
+    return len(message) == 1 and len(message[0]) <= _MAX_IDENTITY_BYTES
 
 
 def is_link(socket: Any) -> TypeGuard[_LinkSocket]:

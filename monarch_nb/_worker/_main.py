@@ -306,20 +306,12 @@ class Worker:
         self._enqueue(message, frames, route.sender, route)
 
     def _enqueue(self, message: Message, frames: list[Any], origin: bytes, route: Route) -> None:
-        if message.__class__ is Call:  # most messages (as _call_id_of, a step fewer)
-            ticket = (origin, message.call_id if message.reply else 0)
-        else:
-            ticket = (origin, _call_id_of(message))
+        ticket = (origin, _call_id_of(message))
         if ticket[1]:
             with self._calls_lock:
                 self._queued[ticket] = route
         self._inbox.put((message, frames, ticket, route))
-        # _wake()'s conditions first: the idle main thread that drained this itself
-        # has nobody to wake (every call to an idle rank).
-        if self._waker is not None or (
-            self._waiting_on_socket and threading.get_ident() != self._main_ident
-        ):
-            self._wake()
+        self._wake()
 
     def interrupt(self, call_id: int) -> None:
         """The controller's interrupt of ``call_id`` (0: whatever runs)."""
@@ -631,9 +623,6 @@ class Worker:
             self._finish()
 
     def _handle(self, message: Message, frames: list[Any], route: Route) -> bool:
-        if message.__class__ is Call:  # most messages: no pattern matching to run
-            self.on_call(message, frames, route)
-            return True
         from_controller = route is self.controller_route
         match message:
             case Call():

@@ -98,6 +98,7 @@ class WireThread:
         heartbeat_s: float,
     ) -> None:
         self.socket = socket
+        self._on_link = is_link(socket)  # a Unix link's fd is level-triggered
         self.signer = signer
         self._receiver = Receiver(socket, signer.stats)
         self._taken: deque[list[Any]] = deque()  # taken off the socket, not handled yet
@@ -199,10 +200,7 @@ class WireThread:
         Unix link's fd is level-triggered: with nothing held here, a poll says
         whether the kernel holds input, and a drain first would only ask it in
         vain (about a tenth of a small call's work on the rank)."""
-        if self._taken:
-            return True
-        socket = self.socket
-        return not is_link(socket) or bool(socket.events() & _POLLIN)
+        return bool(self._taken) or not self._on_link or bool(socket_events(self.socket) & _POLLIN)
 
     def main_stops_receiving(self) -> None:
         """The main thread has work: this thread takes the socket back lazily, at
