@@ -300,7 +300,10 @@ class Future(Generic[T]):
             state = f"failed: {type(self._exception).__name__}"
         else:
             state = "done"
-        return f"<{type(self).__name__} {state}>"
+        return f"<{self._repr_name()} {state}>"
+
+    def _repr_name(self) -> str:
+        return type(self).__name__
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

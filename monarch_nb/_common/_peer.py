@@ -361,7 +361,7 @@ class PeerNode:
         self._calls.pop(call.call_id, None)
 
     def last_answered(self, call: PendingCall, rank: int) -> None:
-        call.mark_answered(rank)
+        call.all_answered()
         self.call_finished(call, None)
 
     # -- the node's thread ----------------------------------------------------------------

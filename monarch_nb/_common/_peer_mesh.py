@@ -75,7 +75,7 @@ def _stop(future: CallFuture, why: str, grace: float) -> Any:
     """Ctrl-C while an actor waits on another: interrupt the ranks still running it."""
     call = future._call
     if call is not None and not future.done():
-        waiting = call.waiting_ranks()
+        waiting = call.unanswered_ranks()
         procs: _refs.ProcsRef = call.group
         local_node().interrupt([procs.address(r) for r in waiting], call.call_id)
         if future.exception(timeout=grace) is None and future.done():

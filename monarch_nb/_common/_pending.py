@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
 from typing import Any, Protocol
 
 from ._errors import (
@@ -88,21 +87,28 @@ class CallFuture(Future[Any]):
     ``_controller._interrupt.stop_call``).
     """
 
-    __slots__ = ("_call",)
+    # The call's state lives on the future itself (a PendingCall is one): a
+    # pipelining caller keeps thousands of calls in flight, and each tracked
+    # object among them is one more for the garbage collector to scan and
+    # promote (its full collections scan every object in the process).
+    __slots__ = ()
 
-    def __init__(self, call: PendingCall) -> None:
-        super().__init__()
-        self._call: PendingCall | None = call
+    @property
+    def _call(self) -> PendingCall | None:
+        """The call's bookkeeping while it runs; None once it completed."""
+        return None if self._done else self  # type: ignore[return-value]
 
     @property
     def label(self) -> str:
-        call = self._call
-        return call.label if call is not None else "call"
+        raise NotImplementedError
+
+    def _repr_name(self) -> str:
+        return f"CallFuture {self.label}"  # what the caller holds: a future of that call
 
     def waiting_ranks(self) -> list[int]:
         """Ranks that have not replied yet (empty once the call completed)."""
         call = self._call
-        return [] if call is None or self.done() else call.waiting_ranks()
+        return [] if call is None else call.unanswered_ranks()
 
     def cancel(self) -> bool:
         """Stop waiting: complete with CallCancelled; late replies are ignored.
@@ -113,7 +119,9 @@ class CallFuture(Future[Any]):
         call = self._call
         if call is None or self.done():
             return False
-        return call.fail(CallCancelled(f"{call.label} was cancelled", ranks=call.waiting_ranks()))
+        return call.fail(
+            CallCancelled(f"{call.label} was cancelled", ranks=call.unanswered_ranks())
+        )
 
     def interrupt(self, grace: float | None = None) -> None:
         """KeyboardInterrupt in the ranks still running this call, escalating to a kill
@@ -150,7 +158,7 @@ class CallFuture(Future[Any]):
         call = self._call
         if call is None:  # it completed just as the wait timed out
             return super()._timeout_error(timeout)
-        waiting = call.waiting_ranks()
+        waiting = call.unanswered_ranks()
         replied = len(call.ranks) - len(waiting)
         # Which of them the controller has not heard from at all lately: in a
         # collective, the others are most likely waiting for those.
@@ -178,8 +186,32 @@ class CallFuture(Future[Any]):
         )
 
 
-class PendingCall:
-    """The state of one call to a set of ranks (see the module docstring for threads)."""
+class PendingCall(CallFuture):
+    """The state of one call to a set of ranks (see the module docstring for threads),
+    and the caller's future of it (:attr:`future` is the same object)."""
+
+    __slots__ = (
+        "_arrived",
+        "_settled",
+        "actor",
+        "answered",
+        "call_id",
+        "closed",
+        "collect",
+        "endpoint",
+        "error_class",
+        "failures",
+        "grace",
+        "group",
+        "on_failure",
+        "ranks",
+        "serialization_failures",
+        "shape",
+        "stopper",
+        "stream_futures",
+        "tracker",
+        "values",
+    )
 
     def __init__(
         self,
@@ -191,6 +223,7 @@ class PendingCall:
         collect: str = "mesh",  # "mesh": ValueMesh; "one": the single value; "stream"
         error_class: type[RemoteError] = RemoteError,
     ) -> None:
+        super().__init__()
         self.call_id = call_id
         self.shape = shape
         self.ranks = shape.ranks
@@ -203,7 +236,6 @@ class PendingCall:
         # for the garbage collector to scan.
         self.failures: Sequence[RemoteFailure] = ()
         self.serialization_failures: Sequence[RemoteFailure] = ()
-        self.future: CallFuture = CallFuture(self)
         self.stream_futures: Sequence[Future[tuple[Point, Any]]] = (
             [Future() for _ in self.ranks] if collect == "stream" else ()
         )
@@ -214,12 +246,17 @@ class PendingCall:
         self.grace = 3.0  # seconds the stopper waits before it kills
         # The ranks that replied: one shared empty set until one does (a set a
         # call in flight is one more object for the collector to scan).
-        self.answered: AbstractSet[int] = _NONE_ANSWERED
+        self.answered: Collection[int] = _NONE_ANSWERED
         self.closed = False  # finish bookkeeping done (under the tracker's lock)
         self._settled = False  # its outcome is decided (under _settle_lock)
         # Called with each rank's failure as it arrives, on the receiving thread,
         # before the call completes (``--fail-fast`` interrupts the other ranks).
         self.on_failure: Callable[[RemoteFailure], None] | None = None
+
+    @property
+    def future(self) -> CallFuture:
+        """What the caller waits on: this same object, seen as a future."""
+        return self
 
     @property
     def label(self) -> str:
@@ -233,8 +270,15 @@ class PendingCall:
         else:
             self.answered = {rank}
 
-    def waiting_ranks(self) -> list[int]:
-        """Ranks that have not replied yet."""
+    def all_answered(self) -> None:
+        """The last rank replied (under the tracker's lock, where it has one): every
+        rank has, so the ranks themselves are the answered set (no set to build
+        for a call that just completed, which a caller may keep for long)."""
+        self.answered = self.ranks
+
+    def unanswered_ranks(self) -> list[int]:
+        """Ranks that have not replied yet (also once the call completed early:
+        whose share of it has nobody waiting any more)."""
         answered = self.answered
         return [r for r in self.ranks if r not in answered]
 
@@ -272,8 +316,7 @@ class PendingCall:
         try:
             self.tracker.last_answered(self, rank)
         finally:  # as _settle: whatever the bookkeeping did, the caller is not left waiting
-            self.future.set_result(result)
-            self.future._call = None
+            self.set_result(result)
 
     def add_failure(self, failure: RemoteFailure, *, serialization: bool = False) -> None:
         failures = self.serialization_failures if serialization else self.failures
@@ -354,12 +397,9 @@ class PendingCall:
                 self.tracker.call_finished(self, error)
         finally:  # whatever the bookkeeping did, the caller is not left waiting
             if error is None:
-                self.future.set_result(value)
+                self.set_result(value)
             else:
-                self.future.set_exception(error)
-            # The future and this call point at each other; untie them so both are
-            # freed by reference counting, not left to the cyclic GC on every call.
-            self.future._call = None
+                self.set_exception(error)
         return True
 
 

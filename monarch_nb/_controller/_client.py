@@ -406,7 +406,7 @@ class Controller:
             calls = [
                 c
                 for c in self._calls.values()
-                if c.group is group and gone.intersection(c.waiting_ranks())
+                if c.group is group and gone.intersection(c.unanswered_ranks())
             ]
         for call in calls:
             call.fail(error)
@@ -416,7 +416,7 @@ class Controller:
         """Labels of the calls in flight that still wait for ``rank``, oldest first."""
         with self._lock:
             calls = [c for c in self._calls.values() if c.group is group]
-        return [c.label for c in calls if rank in c.waiting_ranks()]
+        return [c.label for c in calls if rank in c.unanswered_ranks()]
 
     # -- per-rank bookkeeping of calls (any thread, under the lock) ---------------------
 
@@ -441,7 +441,7 @@ class Controller:
                 return
             call.closed = True
             self._calls.pop(call.call_id, None)
-            idle = [r for r in call.waiting_ranks() if self._unload(call, r)]
+            idle = [r for r in call.unanswered_ranks() if self._unload(call, r)]
         group = call.group
         if group is None:
             return
@@ -461,7 +461,7 @@ class Controller:
         with self._lock:
             if call.closed or rank in call.answered:
                 return
-            call.mark_answered(rank)
+            call.all_answered()
             call.closed = True
             self._calls.pop(call.call_id, None)
             idle = self._unload(call, rank)

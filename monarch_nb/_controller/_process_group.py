@@ -920,7 +920,7 @@ class ProcGroup:
         # stop it (KeyboardInterrupt in that call only), so they are free at once;
         # not where the user is debugging (a rank paused in pdb), who goes on.
         for call in failed:
-            others = [r for r in call.waiting_ranks() if r not in ranks and r not in self.paused]
+            others = [r for r in call.unanswered_ranks() if r not in ranks and r not in self.paused]
             if others:
                 self.interrupt(others, call.call_id)
         return len(failed)
