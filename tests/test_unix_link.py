@@ -21,6 +21,7 @@ import textwrap
 import threading
 import time
 import weakref
+from typing import Any
 
 import pytest
 
@@ -451,6 +452,47 @@ def test_a_malformed_stream_ends_that_connection_only(router, garbage):
     finally:
         bad.close()
         good.close()
+
+
+def test_a_burst_is_parsed_a_bounded_batch_at_a_time_and_none_is_left_unannounced(router, worker):
+    """A burst far larger than one read parses: each read parses a few hundred
+    messages (each a list the garbage collector tracks; thousands at once were
+    promoted to its oldest generation) and keeps the rest in its buffer, where
+    the fd does not announce them: the socket's take and events must, both ways."""
+    limit = _unix_link._READ_MESSAGES
+    count = 5 * limit + 7
+
+    def take_all(receiver: Receiver, sock: Any) -> list[list]:
+        # What one read parsed, all of it: nothing parsed waits, the kernel holds
+        # nothing more (the read took it all into the buffer), yet more waits.
+        got, more = receiver.take(frames=1 << 20, messages=count)
+        assert len(got) == limit
+        assert more
+        assert not sock._ready
+        assert select.select([sock.fileno()], [], [], 0)[0] == []
+        assert _sockets.socket_events(sock) & 1
+        while more:  # no poll: take() says when it has all
+            done, more = receiver.take(frames=1 << 20, messages=count)
+            got += done
+        assert not _sockets.socket_events(sock) & 1
+        return got
+
+    burst = [[b"m", str(i).encode()] for i in range(count)]
+    worker._conn.send_many(burst)
+    worker._conn.drain(30_000)  # all of it in the kernel before the router reads
+    assert not worker._conn.backlog
+    got = take_all(Receiver(router, WireStats()), router)
+    assert [[m[0].bytes, *m[1:]] for m in got] == [[b"w", *frames] for frames in burst]
+
+    for i in range(count):  # and to the worker
+        _sockets.send_copied(router, [b"w", str(i).encode()])
+    deadline = time.monotonic() + 30
+    while worker_conn(router, b"w").backlog:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert take_all(Receiver(worker, WireStats()), worker) == [
+        [str(i).encode()] for i in range(count)
+    ]
 
 
 def test_a_large_frame_read_with_the_name_before_it_arrives_whole(router):

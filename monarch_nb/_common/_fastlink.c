@@ -204,19 +204,23 @@ static PyObject *link_send_many(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* parse(buffer, start, end, max_messages, small, max_frames) -> (messages, start)
+/* parse(buffer, start, end, max_messages, small, max_frames[, first]) -> (messages, start)
  *
  * Whole messages from buffer[start:end] whose frames are all shorter than
- * `small`, each a list of bytes; the returned start is where the first
- * message it did not take begins. It stops there when that message is not
- * whole yet, has a frame of `small` bytes or more, has no frames or more than
- * `max_frames`, or after `max_messages`. */
+ * `small`, each a list of bytes (after `first`, if given and not None: the
+ * router's sender identity, so a message is one list, not one made and then
+ * copied behind it); the returned start is where the first message it did
+ * not take begins. It stops there when that message is not whole yet, has a
+ * frame of `small` bytes or more, has no frames or more than `max_frames`, or
+ * after `max_messages`. */
 static PyObject *link_parse(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end, max_messages, small, max_frames;
-    if (!PyArg_ParseTuple(args, "y*nnnnn", &view, &start, &end, &max_messages, &small,
-                          &max_frames))
+    PyObject *first = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nnnnn|O", &view, &start, &end, &max_messages, &small,
+                          &max_frames, &first))
         return NULL;
+    Py_ssize_t skip = first == Py_None ? 0 : 1;
     if (start < 0 || end > view.len || start > end) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "parse: start and end must lie in the buffer");
@@ -246,9 +250,13 @@ static PyObject *link_parse(PyObject *self, PyObject *args) {
         }
         if (!ok || need > left)
             break;
-        PyObject *message = PyList_New(count);
+        PyObject *message = PyList_New((Py_ssize_t)count + skip);
         if (message == NULL)
             goto fail;
+        if (skip) {
+            Py_INCREF(first);
+            PyList_SET_ITEM(message, 0, first);
+        }
         Py_ssize_t at = start + 4 + 8 * (Py_ssize_t)count;
         for (uint32_t i = 0; i < count; i++) {
             Py_ssize_t len = (Py_ssize_t)read_u64(lengths + 8 * i);
@@ -257,7 +265,7 @@ static PyObject *link_parse(PyObject *self, PyObject *args) {
                 Py_DECREF(message);
                 goto fail;
             }
-            PyList_SET_ITEM(message, i, frame);
+            PyList_SET_ITEM(message, (Py_ssize_t)i + skip, frame);
             at += len;
         }
         int appended = PyList_Append(messages, message);
@@ -281,7 +289,7 @@ static PyMethodDef methods[] = {
     {"send_many", link_send_many, METH_VARARGS,
      "send_many(fd, messages) -> bytes left unsent (0: all), -errno, or None (not for C)"},
     {"parse", link_parse, METH_VARARGS,
-     "parse(buffer, start, end, max_messages, small, max_frames) -> (messages, start)"},
+     "parse(buffer, start, end, max_messages, small, max_frames[, first]) -> (messages, start)"},
     {NULL, NULL, 0, NULL},
 };
 

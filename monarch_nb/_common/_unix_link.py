@@ -17,7 +17,8 @@ back on libzmq's ``ipc://`` socket.
 Framing: a message is a frame count (u32), each frame's length (u64), then
 the frames. A large frame is received straight into a buffer of its own
 (zero-copy from then on, as a zmq frame was); small ones are sliced out of a
-read buffer. Who may connect: the socket lives in the tree's private (0700)
+read buffer, a few hundred messages a read at most (the rest waits there,
+and the socket's events and ``take`` say so: no poll of the fd would). Who may connect: the socket lives in the tree's private (0700)
 run directory, and the listener also checks the connecting process's uid
 (``SO_PEERCRED``); a connection's first message names its identity.
 
@@ -57,6 +58,13 @@ _COUNT = struct.Struct("<I")
 _READ_CHUNK = 256 << 10
 _OWN_BUFFER_BYTES = 64 << 10  # frames this large are read into a buffer of their own
 _MAX_FRAMES = 1 << 16  # the wire's default (MONARCH_NB_MAX_MESSAGE_FRAMES): take() passes its own
+# Messages one read of a connection parses at most; the rest waits in its buffer
+# (bytes) or the kernel's. Each parsed message is a list the garbage collector
+# tracks: a pipelining caller's thousands of replies, parsed at once, outlived
+# enough collections to be promoted to the oldest generation, which then ran a
+# full collection (every object in the process, torch's 170,000) every other
+# burst of 10,000 calls. A few hundred are handled and gone before then.
+_READ_MESSAGES = 256
 _IOV_MAX = 1024  # buffers one sendmsg takes (Linux's UIO_MAXIOV)
 # How long a caller's sends may wait behind (LinkRouter.write_behind) when it
 # does not wait for a reply first: messages fired and forgotten in a row.
@@ -296,28 +304,41 @@ class _Connection:
 
     # -- receiving (the receiving thread) ----------------------------------------------
 
-    def read(self, out: list[list[Any]], max_frames: int = _MAX_FRAMES) -> None:
-        """Read what the socket has and append each whole message to ``out``; a
-        message of more than ``max_frames`` frames breaks the stream."""
+    def read(
+        self,
+        out: list[list[Any]],
+        max_frames: int = _MAX_FRAMES,
+        limit: int = _READ_MESSAGES,
+        first: Any = None,
+    ) -> bool:
+        """Read what the socket has and append each whole message to ``out`` (a
+        list of its frames, after ``first`` if that is not None), about ``limit``
+        messages at most; a message of more than ``max_frames`` frames breaks the
+        stream. True if it stopped at ``limit``: more may wait, in this buffer,
+        where no poll of the fd announces it."""
         self._max_frames = max_frames
         self._short = False
+        stop = len(out) + limit
         while not self.eof:
             if self._big is not None:
                 if not self._read_big():
-                    return
+                    return False
                 continue
             # A parse stops only where the buffer runs out (or a big frame begins,
             # above): it runs once per read, and not on an empty buffer between
             # messages (it needs 4 bytes there), which on a rank's path for a small
             # call were two parses in vain.
             if self._start != self._end or self._lengths is not None:
-                self._parse(out)
+                self._parse(out, stop, first)
+                if len(out) >= stop and not self.eof:
+                    return True
                 if self._big is not None:
                     continue
             # A read that did not fill the buffer took all there was: another
             # would only say so (EAGAIN); what comes later wakes the poller again.
             if self.eof or self._short or not self._fill():
-                return
+                return False
+        return False
 
     def _fill(self) -> bool:
         """Read more into the buffer; False if nothing came (or EOF)."""
@@ -353,8 +374,9 @@ class _Connection:
         self._start += n
         return view
 
-    def _parse(self, out: list[list[Any]]) -> bool:
-        """Take what the buffer holds of the current message; True if it made progress."""
+    def _parse(self, out: list[list[Any]], stop: int, first: Any) -> bool:
+        """Take what the buffer holds of the current message, until ``out`` holds
+        ``stop`` messages; True if it made progress."""
         progress = False
         while True:
             if self._lengths is None:
@@ -363,14 +385,15 @@ class _Connection:
                         self._buf,
                         self._start,
                         self._end,
-                        1 << 30,
+                        stop - len(out),
                         _OWN_BUFFER_BYTES,
                         self._max_frames,
+                        first,
                     )
                     if messages:
                         out.extend(messages)
                         progress = True
-                if self._end - self._start < 4:
+                if self._end - self._start < 4 or len(out) >= stop:
                     return progress
                 (count,) = _COUNT.unpack_from(self._buf, self._start)
                 if count == 0 or count > self._max_frames:
@@ -419,7 +442,7 @@ class _Connection:
                     return progress
                 self._frames.append(bytes(view))
                 progress = True
-            out.append(self._frames)
+            out.append(self._frames if first is None else [first, *self._frames])
             self._lengths, self._frames = None, []
             progress = True
 
@@ -564,6 +587,10 @@ class _LinkSocket:
     def __init__(self) -> None:
         self._parts: list[Any] = []  # a multipart message being sent (SNDMORE)
         self._ready: collections.deque[list[Any]] = collections.deque()
+        # Connections whose last read stopped at _READ_MESSAGES: read again before
+        # (or without) the poller's word, which may never come for what waits
+        # in their buffers.
+        self._unread: set[_Connection] = set()
         self._flusher: _Flusher | None = None
         self._flusher_lock = threading.Lock()
         self._pool = _BufferPool()  # used by whoever receives, under the wire's lock
@@ -614,7 +641,7 @@ class _LinkSocket:
             message = ready.popleft()
             frames -= len(message)
             done.append(message)
-        return done, bool(ready)
+        return done, bool(ready or self._unread)
 
     def _read(self, max_frames: int) -> None:
         raise NotImplementedError
@@ -624,7 +651,7 @@ class _LinkSocket:
         took the zmq fd's (edge-triggered) notice: here nothing takes a notice,
         the fd stays readable while the kernel holds input, so input counts
         only once read and parsed into whole messages no fd announces."""
-        return _POLLOUT | (_POLLIN if self._ready else 0)
+        return _POLLOUT | (_POLLIN if self._ready or self._unread else 0)
 
     def getsockopt(self, option: int) -> Any:
         import zmq
@@ -764,25 +791,34 @@ class LinkRouter(_LinkSocket):
                 self._accept()  # and read what the new connections sent already
                 events = [(fd, ev) for fd, ev in self._epoll.poll(0) if fd != listener]
                 break
-        for fd, _ in events:
-            conn = self._by_fd.get(fd)
+        conns = [self._by_fd.get(fd) for fd, _ in events]
+        if self._unread:
+            conns.extend(self._unread.difference(conns))
+            self._unread.clear()
+        for conn in conns:
             if conn is None:
                 continue
-            messages: list[list[Any]] = []
-            conn.read(messages, max_frames)
+            named = conn.identity_frame
+            if named is not None:  # (most reads) each message comes with who sent it
+                if conn.read(self._ready, max_frames, _READ_MESSAGES, named):  # type: ignore[arg-type]
+                    self._unread.add(conn)
+            else:
+                messages: list[list[Any]] = []
+                if conn.read(messages, max_frames):
+                    self._unread.add(conn)
+                for message in messages:
+                    if conn.identity is None:
+                        if not _is_name(message):
+                            conn.eof = True  # not a worker's greeting
+                            break
+                        if not self._introduce(conn, bytes(message[0])):
+                            conn.eof = True
+                            break
+                    else:
+                        self._ready.append([conn.identity_frame, *message])
             if conn.dropped_oversized:
                 self._dropped_oversized += conn.dropped_oversized
                 conn.dropped_oversized = 0
-            for message in messages:
-                if conn.identity is None:
-                    if not _is_name(message):
-                        conn.eof = True  # not a worker's greeting
-                        break
-                    if not self._introduce(conn, bytes(message[0])):
-                        conn.eof = True
-                        break
-                else:
-                    self._ready.append([conn.identity_frame, *message])
             if conn.eof:
                 self._forget(conn)
 
@@ -815,6 +851,7 @@ class LinkRouter(_LinkSocket):
         return True
 
     def _forget(self, conn: _Connection) -> None:
+        self._unread.discard(conn)
         with self._lock:
             self._by_fd.pop(conn.fd, None)
             if conn.identity is not None and self._by_identity.get(conn.identity) is conn:
@@ -866,7 +903,9 @@ class LinkDealer(_LinkSocket):
         conn = self._conn
         if conn.eof:
             return
-        conn.read(self._ready, max_frames)  # type: ignore[arg-type]
+        self._unread.discard(conn)
+        if conn.read(self._ready, max_frames):  # type: ignore[arg-type]
+            self._unread.add(conn)
         self._dropped_oversized += conn.dropped_oversized
         conn.dropped_oversized = 0
         if conn.eof:
