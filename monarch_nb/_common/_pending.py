@@ -293,12 +293,10 @@ class PendingCall(CallFuture):
             return
         # Every reply of a gather comes here: no closure to build.
         self._arrived += 1
-        if (
-            self._arrived < len(self.ranks)
-            or self.failures
-            or self.serialization_failures
-            or self.tracker is None
-        ):
+        if self._arrived < len(self.ranks):  # more to come: only this rank's answer is news
+            self._answer(rank)
+            return
+        if self.failures or self.serialization_failures or self.tracker is None:
             self._answer(rank)
             self._maybe_finish()
             return

@@ -18,8 +18,10 @@ Framing: a message is a frame count (u32), each frame's length (u64), then
 the frames. A large frame is received straight into a buffer of its own
 (zero-copy from then on, as a zmq frame was); small ones are sliced out of a
 read buffer, a few hundred messages a read at most (the rest waits there,
-and the socket's events and ``take`` say so: no poll of the fd would). Who may connect: the socket lives in the tree's private (0700)
-run directory, and the listener also checks the connecting process's uid
+and the socket's events and ``take`` say so: no poll of the fd would).
+
+Who may connect: the socket lives in the tree's private (0700) run
+directory, and the listener also checks the connecting process's uid
 (``SO_PEERCRED``); a connection's first message names its identity.
 
 Sends never wait: what the kernel does not take at once (a large frame,
