@@ -338,21 +338,43 @@ class _Connection:
                     continue
             # A read that did not fill the buffer took all there was: another
             # would only say so (EAGAIN); what comes later wakes the poller again.
-            if self.eof or self._short or not self._fill():
+            if self.eof or self._short or not self._fill(out, stop, first):
                 return False
+            if len(out) >= stop:  # (the C read parsed as it read)
+                return True
         return False
 
-    def _fill(self) -> bool:
-        """Read more into the buffer; False if nothing came (or EOF)."""
+    def _fill(self, out: list[list[Any]], stop: int, first: Any) -> bool:
+        """Read more into the buffer; False if nothing came (or EOF). Between
+        messages, in C, the whole messages it completes are parsed into ``out``
+        as it reads (up to ``stop`` in all), in one call: a rank's every call
+        and the controller's every reply come this way."""
         if self._start == self._end:
             self._start = self._end = 0
         elif self._end == len(self._buf):
             self._grow(0)  # move the unread part to the front (or make room)
         room = len(self._buf) - self._end
-        n = self._recv(self._view[self._end :])
+        if _fastlink is not None and self._lengths is None:
+            messages, self._start, self._end, n = _fastlink.recv_parse(
+                self.fd,
+                self._buf,
+                self._start,
+                self._end,
+                stop - len(out),
+                _OWN_BUFFER_BYTES,
+                self._max_frames,
+                first,
+            )
+            if messages:
+                out.extend(messages)
+            if n < 0:
+                self.eof = True
+        else:
+            n = self._recv(self._view[self._end :])
+            if n > 0:
+                self._end += n
         if n <= 0:
             return False
-        self._end += n
         self._short = n < room
         return True
 
@@ -900,6 +922,13 @@ class LinkDealer(_LinkSocket):
     def send_parts(self, parts: list[Any]) -> None:
         if self._conn.send(parts):
             self._queued(self._conn)
+
+    def send_one(self, frame: bytes) -> int:
+        """Send the one-frame message ``frame`` and return the events after it (as
+        ``_sockets.send_one`` on a zmq socket): a rank's every reply."""
+        if self._conn.send([frame]):
+            self._queued(self._conn)
+        return self.events()
 
     def _read(self, max_frames: int) -> None:
         conn = self._conn

@@ -66,7 +66,7 @@ from .._common._messages import (
     UnknownMessage,
 )
 from .._common._sockets import send_one, socket_events
-from .._common._unix_link import is_link
+from .._common._unix_link import LinkDealer
 from .._common._wire import CONTROLLER, Receiver, ReplayWindow, Signer
 from . import _resources
 
@@ -98,7 +98,9 @@ class WireThread:
         heartbeat_s: float,
     ) -> None:
         self.socket = socket
-        self._on_link = is_link(socket)  # a Unix link's fd is level-triggered
+        # A Unix link (its fd is level-triggered), asked directly on a rank's every
+        # call; None on zmq.
+        self._link = socket if isinstance(socket, LinkDealer) else None
         self.signer = signer
         self._receiver = Receiver(socket, signer.stats)
         self._taken: deque[list[Any]] = deque()  # taken off the socket, not handled yet
@@ -167,7 +169,9 @@ class WireThread:
             frame = self.signer.seal_small(meta, payload_bytes)
             if frame is None:
                 return False
-            pending = send_one(self.socket, frame) & _POLLIN
+            link = self._link
+            pending = send_one(self.socket, frame) if link is None else link.send_one(frame)
+            pending &= _POLLIN
         if pending:
             self._input_noticed()
         return True
@@ -200,7 +204,8 @@ class WireThread:
         Unix link's fd is level-triggered: with nothing held here, a poll says
         whether the kernel holds input, and a drain first would only ask it in
         vain (about a tenth of a small call's work on the rank)."""
-        return bool(self._taken) or not self._on_link or bool(socket_events(self.socket) & _POLLIN)
+        link = self._link
+        return bool(self._taken) or link is None or bool(link.events() & _POLLIN)
 
     def main_stops_receiving(self) -> None:
         """The main thread has work: this thread takes the socket back lazily, at
