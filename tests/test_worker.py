@@ -264,6 +264,12 @@ def test_a_message_whose_handling_raises_does_not_lose_the_ones_taken_with_it(pr
     finally:
         os.kill(rank0, signal.SIGCONT)
     assert call.get(timeout=30) == 2
+    # ...and at once: not after the idle rank's 1 s recheck (a lost wake-up).
+    missed = procs2.slice(procs=0).run(
+        "from monarch_nb._worker import _comms\n_comms._worker.signer.stats.missed_wakeups",
+        timeout=30,
+    )
+    assert missed.values() == [0]
 
 
 SEGFAULT = """

@@ -461,7 +461,10 @@ class Worker:
                         more = wire.drain(at_most=_IDLE_DRAIN_BATCH, wait=False)
                     except Exception:  # a bug here must not stop the rank: say it, go on
                         traceback.print_exc()
-                        # more stays False: the deadline below retries, not a busy loop
+                        # What the batch took after the one that raised waits in
+                        # the rank, where no poll announces it: go on with it now.
+                        # (Not a busy loop: each raise consumed its own message.)
+                        more = wire.holds_taken()
                 look = True
                 if timed_out and (more or not inbox.empty()):
                     self._missed_wakeup()

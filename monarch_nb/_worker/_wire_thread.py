@@ -197,6 +197,11 @@ class WireThread:
         self._receive_epoch += 1
         self.main_receiving = True
 
+    def holds_taken(self) -> bool:
+        """Whether messages taken off the socket wait here to be handed on (a drain
+        that raised left them)."""
+        return bool(self._taken)
+
     def input_unannounced(self) -> bool:
         """Whether a message may wait that a poll of the socket's fd would not
         announce: one taken and not yet handed on, one a Unix link already read
