@@ -223,6 +223,9 @@ class LocalWorker(WorkerProcess):
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             return False
+        # Reaped here (a stop), the I/O thread's exit handler may never run: the
+        # stop forgets the pidfd, and on a busy host it may do so first.
+        kill_leftovers(self.pid)
         return True
 
     def py_spy(self, **options: Any) -> _py_spy.Outcome:
