@@ -213,6 +213,7 @@ class LocalWorker(WorkerProcess):
         self.popen = popen
         self.pidfd = os.pidfd_open(popen.pid)
         self.oom = OomWitness(popen.pid)
+        self._leftovers_killed = False
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -225,8 +226,16 @@ class LocalWorker(WorkerProcess):
             return False
         # Reaped here (a stop), the I/O thread's exit handler may never run: the
         # stop forgets the pidfd, and on a busy host it may do so first.
-        kill_leftovers(self.pid)
+        self.kill_leftovers()
         return True
+
+    def kill_leftovers(self) -> None:
+        """What is left of its process group, killed once, by whoever reaped it
+        first: later, its pid may lead another process's group (see
+        ``_spawn.kill_leftovers``)."""
+        if not self._leftovers_killed:
+            self._leftovers_killed = True
+            kill_leftovers(self.pid)
 
     def py_spy(self, **options: Any) -> _py_spy.Outcome:
         return _py_spy.execute(self.pid, **options)
@@ -469,8 +478,7 @@ class ProcGroup:
             for worker in launched:
                 worker.popen.kill()
             for worker in launched:
-                worker.popen.wait()
-                kill_leftovers(worker.pid)
+                worker.wait(None)
             self.state = Failed(
                 MeshFailure(f"{self.name}: could not start rank {len(launched)}: {exc}")
             )
@@ -841,7 +849,7 @@ class ProcGroup:
         os.close(worker.pidfd)
         worker.pidfd = -1
         worker.returncode = worker.popen.wait()
-        kill_leftovers(worker.pid)
+        worker.kill_leftovers()
         self._drain(worker)
         self.worker_exited(worker)
 

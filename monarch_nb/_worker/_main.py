@@ -709,7 +709,6 @@ class Worker:
             message.reply,
         )
         live = self.actors.get(actor_id)
-        label = f"actor.{endpoint}"
         if live is not None:
             try:  # the actor's own code may run here (a property, __getattribute__)
                 method = getattr(live.instance, endpoint, None)
@@ -719,6 +718,8 @@ class Worker:
                 self._report(call_id, reply, actor_id, label, self.failure_of(exc), route)
                 return
             label = facts.label
+        else:
+            label = f"actor.{endpoint}"
         decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id, route)
         if decoded is _FAILED:
             return
