@@ -201,11 +201,12 @@ def test_c_and_python_count_each_kind_of_refusal_alike(case):
     assert sum(c_result[1].values()) == 1  # counted once, under one name
 
 
-def test_a_replayed_message_is_refused_on_the_c_path_too():
+@pytest.mark.parametrize("window_type", [ReplayWindow, _wire.PyReplayWindow])
+def test_a_replayed_message_is_refused_on_the_c_path_too(window_type):
     key = new_key()
     controller, rank = signers(key, trusted=True)
     frames = controller.encode(Call(1, 1, "echo", True), ((), {})).seal()
-    window = ReplayWindow()
+    window = window_type()  # the C path asks either kind of window
     assert rank.verify(frames, window, sender=CONTROLLER) == Call(1, 1, "echo", True)
     assert rank.verify(frames, window, sender=CONTROLLER) is None
     assert rank.stats.dropped_replayed == 1
@@ -453,3 +454,70 @@ def test_sha256_matches_hashlib_on_the_cpu_instructions_and_the_portable_rounds(
         assert not uses_instructions
     elif not uses_instructions:
         pytest.skip("this CPU has no SHA instructions: only the portable rounds ran")
+
+
+def _every_kind_with_fields() -> list[tuple[type, tuple]]:
+    """Each message kind the wire knows, with a value for each of its fields."""
+    import dataclasses
+
+    from monarch_nb._common._messages import _BY_TAG
+
+    kinds = []
+    for tag, (cls, count) in sorted(_BY_TAG.items()):
+        names = [f.name for f in dataclasses.fields(cls)]
+        assert len(names) == count
+        kinds.append((cls, tuple(f"{name}-{tag}" for name in names)))
+    return kinds
+
+
+@pytest.mark.parametrize(
+    ("cls", "values"), _every_kind_with_fields(), ids=lambda v: getattr(v, "__name__", "")
+)
+def test_a_message_built_in_c_is_the_one_its_init_builds(cls, values):
+    """admit() builds a received message without its __init__: for every kind,
+    the same class, the same fields, equal, and still frozen."""
+    import dataclasses
+
+    from monarch_nb._common._messages import BUILDABLE
+
+    assert cls.TAG in BUILDABLE  # else it takes from_wire's path (also right, but slower)
+    key = new_key()
+    controller, rank = signers(key, trusted=True)
+    meta = pickle.dumps((cls.TAG, *values), protocol=5)
+    frame = controller.frame(controller._flags, meta, b"")
+    message = rank.verify([frame], ReplayWindow(), sender=CONTROLLER)
+    expected = cls(*values)
+    assert type(message) is cls
+    assert message == expected
+    assert hash(message) == hash(expected)
+    assert to_wire(message) == to_wire(expected)
+    if values:
+        name = dataclasses.fields(message)[0].name
+        with pytest.raises(AttributeError):
+            setattr(message, name, "changed")
+    assert rank.stats.received == 1
+    assert rank.stats.unknown_messages == 0
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [b"not a pickle", pickle.dumps((Call.TAG, 1, 2), protocol=5), pickle.dumps(42, protocol=5)],
+    ids=["unpicklable", "wrong field count", "not a tuple"],
+)
+def test_a_signed_meta_that_names_no_message_is_an_error_counted_once(meta):
+    """Signed and fresh, but unreadable: UnknownMessage (the caller reports it),
+    counted as received and unknown, on the C path as on the Python one."""
+    from monarch_nb._common._messages import UnknownMessage
+
+    for python in (False, True):
+        key = new_key()
+        controller, rank = signers(key, trusted=True)
+        frame = controller.frame(controller._flags, meta, b"")
+        saved = _wire._fastwire
+        _wire._fastwire = None if python else FAST
+        try:
+            with pytest.raises(UnknownMessage):
+                rank.verify([frame], ReplayWindow(), sender=CONTROLLER)
+        finally:
+            _wire._fastwire = saved
+        assert (rank.stats.received, rank.stats.unknown_messages) == (1, 1), python

@@ -338,22 +338,26 @@ static void window_shift(window_t *w, uint64_t shift) {
     }
 }
 
-static PyObject *window_accept(PyObject *self, PyObject *arg) {
-    window_t *w = (window_t *)self;
-    unsigned long long number = PyLong_AsUnsignedLongLong(arg);
-    if (number == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+/* Accept `number` into window `w` (as window_accept): 1 fresh, 0 seen or too old. */
+static int window_take(window_t *w, uint64_t number) {
     if (number > w->highest) {
         window_shift(w, number - w->highest);
         w->seen[0] |= 1;
         w->highest = number;
-        Py_RETURN_TRUE;
+        return 1;
     }
     uint64_t age = w->highest - number;
-    if (age >= REPLAY_WINDOW) Py_RETURN_FALSE;
+    if (age >= REPLAY_WINDOW) return 0;
     uint64_t bit = (uint64_t)1 << (age % 64);
-    if (w->seen[age / 64] & bit) Py_RETURN_FALSE;
+    if (w->seen[age / 64] & bit) return 0;
     w->seen[age / 64] |= bit;
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+static PyObject *window_accept(PyObject *self, PyObject *arg) {
+    unsigned long long number = PyLong_AsUnsignedLongLong(arg);
+    if (number == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    return PyBool_FromLong(window_take((window_t *)self, number));
 }
 
 static PyMethodDef window_methods[] = {
@@ -371,6 +375,99 @@ static PyTypeObject window_type = {
     .tp_methods = window_methods,
 };
 
+static PyObject *pickle_loads; /* pickle.loads, looked up once */
+
+/* The message a meta tuple stands for, built without its interpreted __init__
+   where `kinds` (tag -> (class, its fields' slot descriptors)) knows the tag and
+   the field count matches; else (meta,), for _messages.from_wire to read or
+   refuse (a message is never a tuple: the caller tells the two apart so). A frozen dataclass's __init__ sets each field through
+   object.__setattr__, an interpreted step apiece: a rank's every call and the
+   controller's every reply built one. */
+static PyObject *build(PyObject *kinds, PyObject *meta) {
+    if (!PyTuple_Check(meta) || PyTuple_GET_SIZE(meta) == 0 || kinds == Py_None) return PyTuple_Pack(1, meta);
+    PyObject *spec = PyDict_GetItemWithError(kinds, PyTuple_GET_ITEM(meta, 0));
+    if (spec == NULL) return PyErr_Occurred() ? NULL : PyTuple_Pack(1, meta);
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2 || !PyType_Check(PyTuple_GET_ITEM(spec, 0)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(spec, 1)))
+        return PyErr_Format(PyExc_TypeError, "kinds maps a tag to (class, slot descriptors)");
+    PyTypeObject *type = (PyTypeObject *)PyTuple_GET_ITEM(spec, 0);
+    PyObject *members = PyTuple_GET_ITEM(spec, 1);
+    Py_ssize_t n = PyTuple_GET_SIZE(members);
+    if (PyTuple_GET_SIZE(meta) != n + 1) return PyTuple_Pack(1, meta);
+    PyObject *message = type->tp_alloc(type, 0);
+    if (message == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *member = PyTuple_GET_ITEM(members, i);
+        descrsetfunc set = Py_TYPE(member)->tp_descr_set;
+        if (set == NULL) {
+            Py_DECREF(message);
+            return PyErr_Format(PyExc_TypeError, "a field of %s is not a slot", type->tp_name);
+        }
+        if (set(member, message, PyTuple_GET_ITEM(meta, i + 1)) < 0) {
+            Py_DECREF(message);
+            return NULL;
+        }
+    }
+    return message;
+}
+
+/* admit(state, frames, upstream, trusted, sender or None, window, kinds or None):
+   check()'s checks, then the replay window, then the meta unpickled and its
+   message built (see build), in one call: a refusal code as check() gives, or
+   (None, bytes hashed) for a bad signature, (False, bytes hashed) for a number
+   seen before, (message or (meta,), bytes hashed) for a message admitted. Raises
+   what unpickling the (signed) meta raises. */
+static PyObject *admit(PyObject *self, PyObject *args) {
+    PyObject *state, *frames, *upstream, *trusted, *sender, *window, *kinds;
+    if (!PyArg_UnpackTuple(args, "admit", 7, 7, &state, &frames, &upstream, &trusted, &sender, &window,
+                           &kinds))
+        return NULL;
+    if (kinds != Py_None && !PyDict_Check(kinds)) return PyErr_Format(PyExc_TypeError, "kinds must be a dict");
+    PyObject *check_args = PyTuple_Pack(5, state, frames, upstream, trusted, sender);
+    if (check_args == NULL) return NULL;
+    PyObject *checked = check(self, check_args);
+    Py_DECREF(check_args);
+    if (checked == NULL || !PyTuple_Check(checked) || PyTuple_GET_ITEM(checked, 1) == Py_None)
+        goto keep; /* a refusal code, or a bad signature: check()'s answer, shorter */
+    unsigned long long sequence = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(checked, 0));
+    if (sequence == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+    PyObject *digested = PyTuple_GET_ITEM(checked, 2);
+    int fresh;
+    if (Py_TYPE(window) == &window_type) {
+        fresh = window_take((window_t *)window, sequence);
+    } else { /* another window (the pure-Python one): asked as the Python path asks it */
+        PyObject *answer = PyObject_CallMethod(window, "accept", "K", sequence);
+        if (answer == NULL) goto fail;
+        fresh = PyObject_IsTrue(answer);
+        Py_DECREF(answer);
+        if (fresh < 0) goto fail;
+    }
+    if (!fresh) {
+        PyObject *out = PyTuple_Pack(2, Py_False, digested);
+        Py_DECREF(checked);
+        return out;
+    }
+    PyObject *meta = PyObject_CallOneArg(pickle_loads, PyTuple_GET_ITEM(checked, 1));
+    if (meta == NULL) goto fail;
+    PyObject *message = build(kinds, meta);
+    Py_DECREF(meta);
+    if (message == NULL) goto fail;
+    PyObject *out = PyTuple_Pack(2, message, digested);
+    Py_DECREF(message);
+    Py_DECREF(checked);
+    return out;
+keep:
+    if (checked != NULL && PyTuple_Check(checked)) { /* (None, None, hashed) -> (None, hashed) */
+        PyObject *out = PyTuple_Pack(2, Py_None, PyTuple_GET_ITEM(checked, 2));
+        Py_DECREF(checked);
+        return out;
+    }
+    return checked;
+fail:
+    Py_DECREF(checked);
+    return NULL;
+}
+
 static PyObject *sha_extensions(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(sha256_uses_cpu_extensions());
 }
@@ -385,6 +482,10 @@ static PyMethodDef methods[] = {
      "header(state, sequence, flags, sender, digest) -> the signed 57-byte header"},
     {"frame", frame, METH_VARARGS,
      "frame(state, sequence, flags, sender, meta, payload) -> a small message's one sealed frame"},
+    {"admit", admit, METH_VARARGS,
+     "admit(state, frames, upstream, trusted, sender, window, kinds) -> check()'s refusal code, "
+     "(None, bytes hashed): bad signature, (False, bytes hashed): replayed, "
+     "(message or (meta,), bytes hashed): admitted"},
     {"check", check, METH_VARARGS,
      "check(state, frames, upstream, trusted, sender) -> refusal code, "
      "(sequence, meta, buffer bytes hashed), or (None, None, bytes hashed): bad signature"},
@@ -400,6 +501,13 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__fastwire(void) {
+    if (pickle_loads == NULL) {
+        PyObject *pickle = PyImport_ImportModule("pickle");
+        if (pickle == NULL) return NULL;
+        pickle_loads = PyObject_GetAttrString(pickle, "loads");
+        Py_DECREF(pickle);
+        if (pickle_loads == NULL) return NULL;
+    }
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyType_Ready(&window_type) < 0 ||

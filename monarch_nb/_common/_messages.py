@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from operator import attrgetter
+from types import MemberDescriptorType
 from typing import Any, ClassVar
 
 from ._errors import RemoteFailure
@@ -51,6 +52,11 @@ class Message:
 
 _BY_TAG: dict[int, tuple[type[Message], int]] = {}
 _FIELDS: dict[type[Message], Any] = {}
+# Tag -> (class, its fields' slot descriptors, in order): how _fastwire.admit builds
+# a received message without its interpreted __init__ (the same object: a frozen
+# dataclass's __init__ only sets each field). Only classes whose __init__ does no
+# more than that (no __post_init__, every field in __init__) are here.
+BUILDABLE: dict[int, tuple[type[Message], tuple[Any, ...]]] = {}
 
 
 def _message(cls: type[Message]) -> type[Message]:
@@ -58,6 +64,13 @@ def _message(cls: type[Message]) -> type[Message]:
         raise AssertionError(f"message tag {cls.TAG} is used twice")
     names = [f.name for f in fields(cls)]
     _BY_TAG[cls.TAG] = (cls, len(names))
+    slots = tuple(cls.__dict__.get(name) for name in names)
+    if (
+        not hasattr(cls, "__post_init__")
+        and all(f.init for f in fields(cls))
+        and all(isinstance(slot, MemberDescriptorType) for slot in slots)
+    ):
+        BUILDABLE[cls.TAG] = (cls, slots)
     if not names:
         _FIELDS[cls] = lambda _msg: ()
     elif len(names) == 1:

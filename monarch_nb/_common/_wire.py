@@ -78,7 +78,7 @@ from typing import Any
 import zmq
 
 from ._extensions import load_extension
-from ._messages import Message, UnknownMessage, from_wire, to_wire
+from ._messages import BUILDABLE, Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps
 from ._sockets import ASK_PYZMQ as _ASK_PYZMQ
 from ._sockets import DRAINED as _DRAINED
@@ -549,41 +549,71 @@ class Signer:
         still refuses our own requests sent back to us). Raises :class:`UnknownMessage` (counted)
         for a verified message of an unknown kind: the caller reports it.
         """
-        meta = None
+        stats = self.stats
         if _fastwire is not None:
-            checked = _fastwire.check(
-                self._key_state, frames, self.upstream, self.trusted_link, sender
-            )
+            # Checked, fresh, unpickled and built in one C call (most messages).
+            try:
+                checked = _fastwire.admit(
+                    self._key_state,
+                    frames,
+                    self.upstream,
+                    self.trusted_link,
+                    sender,
+                    window,
+                    BUILDABLE,
+                )
+            except Exception as exc:  # the signed, fresh meta did not unpickle
+                stats.received += 1
+                raise self._unreadable(exc) from exc
             if checked.__class__ is tuple:
-                sequence, meta, digested = checked
-                self.stats.bytes_digested += digested
-                if meta is None:
-                    self.stats.dropped_bad_signature += 1
+                admitted, digested = checked
+                if digested:
+                    stats.bytes_digested += digested
+                if admitted is None:
+                    stats.dropped_bad_signature += 1
                     return None
-            elif checked == _fastwire.MALFORMED:
-                self.stats.dropped_malformed += 1
+                if admitted is False:
+                    stats.dropped_replayed += 1
+                    return None
+                stats.received += 1
+                if admitted.__class__ is not tuple:  # built (a message is never a tuple)
+                    return admitted
+                return self._read(admitted[0])  # (meta,): admit() did not build it
+            if checked == _fastwire.MALFORMED:
+                stats.dropped_malformed += 1
                 return None
-            elif checked == _fastwire.MISDIRECTED:
-                self.stats.dropped_misdirected += 1
+            if checked == _fastwire.MISDIRECTED:
+                stats.dropped_misdirected += 1
                 return None
-            # FALL_BACK (content too big for the C path): meta stays None, hashlib below.
-        if meta is None:
-            signed = self._check_with_hashlib(frames, sender)
-            if signed is None:
-                return None
-            sequence, meta = signed
-        # Signed: fresh too? One tail for both paths, inline (every message runs it).
-        if not window.accept(sequence):
-            self.stats.dropped_replayed += 1
+            # FALL_BACK (content too big for the C path): hashlib below.
+        signed = self._check_with_hashlib(frames, sender)
+        if signed is None:
             return None
-        self.stats.received += 1
+        sequence, meta_bytes = signed
+        if not window.accept(sequence):
+            stats.dropped_replayed += 1
+            return None
+        stats.received += 1
         try:
-            return from_wire(pickle.loads(meta))
+            meta = pickle.loads(meta_bytes)
         except Exception as exc:
+            raise self._unreadable(exc) from exc
+        return self._read(meta)
+
+    def _read(self, meta: Any) -> Message:
+        """The message a signed, fresh meta stands for (:func:`from_wire`), or
+        :class:`UnknownMessage` raised (counted)."""
+        try:
+            return from_wire(meta)
+        except UnknownMessage:
             self.stats.unknown_messages += 1
-            if isinstance(exc, UnknownMessage):
-                raise
-            raise UnknownMessage(f"a signed message could not be read: {exc!r}") from exc
+            raise
+        except Exception as exc:
+            raise self._unreadable(exc) from exc
+
+    def _unreadable(self, exc: Exception) -> UnknownMessage:
+        self.stats.unknown_messages += 1
+        return UnknownMessage(f"a signed message could not be read: {exc!r}")
 
     def _check_with_hashlib(
         self, frames: Sequence[Any], sender: bytes | None
