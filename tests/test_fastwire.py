@@ -521,3 +521,47 @@ def test_a_signed_meta_that_names_no_message_is_an_error_counted_once(meta):
         finally:
             _wire._fastwire = saved
         assert (rank.stats.received, rank.stats.unknown_messages) == (1, 1), python
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        ((), {}),
+        ((1, "two"), {"three": b"3" * 100}),
+        b"x" * 300_000,
+        bytearray(b"y" * 300_000),
+    ],
+    ids=["none", "no arguments", "small", "large bytes", "large bytearray"],
+)
+@pytest.mark.parametrize("trusted", [True, False])
+def test_c_and_python_unpickle_a_payload_alike(payload, trusted):
+    """decode_payload in one C call gives what the Python path gives, for payloads
+    in the body and out of band (and a body in a frame of its own)."""
+    key = new_key()
+    controller, _ = signers(key, trusted)
+    frames = controller.encode(Call(1, 1, "echo", True), payload).seal()
+    c_value = decode_payload(frames)
+    saved = _wire._fastwire
+    _wire._fastwire = None
+    try:
+        python_value = decode_payload(frames)
+    finally:
+        _wire._fastwire = saved
+    assert c_value == python_value == payload
+    assert type(c_value) is type(payload)
+
+
+def test_a_payload_buffer_unpickled_in_c_is_the_frame_not_a_copy():
+    torch = pytest.importorskip("torch")
+    key = new_key()
+    controller, _ = signers(key, trusted=True)
+    tensor = torch.arange(100_000, dtype=torch.float32)
+    frames = [
+        bytearray(memoryview(f)) for f in controller.encode(Call(1, 1, "e", True), tensor).seal()
+    ]
+    assert len(frames) > 1  # the tensor's bytes went out of band
+    value = decode_payload(frames)
+    assert torch.equal(value, tensor)
+    frames[-1][:4] = b"\xff\xff\xff\xff"  # the frame's memory is the tensor's
+    assert not torch.equal(value, tensor)

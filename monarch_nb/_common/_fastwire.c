@@ -468,6 +468,81 @@ fail:
     return NULL;
 }
 
+/* payload(frames) -> the payload of a verified message unpickled, its buffer frames
+   out of band, or None where it has none: _wire.decode_payload in one call (a
+   rank's every call unpickles its arguments so, the controller every reply's
+   value). Trusts the layout verify() checked; raises what unpickling raises. */
+static PyObject *payload(PyObject *self, PyObject *frames_obj) {
+    PyObject *frames = PySequence_Fast(frames_obj, "frames must be a sequence");
+    if (frames == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(frames);
+    PyObject **items = PySequence_Fast_ITEMS(frames);
+    PyObject *result = NULL, *body_frame, *view = NULL, *buffers = NULL;
+    Py_buffer body;
+    Py_ssize_t skip, first_buffer;
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "a message has at least one frame");
+        goto done;
+    }
+    if (PyObject_GetBuffer(items[0], &body, PyBUF_SIMPLE) < 0) goto done;
+    if (body.len > HEADER_BYTES) { /* header and body share the first frame */
+        body_frame = items[0], skip = HEADER_BYTES, first_buffer = 1;
+    } else {
+        PyBuffer_Release(&body);
+        if (n < 2) {
+            PyErr_SetString(PyExc_ValueError, "a message's body frame is missing");
+            goto done;
+        }
+        if (PyObject_GetBuffer(items[1], &body, PyBUF_SIMPLE) < 0) goto done;
+        body_frame = items[1], skip = 0, first_buffer = 2;
+    }
+    (void)body_frame;
+    Py_ssize_t body_len = body.len - skip;
+    const unsigned char *start = (const unsigned char *)body.buf + skip;
+    if (body_len < META_LEN_BYTES || (uint64_t)body_len < META_LEN_BYTES + get_le(start, META_LEN_BYTES)) {
+        PyBuffer_Release(&body);
+        PyErr_SetString(PyExc_ValueError, "a message's meta runs past its body");
+        goto done;
+    }
+    Py_ssize_t at = META_LEN_BYTES + (Py_ssize_t)get_le(start, META_LEN_BYTES);
+    if (at == body_len) { /* no payload */
+        PyBuffer_Release(&body);
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* A view of the frame's own memory, held (body) while pickle reads it: what
+       it unpickles in band is copied into new objects. */
+    view = PyMemoryView_FromMemory((char *)start + at, body_len - at, PyBUF_READ);
+    if (view == NULL) {
+        PyBuffer_Release(&body);
+        goto done;
+    }
+    if (first_buffer < n) {
+        buffers = PyList_New(n - first_buffer);
+        for (Py_ssize_t i = first_buffer; buffers != NULL && i < n; i++) {
+            PyObject *b = PyMemoryView_FromObject(items[i]);
+            if (b == NULL) Py_CLEAR(buffers);
+            else PyList_SET_ITEM(buffers, i - first_buffer, b);
+        }
+        if (buffers == NULL) {
+            PyBuffer_Release(&body);
+            goto done;
+        }
+        PyObject *args = PyTuple_Pack(1, view), *kwargs = Py_BuildValue("{sO}", "buffers", buffers);
+        if (args != NULL && kwargs != NULL) result = PyObject_Call(pickle_loads, args, kwargs);
+        Py_XDECREF(args);
+        Py_XDECREF(kwargs);
+    } else {
+        result = PyObject_CallOneArg(pickle_loads, view);
+    }
+    PyBuffer_Release(&body);
+done:
+    Py_XDECREF(view);
+    Py_XDECREF(buffers);
+    Py_DECREF(frames);
+    return result;
+}
+
 static PyObject *sha_extensions(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(sha256_uses_cpu_extensions());
 }
@@ -486,6 +561,8 @@ static PyMethodDef methods[] = {
      "admit(state, frames, upstream, trusted, sender, window, kinds) -> check()'s refusal code, "
      "(None, bytes hashed): bad signature, (False, bytes hashed): replayed, "
      "(message or (meta,), bytes hashed): admitted"},
+    {"payload", payload, METH_O,
+     "payload(frames) -> a verified message's payload unpickled (buffers out of band), or None"},
     {"check", check, METH_VARARGS,
      "check(state, frames, upstream, trusted, sender) -> refusal code, "
      "(sequence, meta, buffer bytes hashed), or (None, None, bytes hashed): bad signature"},
