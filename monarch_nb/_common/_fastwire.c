@@ -477,7 +477,7 @@ static PyObject *payload(PyObject *self, PyObject *frames_obj) {
     if (frames == NULL) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(frames);
     PyObject **items = PySequence_Fast_ITEMS(frames);
-    PyObject *result = NULL, *body_frame, *view = NULL, *buffers = NULL;
+    PyObject *result = NULL, *view = NULL, *buffers = NULL;
     Py_buffer body;
     Py_ssize_t skip, first_buffer;
     if (n < 1) {
@@ -486,7 +486,7 @@ static PyObject *payload(PyObject *self, PyObject *frames_obj) {
     }
     if (PyObject_GetBuffer(items[0], &body, PyBUF_SIMPLE) < 0) goto done;
     if (body.len > HEADER_BYTES) { /* header and body share the first frame */
-        body_frame = items[0], skip = HEADER_BYTES, first_buffer = 1;
+        skip = HEADER_BYTES, first_buffer = 1;
     } else {
         PyBuffer_Release(&body);
         if (n < 2) {
@@ -494,9 +494,8 @@ static PyObject *payload(PyObject *self, PyObject *frames_obj) {
             goto done;
         }
         if (PyObject_GetBuffer(items[1], &body, PyBUF_SIMPLE) < 0) goto done;
-        body_frame = items[1], skip = 0, first_buffer = 2;
+        skip = 0, first_buffer = 2;
     }
-    (void)body_frame;
     Py_ssize_t body_len = body.len - skip;
     const unsigned char *start = (const unsigned char *)body.buf + skip;
     if (body_len < META_LEN_BYTES || (uint64_t)body_len < META_LEN_BYTES + get_le(start, META_LEN_BYTES)) {
