@@ -495,6 +495,28 @@ def test_a_burst_is_parsed_a_bounded_batch_at_a_time_and_none_is_left_unannounce
     ]
 
 
+def test_a_workers_take_keeps_to_its_frame_budget_and_the_order(router, worker):
+    """A worker's take reads straight into the list it returns: past the frame
+    budget, what it read waits for the next take, in order, as on the router."""
+    messages = [[str(i).encode(), b"a", b"b"] for i in range(12)]  # 3 frames each
+    for frames in messages:
+        _sockets.send_copied(router, [b"w", *frames])
+    deadline = time.monotonic() + 30
+    while worker_conn(router, b"w").backlog:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    receiver = Receiver(worker, WireStats())
+    got: list[list] = []
+    while len(got) < len(messages):
+        assert time.monotonic() < deadline, f"only {len(got)} messages came"
+        done, _ = receiver.take(frames=5, messages=10)
+        assert 1 <= len(done) <= 2 or not done  # 3 + 3 frames pass a budget of 5: two at most
+        got += done
+        if not done:
+            select.select([worker.fileno()], [], [], 0.1)
+    assert got == messages
+
+
 def test_a_large_frame_read_with_the_name_before_it_arrives_whole(router):
     """A worker's first message after its name may carry a large frame, and the
     router may read both at once: the name, taken once the read returns, is

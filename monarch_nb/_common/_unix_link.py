@@ -321,6 +321,30 @@ class _Connection:
         self._max_frames = max_frames
         self._short = False
         stop = len(out) + limit
+        if (
+            self._start == self._end
+            and self._lengths is None
+            and self._big is None
+            and _fastlink is not None
+            and not self.eof
+        ):
+            # Between messages, nothing buffered (a rank's every call, the
+            # controller's every reply): _fill's C read and parse, inline. The
+            # loop below runs only where a message or the buffer goes on.
+            messages, self._start, self._end, n = _fastlink.recv_parse(
+                self.fd, self._buf, 0, 0, limit, _OWN_BUFFER_BYTES, max_frames, first
+            )
+            if messages:
+                out.extend(messages)
+            if n <= 0:
+                if n < 0:
+                    self.eof = True
+                return False
+            if len(out) >= stop:
+                return True
+            self._short = n < len(self._buf)
+            if self._short and self._start == self._end:
+                return False  # it took all there was, and parsed it all
         while not self.eof:
             if self._big is not None:
                 if not self._read_big():
@@ -618,12 +642,12 @@ class _LinkSocket:
         self._flusher: _Flusher | None = None
         self._flusher_lock = threading.Lock()
         self._pool = _BufferPool()  # used by whoever receives, under the wire's lock
-        self._dropped_oversized = 0
+        self.dropped_unreported = 0  # messages over the frame cap, not yet told (take_dropped)
 
     def take_dropped(self) -> int:
         """How many messages over the frame cap were refused since the last ask
         (each ended its connection)."""
-        dropped, self._dropped_oversized = self._dropped_oversized, 0
+        dropped, self.dropped_unreported = self.dropped_unreported, 0
         return dropped
 
     def send(self, data: Any, flags: int = 0, copy: bool = True, track: bool = False) -> None:
@@ -841,7 +865,7 @@ class LinkRouter(_LinkSocket):
                     else:
                         self._ready.append([conn.identity_frame, *message])
             if conn.dropped_oversized:
-                self._dropped_oversized += conn.dropped_oversized
+                self.dropped_unreported += conn.dropped_oversized
                 conn.dropped_oversized = 0
             if conn.eof:
                 self._forget(conn)
@@ -926,18 +950,39 @@ class LinkDealer(_LinkSocket):
     def send_one(self, frame: bytes) -> int:
         """Send the one-frame message ``frame`` and return the events after it (as
         ``_sockets.send_one`` on a zmq socket): a rank's every reply."""
-        if self._conn.send([frame]):
-            self._queued(self._conn)
-        return self.events()
+        conn = self._conn
+        if conn.send([frame]):
+            self._queued(conn)
+        return _POLLOUT | (_POLLIN if self._ready or self._unread else 0)  # events(), inline
 
-    def _read(self, max_frames: int) -> None:
+    def take(
+        self, frames: int, messages: int, max_frames: int = _MAX_FRAMES
+    ) -> tuple[list[list[Any]], bool]:
+        if self._ready:
+            return super().take(frames, messages, max_frames)
+        # A rank's every call: nothing parsed waits, so the read parses into the
+        # list it returns, no more messages than asked for (no queue between).
+        done: list[list[Any]] = []
+        self._read(max_frames, done, messages)
+        if len(done) > 1:  # over the frame budget: the rest waits, in order
+            for i, message in enumerate(done):
+                frames -= len(message)
+                if frames <= 0:
+                    self._ready.extend(done[i + 1 :])
+                    del done[i + 1 :]
+                    break
+        return done, bool(self._ready or self._unread)
+
+    def _read(
+        self, max_frames: int, out: list[list[Any]] | None = None, limit: int = _READ_MESSAGES
+    ) -> None:
         conn = self._conn
         if conn.eof:
             return
         self._unread.discard(conn)
-        if conn.read(self._ready, max_frames):  # type: ignore[arg-type]
+        if conn.read(self._ready if out is None else out, max_frames, min(limit, _READ_MESSAGES)):  # type: ignore[arg-type]
             self._unread.add(conn)
-        self._dropped_oversized += conn.dropped_oversized
+        self.dropped_unreported += conn.dropped_oversized
         conn.dropped_oversized = 0
         if conn.eof:
             # The controller is gone (the worker's watchdog ends us next). Whoever
