@@ -321,30 +321,6 @@ class _Connection:
         self._max_frames = max_frames
         self._short = False
         stop = len(out) + limit
-        if (
-            self._start == self._end
-            and self._lengths is None
-            and self._big is None
-            and _fastlink is not None
-            and not self.eof
-        ):
-            # Between messages, nothing buffered (a rank's every call, the
-            # controller's every reply): _fill's C read and parse, inline. The
-            # loop below runs only where a message or the buffer goes on.
-            messages, self._start, self._end, n = _fastlink.recv_parse(
-                self.fd, self._buf, 0, 0, limit, _OWN_BUFFER_BYTES, max_frames, first
-            )
-            if messages:
-                out.extend(messages)
-            if n <= 0:
-                if n < 0:
-                    self.eof = True
-                return False
-            if len(out) >= stop:
-                return True
-            self._short = n < len(self._buf)
-            if self._short and self._start == self._end:
-                return False  # it took all there was, and parsed it all
         while not self.eof:
             if self._big is not None:
                 if not self._read_big():
@@ -950,10 +926,9 @@ class LinkDealer(_LinkSocket):
     def send_one(self, frame: bytes) -> int:
         """Send the one-frame message ``frame`` and return the events after it (as
         ``_sockets.send_one`` on a zmq socket): a rank's every reply."""
-        conn = self._conn
-        if conn.send([frame]):
-            self._queued(conn)
-        return _POLLOUT | (_POLLIN if self._ready or self._unread else 0)  # events(), inline
+        if self._conn.send([frame]):
+            self._queued(self._conn)
+        return self.events()
 
     def take(
         self, frames: int, messages: int, max_frames: int = _MAX_FRAMES

@@ -514,22 +514,9 @@ class Signer:
         sequence number.
         """
         meta_bytes = pickle.dumps(meta, protocol=5)
-        # _one_step and frame(), inline: a rank's every reply comes this way.
-        body_bytes = _META_LEN_BYTES + len(meta_bytes) + len(payload_bytes)
-        if _fastwire is None or body_bytes > _SMALL_FRAME_BYTES:
+        if not self._one_step(meta_bytes, payload_bytes):
             return None
-        stats = self.stats
-        stats.encoded += 1
-        stats.bytes_in_band += body_bytes
-        sealed: bytes = _fastwire.frame(
-            self._key_state,
-            next(self._sequence),
-            self._flags,
-            self.sender,
-            meta_bytes,
-            payload_bytes,
-        )
-        return sealed
+        return self.frame(self._flags, meta_bytes, payload_bytes)
 
     def _one_step(self, meta_bytes: bytes, payload_bytes: bytes) -> bool:
         """Whether this body (no buffer frames) is digested and signed in one C call
