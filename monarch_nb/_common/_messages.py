@@ -55,7 +55,7 @@ _FIELDS: dict[type[Message], Any] = {}
 # Tag -> (class, its fields' slot descriptors, in order): how _fastwire.admit builds
 # a received message without its interpreted __init__ (the same object: a frozen
 # dataclass's __init__ only sets each field). Only classes whose __init__ does no
-# more than that (no __post_init__, every field in __init__) are here.
+# more than that (no __post_init__, every field in __init__ and a slot) are here.
 BUILDABLE: dict[int, tuple[type[Message], tuple[Any, ...]]] = {}
 
 

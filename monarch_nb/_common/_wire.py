@@ -563,7 +563,7 @@ class Signer:
                     window,
                     BUILDABLE,
                 )
-            except Exception as exc:  # the signed, fresh meta did not unpickle
+            except Exception as exc:  # the signed, fresh meta did not unpickle (or build)
                 stats.received += 1
                 raise self._unreadable(exc) from exc
             if checked.__class__ is tuple:
