@@ -11,6 +11,7 @@ it end to end, as on libzmq.
 """
 
 import os
+import pickle
 import random
 import select
 import socket
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from monarch_nb._common import _sockets, _unix_link, _wire
+from monarch_nb._common._messages import Value
 from monarch_nb._common._unix_link import LinkDealer, LinkRouter, is_link
 from monarch_nb._common._wire import Receiver, WireStats
 
@@ -678,3 +680,53 @@ def test_a_mesh_runs_on_either_link_end_to_end(link):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "link ok" in done.stdout
+
+
+def test_a_reply_sealed_and_written_in_one_step_is_the_frame_sealed_in_steps_in_order(
+    router, worker
+):
+    """A rank's reply (``LinkDealer.send_small``: pickled, sealed and written in one
+    C step) arrives as the frame ``Signer.seal_small`` gives for the same number:
+    written at once, or queued behind a message the kernel took in part, in
+    order; one too big for a step sends nothing and uses up no number."""
+    key = _wire.new_key()
+    tag = _wire.sender_tag(b"w")
+
+    def rank_signer() -> _wire.Signer:
+        return _wire.Signer(key, WireStats(), sender=tag, upstream=True, trusted_link=True)
+
+    one_step, in_steps = rank_signer(), rank_signer()
+    payload = pickle.dumps(("ok", 7), protocol=5)
+    events = worker.send_small(one_step, (Value.TAG, 1), payload)
+    assert events is not None and events & 1 == 0  # nothing came in meanwhile
+    big = os.urandom(8 << 20)  # twice the socket's buffer: the flusher writes the rest
+    _sockets.send_copied(worker, [big])
+    assert worker._conn.backlog  # the rest of it waits for the flusher
+    assert worker.send_small(one_step, (Value.TAG, 2), payload) is not None  # behind it
+    assert worker.send_small(one_step, (Value.TAG, 3), b"x" * (32 << 10)) is None  # too big
+    assert worker.send_small(one_step, (Value.TAG, 4), payload) is not None
+    expected = [in_steps.seal_small((Value.TAG, n), payload) for n in (1, 2, 4)]
+    got = take_until(Receiver(router, WireStats()), 4)
+    assert [bytes(m[1]) for m in got] == [expected[0], big, *expected[1:]]
+    assert all(m[0].bytes == b"w" for m in got)
+    controller = _wire.Signer(
+        key, WireStats(), sender=_wire.CONTROLLER, upstream=False, trusted_link=True
+    )
+    window = _wire.ReplayWindow()
+    replies = [controller.verify([m[1]], window, sender=tag) for m in (got[0], got[2], got[3])]
+    assert replies == [Value(1), Value(2), Value(4)]
+    assert _wire.decode_payload([got[3][1]]) == ("ok", 7)
+    assert one_step.stats.encoded == 3
+    # Replies until the kernel's buffer is full (the last taken in part, or not
+    # at all): what it did not take is written after, in order.
+    numbers = iter(range(5, 1_000_000))
+    sent = []
+    while not worker._conn.backlog:
+        sent.append(next(numbers))
+        assert worker.send_small(one_step, (Value.TAG, sent[-1]), payload) is not None
+    sent.append(next(numbers))
+    assert worker.send_small(one_step, (Value.TAG, sent[-1]), payload) is not None
+    got = take_until(Receiver(router, WireStats()), len(sent))
+    assert [bytes(m[1]) for m in got] == [
+        in_steps.seal_small((Value.TAG, n), payload) for n in sent
+    ]

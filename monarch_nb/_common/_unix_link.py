@@ -50,9 +50,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._extensions import load_extension
+
+if TYPE_CHECKING:
+    from ._wire import Signer
 
 SCHEME = "unixlink://"
 _POLLIN, _POLLOUT = 1, 2  # as zmq.POLLIN / zmq.POLLOUT
@@ -215,6 +218,31 @@ class _Connection:
                         self.eof = True
                     return left > 0
             return self._write_parts([_header_of(frames), *frames])
+
+    def send_small(
+        self, signer: Signer, meta: tuple[Any, ...], payload_bytes: bytes
+    ) -> bool | None:
+        """:meth:`send` of ``signer.seal_small(meta, payload_bytes)``, sealed and
+        written in one C step where nothing waits to be written (a rank's every
+        reply); None, nothing sent or numbered, where it is too big for that."""
+        with self.send_lock:
+            if self.eof:  # (as send: dropped, and no number taken)
+                return False
+            if not self.backlog:
+                sent = signer.seal_write(meta, payload_bytes, self.fd)
+                if sent is None:
+                    return None
+                frame, left = sent
+                if left > 0:  # the kernel's buffer is full: the flusher sends the rest
+                    parts = [_header_of([frame]), frame]
+                    return self._queue(parts, len(parts[0]) + len(frame) - left)
+                if left < 0:
+                    self.eof = True
+                return False
+            behind = signer.seal_small(meta, payload_bytes)  # queued after what waits
+            if behind is None:
+                return None
+            return self._queue([_header_of([behind]), behind], 0)
 
     def send_many(self, messages: Sequence[Sequence[Any]]) -> bool:
         """Send ``messages`` in one write where the kernel takes them; as :meth:`send`."""
@@ -923,10 +951,15 @@ class LinkDealer(_LinkSocket):
         if self._conn.send(parts):
             self._queued(self._conn)
 
-    def send_one(self, frame: bytes) -> int:
-        """Send the one-frame message ``frame`` and return the events after it (as
-        ``_sockets.send_one`` on a zmq socket): a rank's every reply."""
-        if self._conn.send([frame]):
+    def send_small(self, signer: Signer, meta: tuple[Any, ...], payload_bytes: bytes) -> int | None:
+        """Send ``signer.seal_small(meta, payload_bytes)``, sealed and written in one
+        step (see ``_Connection.send_small``), and return the events after it (as
+        ``_sockets.send_one`` on a zmq socket): a rank's every reply. None, nothing
+        sent, where it is too big for that."""
+        queued = self._conn.send_small(signer, meta, payload_bytes)
+        if queued is None:
+            return None
+        if queued:
             self._queued(self._conn)
         return self.events()
 

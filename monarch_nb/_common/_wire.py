@@ -518,6 +518,29 @@ class Signer:
             return None
         return self.frame(self._flags, meta_bytes, payload_bytes)
 
+    def seal_write(
+        self, meta: tuple[Any, ...], payload_bytes: bytes, fd: int
+    ) -> tuple[bytes, int] | None:
+        """:meth:`seal_small`'s frame written to the Unix link's socket ``fd`` as
+        one message, in one C step, without waiting: the frame and the bytes of
+        the message the kernel did not take (0: all sent; -errno on an error);
+        None, nothing numbered or written, where it is too big for that or the
+        C path is unavailable.
+
+        Call under the lock that orders this sender's sends, and the one that
+        orders the socket's writes, with nothing of an earlier message waiting to
+        be written (a rank's reply: see ``_unix_link._Connection.send_small``).
+        """
+        if _fastwire is None:
+            return None
+        sent = _fastwire.seal_write(
+            self._key_state, self._sequence, self._flags, self.sender, meta, payload_bytes, fd
+        )
+        if sent is not None:
+            self.stats.encoded += 1
+            self.stats.bytes_in_band += len(sent[0]) - _HEADER_BYTES
+        return sent
+
     def _one_step(self, meta_bytes: bytes, payload_bytes: bytes) -> bool:
         """Whether this body (no buffer frames) is digested and signed in one C call
         when sealed: it is within the C path's limit (counted as encoded, then)."""

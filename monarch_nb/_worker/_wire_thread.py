@@ -166,12 +166,17 @@ class WireThread:
         would (a reply's path: a dozen interpreted steps fewer); False, nothing
         sent, where it is too big for that."""
         with self.lock:
-            frame = self.signer.seal_small(meta, payload_bytes)
-            if frame is None:
-                return False
             link = self._link
-            pending = send_one(self.socket, frame) if link is None else link.send_one(frame)
-            pending &= _POLLIN
+            if link is not None:  # sealed and written in one C step
+                events = link.send_small(self.signer, meta, payload_bytes)
+                if events is None:
+                    return False
+            else:
+                frame = self.signer.seal_small(meta, payload_bytes)
+                if frame is None:
+                    return False
+                events = send_one(self.socket, frame)
+            pending = events & _POLLIN
         if pending:
             self._input_noticed()
         return True
