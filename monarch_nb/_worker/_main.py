@@ -25,7 +25,8 @@ import time
 import traceback
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import zmq
@@ -185,8 +186,9 @@ Route = _ControllerRoute | PeerRoute
 _VALUE_TAG = Value.TAG
 
 
-# Result types no endpoint awaits (see Worker._call_maybe_async).
+# Result types no endpoint awaits (see Worker.user_code).
 _NEVER_AWAITABLE = frozenset({bool, int, float, complex, str, bytes, tuple, list, dict, set})
+_NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
 
 
 class _Failed:
@@ -230,6 +232,9 @@ class Worker:
         # Written when work is put while the idle main thread waits on the socket
         # (see _receive_until_work); read by that wait.
         self._inbox_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        # The work the idle main thread's own drain took (see _hold_or_deliver).
+        self._held: Any = None
+        self._hold_here = self._hold_or_deliver  # bound once: its drain passes it
         self._main_ident = threading.get_ident()  # made on the main thread
         self._waiting_on_socket = False
         _metrics.on_a_rank()  # log_metric() now records, for the heartbeats to carry
@@ -306,12 +311,27 @@ class Worker:
         self._enqueue(message, frames, route.sender, route)
 
     def _enqueue(self, message: Message, frames: list[Any], origin: bytes, route: Route) -> None:
+        self._inbox.put(self._queued_item(message, frames, origin, route))
+        self._wake()
+
+    def _queued_item(self, message: Message, frames: list[Any], origin: bytes, route: Route) -> Any:
+        """The work item of ``message``, its call queued (an interrupt can skip it)."""
         ticket = (origin, _call_id_of(message))
         if ticket[1]:
             with self._calls_lock:
                 self._queued[ticket] = route
-        self._inbox.put((message, frames, ticket, route))
-        self._wake()
+        return (message, frames, ticket, route)
+
+    def _hold_or_deliver(self, message: Message, frames: list[Any]) -> None:
+        """How the idle main thread's drain hands work on: the first piece, where
+        nothing waits in the inbox before it, it keeps for itself (_held, taken
+        by _receive_until_work), not through the inbox and back; the rest as
+        :meth:`_deliver`. The drain lock keeps the wire thread from delivering
+        meanwhile, so nothing of the controller's can come before it."""
+        if self._held is None and self._inbox.empty():
+            self._held = self._queued_item(message, frames, b"", self.controller_route)
+        else:
+            self._deliver(message, frames)
 
     def interrupt(self, call_id: int) -> None:
         """The controller's interrupt of ``call_id`` (0: whatever runs)."""
@@ -389,8 +409,18 @@ class Worker:
         if self._in_user_code:
             raise KeyboardInterrupt
 
-    def user_code(self, label: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` with interrupts enabled (main thread), labelled for status."""
+    def user_code(
+        self,
+        label: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] = _NO_KWARGS,
+        *,
+        awaits: bool = True,
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` with interrupts enabled (main thread),
+        labelled for status; an awaitable it returns (an ``async def`` endpoint)
+        runs to its end on the actors' loop, unless ``awaits`` is False."""
         self._work = (label, time.monotonic())
         self._in_user_code = True
         wire = self.wire
@@ -399,7 +429,17 @@ class Worker:
         try:
             if self._interrupted[1] and self._interrupted == self._running:
                 raise KeyboardInterrupt  # it came while the arguments were unpickled
-            return fn(*args)
+            result = fn(*args, **kwargs)
+            # The common results skip isawaitable: its check against the Awaitable ABC
+            # runs two interpreted frames, on every call that returns a value.
+            if (
+                awaits
+                and result is not None
+                and result.__class__ not in _NEVER_AWAITABLE
+                and inspect.isawaitable(result)
+            ):
+                result = self.run_async(result)
+            return result
         finally:
             self._in_user_code = False
             self._work = ("", 0.0)
@@ -444,11 +484,10 @@ class Worker:
             poller = self._idle_poller = select.poll()
             poller.register(wire.socket_fd, select.POLLIN)
             poller.register(self._inbox_fd, select.POLLIN)
-        wire.main_begins_receiving()
+        # Before the first poll, a drain only where the poll could miss input.
+        look = wire.main_begins_receiving()
         try:
             timed_out = False
-            # Before the first poll, a drain only where the poll could miss input.
-            look = wire.input_unannounced()
             while True:
                 self._waiting_on_socket = True
                 # What came while nobody watched first (a zmq socket's fd is
@@ -458,13 +497,21 @@ class Worker:
                 more: bool | None = False
                 if look:
                     try:
-                        more = wire.drain(at_most=_IDLE_DRAIN_BATCH, wait=False)
+                        more = wire.drain(
+                            at_most=_IDLE_DRAIN_BATCH, wait=False, deliver=self._hold_here
+                        )
                     except Exception:  # a bug here must not stop the rank: say it, go on
                         traceback.print_exc()
                         # What the batch took after the one that raised waits in
                         # the rank, where no poll announces it: go on with it now.
                         # (Not a busy loop: each raise consumed its own message.)
                         more = wire.holds_taken()
+                    held = self._held
+                    if held is not None:  # first in line: nothing waited in the inbox
+                        self._held = None
+                        if timed_out:
+                            self._missed_wakeup()
+                        return held
                 look = True
                 if timed_out and (more or not inbox.empty()):
                     self._missed_wakeup()
@@ -621,6 +668,9 @@ class Worker:
         if not self._start(ticket):
             return True  # interrupted while queued: already answered
         try:
+            if message.__class__ is Call:  # most work: no pattern matching to run
+                self.on_call(message, frames, route)
+                return True
             return self._handle(message, frames, route)
         finally:
             self._finish()
@@ -660,15 +710,27 @@ class Worker:
         try:
             return decode_payload(frames)
         except Exception as exc:
-            failure = RemoteFailure(
-                self.rank,
-                type(exc).__name__,
-                f"the arguments could not be unpickled: {type(exc).__name__}: {exc} "
-                "(is the module that defines them importable on the workers?)",
-                "",
-            )
-            self._report(call_id, reply, actor_id, label, failure, route, serialization=True)
+            self._undecodable(exc, call_id, reply, label, actor_id, route)
             return _FAILED
+
+    def _undecodable(
+        self,
+        exc: Exception,
+        call_id: int,
+        reply: bool,
+        label: str,
+        actor_id: int = 0,
+        route: Route | None = None,
+    ) -> None:
+        """Answer a message whose arguments raised ``exc`` when unpickled."""
+        failure = RemoteFailure(
+            self.rank,
+            type(exc).__name__,
+            f"the arguments could not be unpickled: {type(exc).__name__}: {exc} "
+            "(is the module that defines them importable on the workers?)",
+            "",
+        )
+        self._report(call_id, reply, actor_id, label, failure, route, serialization=True)
 
     def on_spawn(self, message: Spawn, frames: list[Any], route: Route) -> None:
         call_id, name = message.call_id, message.name
@@ -689,7 +751,9 @@ class Worker:
         previous = _context.set_current(ctx)
         self._active.append(message.actor_id)
         try:
-            instance = self.user_code(f"spawn {name!r}", lambda: _construct(cls, args, kwargs))
+            instance = self.user_code(
+                f"spawn {name!r}", _construct, (cls, args, kwargs), awaits=False
+            )
         except BaseException as exc:
             route.send(Failure(call_id, self.failure_of(exc), False))
             return
@@ -720,14 +784,15 @@ class Worker:
             label = facts.label
         else:
             label = f"actor.{endpoint}"
-        decoded = self._decode_or_fail(call_id, reply, label, frames, actor_id, route)
-        if decoded is _FAILED:
+        try:
+            args, kwargs = decode_payload(frames)
+        except Exception as exc:
+            self._undecodable(exc, call_id, reply, label, actor_id, route)
             return
         if live is None:
             error = LookupError(f"no actor {actor_id} on rank {self.rank}: it was stopped")
             self._report(call_id, reply, actor_id, label, self.failure_of(error), route)
             return
-        args, kwargs = decoded
         if facts.response_port:
             args = (_ResponsePort(self, route, call_id if reply else 0), *args)
             reply = False  # the endpoint answers through the port
@@ -741,8 +806,9 @@ class Worker:
         previous = _context.set_current(ctx)
         self._active.append(actor_id)
         try:
-            method = getattr(live.instance, endpoint)
-            result = self.user_code(label, self._call_maybe_async, method, args, kwargs)
+            if method is None:  # (raises: the attribute is missing)
+                method = getattr(live.instance, endpoint)
+            result = self.user_code(label, method, args, kwargs)
         except BaseException as exc:
             self._report(call_id, reply, actor_id, label, self.failure_of(exc), route)
             return
@@ -791,9 +857,7 @@ class Worker:
             return
         previous = _context.set_current(live.context)
         try:
-            self.user_code(
-                f"{live.label}.__cleanup__", lambda: self._call_maybe_async(cleanup, (None,), {})
-            )
+            self.user_code(f"{live.label}.__cleanup__", cleanup, (None,))
         except BaseException as exc:
             failure = self.failure_of(exc)
             self.send(BroadcastFailure(live.context.actor_id, f"{live.label}.__cleanup__", failure))
@@ -862,10 +926,7 @@ class Worker:
         try:
             match message:
                 case RunCell(_, filename):
-                    result = self.user_code(
-                        f"cell {filename}",
-                        lambda: self._call_maybe_async(ns.execute, (filename, decoded), {}),
-                    )
+                    result = self.user_code(f"cell {filename}", ns.execute, (filename, decoded))
                 case Push():
                     ns.globals.update(decoded)
                     result = None
@@ -877,18 +938,6 @@ class Worker:
         finally:
             _context.set_current(previous)
         self.reply_value(call_id, result)
-
-    def _call_maybe_async(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        result = fn(*args, **kwargs)
-        # The common results skip isawaitable: its check against the Awaitable ABC
-        # runs two interpreted frames, on every call that returns a value.
-        if (
-            result is not None
-            and result.__class__ not in _NEVER_AWAITABLE
-            and inspect.isawaitable(result)
-        ):
-            result = self.run_async(result)
-        return result
 
     def _event_loop(self) -> Any:
         if self._loop is None:
@@ -952,9 +1001,7 @@ class Worker:
         previous = _context.set_current(live.context if live else None)
         label = f"{type(owner).__name__}.__supervise__"
         try:
-            handled = self.user_code(
-                label, lambda: self._call_maybe_async(owner.__supervise__, (error,), {})
-            )
+            handled = self.user_code(label, owner.__supervise__, (error,))
             why = f"its __supervise__ returned {handled!r}"
         except BaseException as exc:
             handled = False

@@ -196,26 +196,26 @@ class WireThread:
 
     # -- who receives (main thread) ---------------------------------------------------
 
-    def main_begins_receiving(self) -> None:
-        """The main thread is idle and waits on the socket itself from now on."""
+    def main_begins_receiving(self) -> bool:
+        """The main thread is idle and waits on the socket itself from now on.
+
+        True if a message may wait that a poll of the socket's fd would not
+        announce, so it drains before its first poll: one taken and not yet
+        handed on, one a Unix link already read and parsed, or anything on a zmq
+        socket (its fd is edge-triggered). A Unix link's fd is level-triggered:
+        with nothing held here, a poll says whether the kernel holds input, and a
+        drain first would only ask it in vain (about a tenth of a small call's
+        work on the rank)."""
         self._watch_requested = False
         self._receive_epoch += 1
         self.main_receiving = True
+        link = self._link
+        return bool(self._taken) or link is None or bool(link.events() & _POLLIN)
 
     def holds_taken(self) -> bool:
         """Whether messages taken off the socket wait here to be handed on (a drain
         that raised left them)."""
         return bool(self._taken)
-
-    def input_unannounced(self) -> bool:
-        """Whether a message may wait that a poll of the socket's fd would not
-        announce: one taken and not yet handed on, one a Unix link already read
-        and parsed, or anything on a zmq socket (its fd is edge-triggered). A
-        Unix link's fd is level-triggered: with nothing held here, a poll says
-        whether the kernel holds input, and a drain first would only ask it in
-        vain (about a tenth of a small call's work on the rank)."""
-        link = self._link
-        return bool(self._taken) or link is None or bool(link.events() & _POLLIN)
 
     def main_stops_receiving(self) -> None:
         """The main thread has work: this thread takes the socket back lazily, at
@@ -321,20 +321,27 @@ class WireThread:
         except KeyError:
             pass  # was not registered
 
-    def drain(self, *, at_most: int | None = None, wait: bool = True) -> bool | None:
+    def drain(
+        self,
+        *,
+        at_most: int | None = None,
+        wait: bool = True,
+        deliver: Callable[[Message, list[Any]], None] | None = None,
+    ) -> bool | None:
         """Receive and hand on the messages waiting (this thread, or the idle main
         thread), or ``at_most`` of them; True if it stopped there, so more may
         wait with no notice left on the (edge-triggered) fd. ``wait=False``:
         None at once if the other thread drains now (it drains to the end and
-        each delivery wakes the idle main thread)."""
+        each delivery wakes the idle main thread). ``deliver``: how work is
+        handed on this time (the idle main thread keeps the first for itself)."""
         if not self._drain_lock.acquire(blocking=wait):
             return None
         try:
-            return self._drain(at_most)
+            return self._drain(at_most, deliver or self._deliver)
         finally:
             self._drain_lock.release()
 
-    def _drain(self, at_most: int | None) -> bool:
+    def _drain(self, at_most: int | None, deliver: Callable[[Message, list[Any]], None]) -> bool:
         on_main = threading.get_ident() != self._thread_ident
         taken = self._taken
         more = True
@@ -363,7 +370,7 @@ class WireThread:
             if message is None:
                 continue
             if message.__class__ is Call:  # most messages: work, no control to look for
-                self._deliver(message, frames)
+                deliver(message, frames)
             elif isinstance(message, StatusQuery) and on_main:
                 # Answered now, it would describe the main thread draining, and a
                 # call it just took would not have started yet. The wire thread
@@ -377,7 +384,7 @@ class WireThread:
                 # applies to what runs now, on whichever thread receives it).
                 self._control(message)
             else:
-                self._deliver(message, frames)
+                deliver(message, frames)
 
     def release_status(self) -> None:
         """Main thread: it is in its work now (user code), done with it, or idle, so
