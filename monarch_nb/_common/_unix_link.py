@@ -696,6 +696,8 @@ class _LinkSocket:
         return done, bool(ready or self._unread)
 
     def _read(self, max_frames: int) -> None:
+        """Read what the connections hold into ``_ready`` (a router's reads; a
+        dealer reads in its own take)."""
         raise NotImplementedError
 
     def events(self) -> int:
@@ -966,12 +968,27 @@ class LinkDealer(_LinkSocket):
     def take(
         self, frames: int, messages: int, max_frames: int = _MAX_FRAMES
     ) -> tuple[list[list[Any]], bool]:
-        if self._ready:
+        if self._ready:  # (the base's take reads nothing then: this is the only read)
             return super().take(frames, messages, max_frames)
         # A rank's every call: nothing parsed waits, so the read parses into the
         # list it returns, no more messages than asked for (no queue between).
         done: list[list[Any]] = []
-        self._read(max_frames, done, messages)
+        conn = self._conn
+        if conn.eof:
+            return done, False
+        self._unread.discard(conn)
+        if conn.read(done, max_frames, min(messages, _READ_MESSAGES)):
+            self._unread.add(conn)
+        if conn.dropped_oversized:
+            self.dropped_unreported += conn.dropped_oversized
+            conn.dropped_oversized = 0
+        if conn.eof:
+            # The controller is gone (the worker's watchdog ends us next). Whoever
+            # polls the fd read it once: keep the number, make it quiet, or an
+            # end-of-file would wake every poll on it for good.
+            quiet, self._quiet_w = os.pipe2(os.O_CLOEXEC)
+            os.dup2(quiet, conn.fd)
+            os.close(quiet)
         if len(done) > 1:  # over the frame budget: the rest waits, in order
             for i, message in enumerate(done):
                 frames -= len(message)
@@ -980,25 +997,6 @@ class LinkDealer(_LinkSocket):
                     del done[i + 1 :]
                     break
         return done, bool(self._ready or self._unread)
-
-    def _read(
-        self, max_frames: int, out: list[list[Any]] | None = None, limit: int = _READ_MESSAGES
-    ) -> None:
-        conn = self._conn
-        if conn.eof:
-            return
-        self._unread.discard(conn)
-        if conn.read(self._ready if out is None else out, max_frames, min(limit, _READ_MESSAGES)):  # type: ignore[arg-type]
-            self._unread.add(conn)
-        self.dropped_unreported += conn.dropped_oversized
-        conn.dropped_oversized = 0
-        if conn.eof:
-            # The controller is gone (the worker's watchdog ends us next). Whoever
-            # polls the fd read it once: keep the number, make it quiet, or an
-            # end-of-file would wake every poll on it for good.
-            quiet, self._quiet_w = os.pipe2(os.O_CLOEXEC)
-            os.dup2(quiet, conn.fd)
-            os.close(quiet)
 
     def close(self, linger: int | None = None) -> None:
         """Close, first sending what still queues for up to ``linger`` ms (as a zmq

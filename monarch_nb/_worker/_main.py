@@ -15,6 +15,7 @@ import importlib
 import inspect
 import json
 import os
+import pickle
 import queue
 import select
 import signal
@@ -151,8 +152,6 @@ class _ResponsePort:
 
 def _call_id_of(message: Message) -> int:
     """The call a work message answers (0 for a broadcast or a non-call)."""
-    if message.__class__ is Call:  # most messages: no pattern matching to run
-        return message.call_id if message.reply else 0
     match message:
         case Call(call_id, _, _, True) | Spawn(call_id) | RunCell(call_id) | Push(call_id):
             return call_id
@@ -189,6 +188,8 @@ _VALUE_TAG = Value.TAG
 # Result types no endpoint awaits (see Worker.user_code).
 _NEVER_AWAITABLE = frozenset({bool, int, float, complex, str, bytes, tuple, list, dict, set})
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
+# Reply values dumps() pickles with plain pickle (nothing by value, no buffers).
+_SCALARS = frozenset({bool, int, float})
 
 
 class _Failed:
@@ -316,7 +317,10 @@ class Worker:
 
     def _queued_item(self, message: Message, frames: list[Any], origin: bytes, route: Route) -> Any:
         """The work item of ``message``, its call queued (an interrupt can skip it)."""
-        ticket = (origin, _call_id_of(message))
+        if message.__class__ is Call:  # most work: its id without pattern matching
+            ticket = (origin, message.call_id if message.reply else 0)
+        else:
+            ticket = (origin, _call_id_of(message))
         if ticket[1]:
             with self._calls_lock:
                 self._queued[ticket] = route
@@ -347,8 +351,8 @@ class Worker:
             elif ticket[1] == 0 or ticket == self._running:
                 self._interrupted = self._running
                 # Signalled under the lock: the main thread cannot finish this call
-                # (_finish takes the lock) and start the next before the signal is
-                # sent. Sent after, it could land in the next call: a
+                # (handle takes the lock at its end) and start the next before the
+                # signal is sent. Sent after, it could land in the next call: a
                 # KeyboardInterrupt there, or EINTR in its C code (torch's TCPStore
                 # connect then backs off for tens of seconds: a rendezvous after a
                 # rank died stalled so).
@@ -361,30 +365,16 @@ class Worker:
         )
         route.send(Failure(ticket[1], failure, False))
 
-    def _start(self, ticket: Ticket) -> bool:
-        """Main thread: ``ticket`` reaches the front; False if it was skipped."""
-        if not ticket[1]:
-            return True
-        with self._calls_lock:
-            self._queued.pop(ticket, None)
-            if ticket in self._skip:
-                self._skip.discard(ticket)
-                return False
-            self._running = ticket
-            self._interrupted = _NO_TICKET
-        return True
-
-    def _finish(self) -> None:
-        with self._calls_lock:
-            self._running = self._interrupted = _NO_TICKET
-        if self.wire.status_held:  # work that never reached user code
-            self.wire.release_status()
-
     def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
         route = route or self.controller_route
         try:
-            # As Signer.encode pickles it (None: no payload bytes at all).
-            payload, buffers = dumps(value, by_value=False) if value is not None else (b"", [])
+            # As Signer.encode pickles it (None: no payload bytes at all). A number
+            # or a flag (most replies) is what dumps() pickles it to, a frame fewer.
+            buffers: list[pickle.PickleBuffer] = []
+            if value.__class__ in _SCALARS:
+                payload = pickle.dumps(value, protocol=5)
+            else:
+                payload, buffers = dumps(value, by_value=False) if value is not None else (b"", [])
             message = None
             if buffers:  # frames beside the body (tensors, arrays): encoded as ever
                 message = route.signer.encode_pickled(Value(call_id), payload, buffers)
@@ -655,7 +645,10 @@ class Worker:
         tcp = self.peer.tcp_address if self.peer is not None else ""
         self.send(Hello(os.getpid(), socket.gethostname(), tcp))
         while True:
-            item = self._next_item()
+            if self._loop is None and not self._deferred:  # (what _next_item does first)
+                item = self._receive_until_work()
+            else:
+                item = self._next_item()
             if item is _WAKE:
                 continue
             if callable(item):
@@ -665,15 +658,24 @@ class Worker:
 
     def handle(self, message: Message, frames: list[Any], ticket: Ticket, route: Route) -> bool:
         """Handle one work message; False means shut down."""
-        if not self._start(ticket):
-            return True  # interrupted while queued: already answered
+        if ticket[1]:  # a call reaches the front, unless an interrupt skipped it
+            with self._calls_lock:
+                self._queued.pop(ticket, None)
+                if ticket in self._skip:
+                    self._skip.discard(ticket)
+                    return True  # interrupted while queued: already answered
+                self._running = ticket
+                self._interrupted = _NO_TICKET
         try:
             if message.__class__ is Call:  # most work: no pattern matching to run
                 self.on_call(message, frames, route)
                 return True
             return self._handle(message, frames, route)
         finally:
-            self._finish()
+            with self._calls_lock:
+                self._running = self._interrupted = _NO_TICKET
+            if self.wire.status_held:  # work that never reached user code
+                self.wire.release_status()
 
     def _handle(self, message: Message, frames: list[Any], route: Route) -> bool:
         from_controller = route is self.controller_route
