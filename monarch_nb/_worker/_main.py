@@ -474,9 +474,9 @@ class Worker:
             poller = self._idle_poller = select.poll()
             poller.register(wire.socket_fd, select.POLLIN)
             poller.register(self._inbox_fd, select.POLLIN)
-        # Before the first poll, a drain only where the poll could miss input.
-        look = wire.main_begins_receiving()
         try:
+            # Before the first poll, a drain only where the poll could miss input.
+            look = wire.main_begins_receiving()
             timed_out = False
             while True:
                 self._waiting_on_socket = True
