@@ -208,7 +208,7 @@ setup(
             # Signing and checking small control messages; _wire.py falls back to
             # hashlib (same bytes on the wire) when it is missing.
             sources=["monarch_nb/_common/_fastwire.c", "monarch_nb/native/_sha256.c"],
-            depends=["monarch_nb/native/_sha256.h"],
+            depends=["monarch_nb/native/_sha256.h", "monarch_nb/_common/_link_send.h"],
             extra_compile_args=C_FLAGS,
             optional=True,
         ),
@@ -226,6 +226,7 @@ setup(
             # The Unix link's sends and parsing (the local workers' link); the same in
             # Python without it.
             sources=["monarch_nb/_common/_fastlink.c"],
+            depends=["monarch_nb/_common/_link_send.h"],
             extra_compile_args=C_FLAGS,
             optional=True,
         ),

@@ -19,8 +19,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "_link_send.h"
+
 #define MAX_SEND_FRAMES 16 /* more go through Python */
-#define UNLOCKED_SEND_MIN ((Py_ssize_t)64 << 10)
 
 static uint64_t read_u64(const unsigned char *p) {
     uint64_t v;
@@ -32,30 +33,6 @@ static uint32_t read_u32(const unsigned char *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
-}
-
-/* One non-blocking sendmsg of `whole` bytes, retried on EINTR, without the GIL
- * where the kernel copies MiBs (the other threads run meanwhile): the bytes
- * the kernel did not take (0: all sent), or -errno. */
-static Py_ssize_t send_message(int fd, struct msghdr *msg, Py_ssize_t whole) {
-    ssize_t sent;
-    int err;
-    if (whole >= UNLOCKED_SEND_MIN) {
-        Py_BEGIN_ALLOW_THREADS
-        do
-            sent = sendmsg(fd, msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        while (sent < 0 && errno == EINTR);
-        err = errno;
-        Py_END_ALLOW_THREADS
-    } else {
-        do
-            sent = sendmsg(fd, msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-        while (sent < 0 && errno == EINTR);
-        err = errno;
-    }
-    if (sent < 0)
-        return err == EAGAIN || err == EWOULDBLOCK ? whole : -(Py_ssize_t)err;
-    return whole - (Py_ssize_t)sent;
 }
 
 /* One message into a sendmsg's arrays: its frame count and each frame's length

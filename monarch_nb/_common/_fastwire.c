@@ -17,13 +17,11 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <errno.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 
 #include "../native/_sha256.h"
+#include "_link_send.h"
 
 #define SIG_BYTES 32
 #define SEQ_BYTES 8
@@ -282,14 +280,7 @@ static PyObject *seal_write(PyObject *self, PyObject *args) {
     struct msghdr msg = {0};
     msg.msg_iov = iov;
     msg.msg_iovlen = 2;
-    Py_ssize_t whole = (Py_ssize_t)(sizeof link_header + length);
-    ssize_t sent;
-    do
-        sent = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    while (sent < 0 && errno == EINTR);
-    Py_ssize_t left = sent >= 0 ? whole - (Py_ssize_t)sent
-                      : (errno == EAGAIN || errno == EWOULDBLOCK) ? whole
-                                                                    : -(Py_ssize_t)errno;
+    Py_ssize_t left = send_message(fd, &msg, (Py_ssize_t)(sizeof link_header + length));
     return Py_BuildValue("(Nn)", out, left);
 }
 

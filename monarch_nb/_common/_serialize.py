@@ -99,6 +99,8 @@ _is_plain = _fastpickle.is_plain if _fastpickle is not None else None
 # without the GIL.
 _copy_buffer = _fastpickle.copy_buffer if _fastpickle is not None else None
 _PLAIN_DEPTH = 8
+# Values that hold nothing: pickled as is, as a plain value is (see dumps).
+_SCALARS = frozenset({type(None), bool, int, float})
 
 
 def _reduce_buffers(obj: Any) -> Any:
@@ -312,6 +314,8 @@ def dumps(obj: Any, *, by_value: bool = True) -> tuple[bytes, list[pickle.Pickle
     ``_fastpickle.is_plain`` says) skips both: ``pickle.dumps`` writes the
     same bytes without a pickler of ours to set up.
     """
+    if obj.__class__ in _SCALARS:  # most return values: no look inside to take
+        return pickle.dumps(obj, protocol=5), []
     if _holds_large_bytes is None or _holds_large_bytes(obj, _WRAP_DEPTH, OUT_OF_BAND_THRESHOLD):
         obj = _wrap_large_bytes(obj)
     elif _is_plain is not None and _is_plain(obj, _PLAIN_DEPTH):

@@ -15,7 +15,6 @@ import importlib
 import inspect
 import json
 import os
-import pickle
 import queue
 import select
 import signal
@@ -188,8 +187,6 @@ _VALUE_TAG = Value.TAG
 # Result types no endpoint awaits (see Worker.user_code).
 _NEVER_AWAITABLE = frozenset({bool, int, float, complex, str, bytes, tuple, list, dict, set})
 _NO_KWARGS: Mapping[str, Any] = MappingProxyType({})
-# Reply values dumps() pickles with plain pickle (nothing by value, no buffers).
-_SCALARS = frozenset({bool, int, float})
 
 
 class _Failed:
@@ -368,13 +365,8 @@ class Worker:
     def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
         route = route or self.controller_route
         try:
-            # As Signer.encode pickles it (None: no payload bytes at all). A number
-            # or a flag (most replies) is what dumps() pickles it to, a frame fewer.
-            buffers: list[pickle.PickleBuffer] = []
-            if value.__class__ in _SCALARS:
-                payload = pickle.dumps(value, protocol=5)
-            else:
-                payload, buffers = dumps(value, by_value=False) if value is not None else (b"", [])
+            # As Signer.encode pickles it (None: no payload bytes at all).
+            payload, buffers = dumps(value, by_value=False) if value is not None else (b"", [])
             message = None
             if buffers:  # frames beside the body (tensors, arrays): encoded as ever
                 message = route.signer.encode_pickled(Value(call_id), payload, buffers)

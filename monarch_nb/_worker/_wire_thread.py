@@ -336,55 +336,56 @@ class WireThread:
         handed on this time (the idle main thread keeps the first for itself)."""
         if not self._drain_lock.acquire(blocking=wait):
             return None
-        try:  # (one frame: the idle main thread's every call comes this way)
-            if deliver is None:
-                deliver = self._deliver
-            on_main = threading.get_ident() != self._thread_ident
-            taken = self._taken
-            more = True
-            while True:
-                if not taken:
-                    if not more:
-                        return False
-                    if at_most is not None and at_most <= 0:
-                        return True
-                    # A batch at a time: the receive that ends it costs no system
-                    # call, where asking the socket again for each message did. What
-                    # is taken waits in self._taken: a message whose handling raises
-                    # (the drain's callers say it and go on) leaves the rest for the
-                    # next drain.
-                    with self.lock:
-                        batch, more = self._receiver.take(messages=at_most or _DRAIN_BATCH)
-                    if at_most is not None:
-                        at_most -= len(batch)
-                    taken.extend(batch)
-                    continue
-                frames = taken.popleft()
-                try:
-                    message = self.signer.verify(frames, self._window, sender=CONTROLLER)
-                except UnknownMessage as exc:
-                    self.send(ProtocolError(f"rank could not read a message: {exc}"))
-                    continue
-                if message is None:
-                    continue
-                if message.__class__ is Call:  # most messages: work, no control to look for
-                    deliver(message, frames)
-                elif isinstance(message, StatusQuery) and on_main:
-                    # Answered now, it would describe the main thread draining, and
-                    # a call it just took would not have started yet. The wire
-                    # thread answers once the main thread is in its work, or idle.
-                    self.status_held = True
-                    self._control_backlog.append(message)
-                elif isinstance(message, Interrupt | StatusQuery) or (
-                    type(message) in self.control_handlers
-                ):
-                    # In order with the work around it (an interrupt of whatever
-                    # runs applies to what runs now, whichever thread receives it).
-                    self._control(message)
-                else:
-                    deliver(message, frames)
+        try:
+            return self._drain(at_most, deliver or self._deliver)
         finally:
             self._drain_lock.release()
+
+    def _drain(self, at_most: int | None, deliver: Callable[[Message, list[Any]], None]) -> bool:
+        on_main = threading.get_ident() != self._thread_ident
+        taken = self._taken
+        more = True
+        while True:
+            if not taken:
+                if not more:
+                    return False
+                if at_most is not None and at_most <= 0:
+                    return True
+                # A batch at a time: the receive that ends it costs no system
+                # call, where asking the socket again for each message did. What
+                # is taken waits in self._taken: a message whose handling raises
+                # (the drain's callers say it and go on) leaves the rest for the
+                # next drain.
+                with self.lock:
+                    batch, more = self._receiver.take(messages=at_most or _DRAIN_BATCH)
+                if at_most is not None:
+                    at_most -= len(batch)
+                taken.extend(batch)
+                continue
+            frames = taken.popleft()
+            try:
+                message = self.signer.verify(frames, self._window, sender=CONTROLLER)
+            except UnknownMessage as exc:
+                self.send(ProtocolError(f"rank could not read a message: {exc}"))
+                continue
+            if message is None:
+                continue
+            if message.__class__ is Call:  # most messages: work, no control to look for
+                deliver(message, frames)
+            elif isinstance(message, StatusQuery) and on_main:
+                # Answered now, it would describe the main thread draining, and
+                # a call it just took would not have started yet. The wire
+                # thread answers once the main thread is in its work, or idle.
+                self.status_held = True
+                self._control_backlog.append(message)
+            elif isinstance(message, Interrupt | StatusQuery) or (
+                type(message) in self.control_handlers
+            ):
+                # In order with the work around it (an interrupt of whatever
+                # runs applies to what runs now, whichever thread receives it).
+                self._control(message)
+            else:
+                deliver(message, frames)
 
     def release_status(self) -> None:
         """Main thread: it is in its work now (user code), done with it, or idle, so
