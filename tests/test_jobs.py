@@ -41,7 +41,7 @@ def test_process_job_saves_state_without_secrets_and_a_restarted_kernel_reattach
             text = f.read()
         for secret in _strings(keys):
             assert secret not in text
-        pids = record["running"]["pids"]
+        pids = [agent["pid"] for agent in record["running"]["agents"]]
         for hosts in state._hosts.values():
             hosts.shutdown()  # as a dying kernel would leave them
         # A new kernel: same spec, same saved path -> the same agents.
@@ -50,7 +50,8 @@ def test_process_job_saves_state_without_secrets_and_a_restarted_kernel_reattach
             job = ProcessJob(meshes={{"trainers": 2, "loaders": 1}})
             state = job.state(cached_path={path!r})
             with state.loaders.spawn_procs(per_host={{"procs": 2}}) as procs:
-                print(sorted(procs.run("rank").values()), job._running["pids"] == {pids!r})
+                pids = [agent["pid"] for agent in job._running["agents"]]
+                print(sorted(procs.run("rank").values()), pids == {pids!r})
             for name in ("trainers", "loaders"):
                 state[name].shutdown()
         """)
@@ -73,12 +74,12 @@ def test_a_saved_job_with_another_spec_is_replaced(tmp_path):
     path = str(tmp_path / "job.json")
     first = ProcessJob(meshes={"hosts": 1})
     first.apply(cached_path=path)
-    old = list(first._running["pids"])
+    old = [agent["pid"] for agent in first._running["agents"]]
     second = ProcessJob(meshes={"hosts": 2})
     try:
         state = second.state(cached_path=path)
         assert not wait_for_exit(set(old), 10)  # the saved job's agents were stopped
-        new = list(second._running["pids"])
+        new = [agent["pid"] for agent in second._running["agents"]]
         assert set(new).isdisjoint(old)
         with state.hosts.spawn_procs(per_host={"procs": 1}) as procs:
             assert procs.run("rank").values() == [0, 1]

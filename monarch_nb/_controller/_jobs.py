@@ -7,6 +7,11 @@ to find them again (the spec, the agents' addresses and pids) is saved as
 JSON beside the key file; no secret is in it. ``state()`` on a job whose
 saved twin is running re-attaches instead of starting new agents.
 
+The saved file is data, never code (``_job_file``): it must be ours and
+writable by nobody else; its running state is used only when its spec is the
+caller's, with the caller's own launcher; a pid in it is signalled only when
+it is provably the agent that was saved (boot, start time, command line).
+
 ::
 
     job = ProcessJob(meshes={"trainers": 2})      # or SSHJob, SlurmJob, KubernetesJob
@@ -17,10 +22,9 @@ saved twin is running re-attaches instead of starting new agents.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +35,7 @@ from typing import Any
 from .._common import _keys
 from .._common._errors import MeshUsageError
 from .._common._network import free_port
-from .._common._pids import pid_alive
+from . import _job_file
 from ._launchers import attach, host_prelude
 from ._proc_mesh import HostMesh, this_host
 from ._process_group import START_TIMEOUT_S
@@ -40,6 +44,10 @@ DEFAULT_JOB_PATH = ".monarch_nb/job_state.json"
 # Agents this process started: kept so they are reaped, not warned about.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 _AGENT = ("-m", "monarch_nb.agent")
+# Names of what a job saves beside its state file, so a loaded file can point nowhere else.
+_KEY_NAME = re.compile(r"job-[0-9a-f]{12}\.key")
+_REMOTE_KEY = re.compile(r"\.monarch_nb/agent-job-[0-9a-f]{12}\.key")
+_LOCAL_AGENT = re.compile(r"tcp://127\.0\.0\.1:[0-9]{1,5}")
 
 
 class JobState:
@@ -129,19 +137,74 @@ class JobTrait:
         self, cached_path: str | None = DEFAULT_JOB_PATH, timeout: float | None = 60.0
     ) -> JobState:
         """One HostMesh per named mesh; applies the job, or re-attaches to the
-        running job saved at ``cached_path`` when it has this spec."""
+        running job saved at ``cached_path`` when it has this spec.
+
+        The saved file is trusted only for where this job's agents are: it must
+        be yours and writable by nobody else (``PermissionError`` otherwise), and
+        a file saved with another spec is never acted on with its own commands
+        (``MeshUsageError``, unless its agents are local and provably its own:
+        those are stopped).
+        """
         if self._state is not None:
             return self._state
-        if self._running is None and cached_path is not None and os.path.exists(cached_path):
-            saved = job_load(cached_path)
-            if saved.active and saved.can_run(self) and saved._alive():
-                self._running = saved._running
-            elif saved.active:
-                saved._kill()
+        if self._running is None and cached_path is not None:
+            self._adopt_saved(cached_path)
         self.apply(cached_path)
         self._path = cached_path
         self._state = JobState(self._connect(timeout))
         return self._state
+
+    def _adopt_saved(self, path: str) -> None:
+        """Re-attach to the job saved at ``path`` if it is this one and alive; stop it if
+        it is this one and partly dead. Nothing in the file is ever run."""
+        record = _job_file.read(path)
+        if record is None or record.get("running") is None:
+            return
+        running = record["running"]
+        if record.get("kind") == self.kind and record.get("spec") == self.spec():
+            problem = self._running_problem(running, path)
+            if problem:
+                raise MeshUsageError(
+                    f"{path!r} has this job's spec but not a running state monarch_nb "
+                    f"wrote ({problem}); remove it"
+                )
+            self._running = running
+            if self._alive():
+                return
+            self._kill()
+            self._running = None
+        elif record.get("kind") == ProcessJob.kind and isinstance(running, dict):
+            # Local agents need no command to stop: those still provably the
+            # saved ones (boot, start time, command line) are signalled.
+            for agent in _saved_agents(running):
+                _job_file.terminate(agent)
+        else:
+            raise MeshUsageError(
+                f"{path!r} holds a {record.get('kind')!r} job with another spec than this "
+                f"{self.kind!r} job ({record.get('spec')!r}); commands saved in it are never "
+                f"run. If that job is yours, stop it with the job that started it "
+                f"(job_load({path!r}).kill() runs the commands of the spec shown: check them "
+                f"first); or pass another cached_path=, or remove the file"
+            )
+
+    def _running_problem(self, running: Any, path: str) -> str:
+        """What makes ``running`` (from the file at ``path``) unlike what this job saves."""
+        if not isinstance(running, dict):
+            return "not an object"
+        key_file = running.get("key_file")
+        directory = os.path.dirname(os.path.abspath(path))
+        if not (
+            isinstance(key_file, str)
+            and os.path.dirname(key_file) == directory
+            and _KEY_NAME.fullmatch(os.path.basename(key_file))
+        ):
+            return f"key file {key_file!r} is not one made beside it"
+        meshes = running.get("meshes")
+        if not isinstance(meshes, dict) or not all(
+            isinstance(a, list) and all(isinstance(x, str) for x in a) for a in meshes.values()
+        ):
+            return "'meshes' is not a list of addresses per mesh"
+        return ""
 
     def kill(self) -> None:
         """Stop the job's agents (and every process they run); forget the saved state."""
@@ -152,19 +215,19 @@ class JobTrait:
         if self._running is not None:
             self._kill()
             self._running = None
-        if self._path and os.path.exists(self._path):
-            os.remove(self._path)
+        if self._path:
+            _job_file.remove(self._path)
 
     # -- saved state ------------------------------------------------------------
 
     def dump(self, path: str) -> None:
-        """Save spec and running state as JSON (no secrets: the keys stay in their file)."""
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        """Save spec and running state as JSON (no secrets: the keys stay in their file).
+
+        Written 0600 as a new file that replaces the old one, in a directory of
+        yours that nobody else may write (refused otherwise); links at or beside
+        ``path`` redirect nothing."""
         record = {"kind": self.kind, "spec": self.spec(), "running": self._running}
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, path)
+        _job_file.write(path, record)
 
     # -- per launcher -----------------------------------------------------------
 
@@ -224,31 +287,65 @@ class ProcessJob(JobTrait):
     def spec(self) -> dict[str, Any]:
         return {"meshes": self.meshes, "python": self.python}
 
+    def _argv(self, address: str, key_file: str, index: int) -> list[str]:
+        return [
+            self.python, *_AGENT, "--listen", address, "--key-file", key_file,
+            "--host-index", str(index),
+        ]  # fmt: skip
+
     def _create(self, key_file: str) -> dict[str, Any]:
         meshes: dict[str, list[str]] = {}
-        pids: list[int] = []
+        agents: list[dict[str, Any]] = []
         for name, count in self.meshes.items():
             meshes[name] = []
             for index in range(count):
                 address = f"tcp://127.0.0.1:{_free_port()}"
-                argv = [self.python, *_AGENT, "--listen", address, "--key-file", key_file]
+                argv = self._argv(address, key_file, index)
                 proc = subprocess.Popen(
-                    [*argv, "--host-index", str(index)],
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     start_new_session=True,  # outlives the kernel; kill() ends it
                 )
                 meshes[name].append(address)
-                pids.append(proc.pid)
+                # Its start time, read now, and argv prove later that a pid is still it.
+                agents.append(_job_file.identity(proc.pid, argv))
                 _CHILDREN[proc.pid] = proc
-        return {"meshes": meshes, "pids": pids}
+        return {"meshes": meshes, "agents": agents}
+
+    def _running_problem(self, running: Any, path: str) -> str:
+        problem = super()._running_problem(running, path)
+        if problem:
+            return problem
+        meshes, agents = running["meshes"], running.get("agents")
+        if {name: len(a) for name, a in meshes.items()} != self.meshes:
+            return "its meshes are not the spec's"
+        expected = [
+            self._argv(address, running["key_file"], index)
+            for addresses in meshes.values()
+            for index, address in enumerate(addresses)
+        ]
+        if (
+            not isinstance(agents, list)
+            or [a.get("argv") if isinstance(a, dict) else None for a in agents] != expected
+        ):
+            return "its agents are not the ones this spec starts"
+        if not all(_LOCAL_AGENT.fullmatch(a) for a in _flat(meshes)):
+            return "an agent's address is not a loopback port"
+        return ""
 
     def _alive(self) -> bool:
-        return all(pid_alive(pid) for pid in (self._running or {}).get("pids", ()))
+        agents = _saved_agents(self._running or {})
+        return bool(agents) and all(_job_file.same_process(a) for a in agents)
 
     def _kill(self) -> None:
-        for pid in (self._running or {}).get("pids", ()):
-            _terminate(pid)
+        for agent in _saved_agents(self._running or {}):
+            child = _CHILDREN.get(agent["pid"])
+            if child is not None and child.args == agent.get("argv"):
+                del _CHILDREN[agent["pid"]]
+                _stop_child(child)
+            else:
+                _job_file.terminate(agent)
 
 
 class SSHJob(JobTrait):
@@ -358,21 +455,51 @@ class SSHJob(JobTrait):
                 pids[host] = int(pid)
         return {"meshes": meshes, "pids": pids, "remote_key": remote_key}
 
+    def _running_problem(self, running: Any, path: str) -> str:
+        problem = super()._running_problem(running, path)
+        if problem:
+            return problem
+        pids = running.get("pids")
+        if not isinstance(running.get("remote_key"), str) or not _REMOTE_KEY.fullmatch(
+            running["remote_key"]
+        ):
+            return f"remote key {running.get('remote_key')!r} is not one this job writes"
+        if not isinstance(pids, dict) or not all(
+            host in self.hosts and type(pid) is int and pid > 1 for host, pid in pids.items()
+        ):
+            return "'pids' is not a pid per host of the spec"
+        return ""
+
     def _kill(self) -> None:
         running = self._running or {}
-        remote_key = shlex.quote(running.get("remote_key", ""))
+        remote_key = running.get("remote_key", "")
+        if not _REMOTE_KEY.fullmatch(remote_key):
+            return  # nothing of ours to stop or remove
         for host, pid in running.get("pids", {}).items():
-            stop = f"kill {int(pid)}; rm -f {remote_key}"
+            # Signalled only while that pid still runs an agent with this job's
+            # (random) key file: a pid reused since is left alone.
+            pid = int(pid)
+            key = shlex.quote(remote_key)
+            stop = (
+                f"if tr '\\0' '\\n' < /proc/{pid}/cmdline 2>/dev/null | grep -qxF -- {key}; "
+                f"then kill {pid}; fi; rm -f {key}"
+            )
             argv = [*self.ssh, *self.ssh_options, host, stop]
             subprocess.run(argv, capture_output=True, timeout=60, check=False)
 
 
 def job_load(path: str = DEFAULT_JOB_PATH) -> JobTrait:
-    """The job saved at ``path`` (by ``apply``/``state``), running state included."""
-    with open(path) as f:
-        record = json.load(f)
-    cls = _KINDS.get(record.get("kind"))
-    if cls is None:
+    """The job saved at ``path`` (by ``apply``/``state``), running state included.
+
+    Unlike ``state()``, this takes the job's spec (its launcher commands) from
+    the file: load only a file you wrote. One that is not yours, or that
+    others may write, is refused (``PermissionError``).
+    """
+    record = _job_file.read(path)
+    if record is None:
+        raise FileNotFoundError(f"no job state file at {path!r}")
+    cls = _KINDS.get(record.get("kind"))  # type: ignore[arg-type]
+    if cls is None or not isinstance(record.get("spec"), dict):
         raise MeshUsageError(f"{path}: unknown job kind {record.get('kind')!r}")
     job = cls(**record["spec"])
     job._running = record.get("running")
@@ -391,7 +518,7 @@ def _key_file_for(cached_path: str | None) -> str:
         base = run_dir()
     else:
         base = os.path.dirname(os.path.abspath(cached_path))
-        os.makedirs(base, mode=0o700, exist_ok=True)
+        _job_file.check_dir(base)  # ours, and nobody else may write in it
     path = os.path.join(base, f"job-{os.urandom(6).hex()}.key")
     _keys.write_key_file(path)
     return path
@@ -401,25 +528,23 @@ def _free_port() -> int:
     return free_port("127.0.0.1")
 
 
-def _terminate(pid: int, grace: float = 10.0) -> None:
-    child = _CHILDREN.pop(pid, None)
-    if child is not None:
-        child.terminate()
-        try:
-            child.wait(grace)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        return
+def _stop_child(child: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    child.terminate()
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _saved_agents(running: dict[str, Any]) -> list[dict[str, Any]]:
+    """The agent identities saved in ``running`` (see ``_job_file.identity``)."""
+    agents = running.get("agents")
+    return [a for a in agents if isinstance(a, dict)] if isinstance(agents, list) else []
+
+
+def _flat(meshes: dict[str, list[str]]) -> list[str]:
+    return [address for addresses in meshes.values() for address in addresses]
 
 
 def _attach_when_listening(addresses: list[str], key_file: str, timeout: float | None) -> HostMesh:
