@@ -52,6 +52,8 @@ from typing import Any
 import zmq
 
 from .._common import _keys, _logs, _network, _py_spy, _rundir, _workspace
+from .._common._fd_limits import ExhaustionWarning, exhausted, raise_fd_limit
+from .._common._handshake_guard import HandshakeGuard
 from .._common._messages import (
     AgentAttach,
     AgentHeartbeat,
@@ -136,6 +138,10 @@ class Agent:
         self._fd_owner: dict[int, _Child] = {}
         self.stopping = False
         self.last_heard = time.monotonic()
+        # Out of fds (a connection flood): the request that needed one fails, said once.
+        self.fd_warning = ExhaustionWarning(_log, f"agent {self.host_index}")
+        self._last_free_port = 0
+        self.guard: HandshakeGuard | None = None  # on a listening endpoint only
         self.connected = listen is None  # an attached agent waits for a controller
         # The workers' side: a Unix socket in this agent's private (0700) run
         # directory, so no other user of the host can reach it at all; and what
@@ -147,6 +153,8 @@ class Agent:
         self.dropped_from_strangers = 0
         self.up = self._open_up()
         self.poller.register(self.up, zmq.POLLIN)
+        if self.guard is not None:
+            self.poller.register(self.guard.monitor, zmq.POLLIN)
         self.poller.register(self.down, zmq.POLLIN)
         # py-spy runs (seconds long) in threads; their replies are sent from this
         # loop, the one owner of the sockets, woken through a pipe.
@@ -188,6 +196,9 @@ class Agent:
             up.connect(self.config["controller"])
         else:
             _keys.allow_only(self.context, keys["client_public"])
+            # Anyone can open connections here: those still in their handshake
+            # are capped, and dropped after a few seconds (HANDSHAKE_IVL).
+            self.guard = HandshakeGuard(up, logger=_log, who=f"agent {self.host_index}")
             up.curve_server = True
             up.curve_publickey = keys["server_public"].encode()
             up.curve_secretkey = keys["server_secret"].encode()
@@ -208,10 +219,21 @@ class Agent:
                 socket.gethostname(),
                 address,
                 os.getpid(),
-                _network.free_port(),
+                self._free_port(),
                 len(_network.visible_gpus()),
             )
         )
+
+    def _free_port(self) -> int:
+        """A port free on this host now (for MASTER_PORT); out of fds to look with,
+        the last one found (0 before any: the controller keeps its own last)."""
+        try:
+            self._last_free_port = _network.free_port()
+        except OSError as exc:
+            if not exhausted(exc):
+                raise
+            self.fd_warning.failed("looking for a free port (MASTER_PORT)", exc)
+        return self._last_free_port
 
     # -- the loop -----------------------------------------------------------------
 
@@ -223,28 +245,40 @@ class Agent:
         next_beat = time.monotonic() + self.heartbeat_s
         while not self.stopping:
             timeout = max(0.0, next_beat - time.monotonic())
-            for item, _ in self.poller.poll(int(timeout * 1000) + 1):
-                if item is self.up:
-                    self._from_controller()
-                elif item is self.down:
-                    self._from_workers()
-                elif item == self._wake_r:
-                    self._send_py_spy_replies()
-                elif item == sys.stdin.fileno() and self.config.get("watch_stdin"):
-                    if not os.read(item, 4096):
-                        _log.info("agent %d: launcher channel closed; stopping", self.host_index)
-                        self.stopping = True
-                else:
-                    self._on_fd(item)
+            try:
+                self._poll_once(timeout)
+            except OSError as exc:
+                # What needed a new fd failed (each request that may catches it
+                # itself and says what); the agent and its workers go on.
+                if not exhausted(exc):
+                    raise
+                self.fd_warning.failed("handling a message", exc)
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + self.heartbeat_s
                 if self.connected:
-                    self.send_own(AgentHeartbeat(_network.free_port()))
+                    self.send_own(AgentHeartbeat(self._free_port()))
             if self.connected and now - self.last_heard > self.timeout_s:
                 self._controller_gone(now - self.last_heard)
         self.kill_all()
         self.context.destroy(linger=0)
+
+    def _poll_once(self, timeout: float) -> None:
+        for item, _ in self.poller.poll(int(timeout * 1000) + 1):
+            if item is self.up:
+                self._from_controller()
+            elif item is self.down:
+                self._from_workers()
+            elif self.guard is not None and item is self.guard.monitor:
+                self.guard.readable()
+            elif item == self._wake_r:
+                self._send_py_spy_replies()
+            elif item == sys.stdin.fileno() and self.config.get("watch_stdin"):
+                if not os.read(item, 4096):
+                    _log.info("agent %d: launcher channel closed; stopping", self.host_index)
+                    self.stopping = True
+            else:
+                self._on_fd(item)
 
     def _controller_gone(self, silent_for: float) -> None:
         _log.warning(
@@ -350,16 +384,22 @@ class Agent:
             return
 
         def run() -> None:
-            outcome = _py_spy.execute(
-                child.popen.pid,
-                mode=request.mode,
-                native=request.native,
-                seconds=request.seconds,
-                fmt=request.fmt,
-                rate=request.rate,
-                timeout=request.timeout,
-                full_filenames=request.full_filenames,
-            )
+            try:
+                outcome = _py_spy.execute(
+                    child.popen.pid,
+                    mode=request.mode,
+                    native=request.native,
+                    seconds=request.seconds,
+                    fmt=request.fmt,
+                    rate=request.rate,
+                    timeout=request.timeout,
+                    full_filenames=request.full_filenames,
+                )
+            except OSError as exc:  # no fd for its pipes: this request fails, said
+                if exhausted(exc):
+                    self.fd_warning.failed("running py-spy", exc)
+                why = f"the agent could not run py-spy: {type(exc).__name__}: {exc}"
+                outcome = _py_spy.Outcome(1, "", why)
             self._py_spy_finished(request.request_id, outcome)
 
         threading.Thread(target=run, name="monarch_nb-py-spy", daemon=True).start()
@@ -401,6 +441,46 @@ class Agent:
     # -- workers ----------------------------------------------------------------------
 
     def _launch(self, identity: str, env: dict[str, str], bootstrap: dict[str, Any]) -> None:
+        try:
+            popen = self._start(env, bootstrap)
+        except OSError as exc:
+            # No fd for its pipes (a flood), no memory to fork: this worker fails
+            # to start, and says why; the agent and the other workers go on.
+            self._not_started(identity, "start", exc)
+            return
+        try:
+            pidfd = os.pidfd_open(popen.pid)
+        except OSError as exc:
+            popen.kill()
+            popen.wait()
+            kill_leftovers(popen.pid)
+            for pipe in (popen.stdout, popen.stderr):
+                if pipe is not None:
+                    pipe.close()
+            self._not_started(identity, "watch", exc)
+            return
+        child = _Child(identity.encode(), popen, pidfd)
+        self.children[child.identity] = child
+        self._fd_owner[child.pidfd] = child
+        self.poller.register(child.pidfd, zmq.POLLIN)
+        for name, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            child.pipes[pipe.fileno()] = name
+            self._fd_owner[pipe.fileno()] = child
+            self.poller.register(pipe.fileno(), zmq.POLLIN)
+        self.send_own(WorkerStarted(identity, popen.pid))
+
+    def _not_started(self, identity: str, verb: str, exc: OSError) -> None:
+        """Worker ``identity`` failed to start: its stderr says why, and it exited."""
+        if exhausted(exc):
+            self.fd_warning.failed(f"{verb}ing worker {identity}", exc)
+        why = f"monarch_nb agent: could not {verb} this worker: {type(exc).__name__}: {exc}\n"
+        self.send_own(WorkerOutput(identity, "stderr", why.encode()))
+        self.send_own(WorkerExited(identity, 1))
+
+    def _start(self, env: dict[str, str], bootstrap: dict[str, Any]) -> subprocess.Popen[bytes]:
+        """A worker's process, its environment made from this host's (raises OSError)."""
         full_env = dict(os.environ)
         full_env.update(_network.worker_env(self.address, env))
         if self.config.get("reverse"):  # the controller is on our loopback (ssh -R)
@@ -413,18 +493,7 @@ class Agent:
         if local_gpu is not None:  # this host's GPUs, as this host's agent sees them
             full_env["CUDA_VISIBLE_DEVICES"] = _network.visible_gpus()[int(local_gpu)]
         boot = dict(bootstrap, address=self.down_address, controller_pid=os.getpid())
-        popen = start_worker(full_env, boot)
-        child = _Child(identity.encode(), popen, os.pidfd_open(popen.pid))
-        self.children[child.identity] = child
-        self._fd_owner[child.pidfd] = child
-        self.poller.register(child.pidfd, zmq.POLLIN)
-        for name, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
-            assert pipe is not None
-            os.set_blocking(pipe.fileno(), False)
-            child.pipes[pipe.fileno()] = name
-            self._fd_owner[pipe.fileno()] = child
-            self.poller.register(pipe.fileno(), zmq.POLLIN)
-        self.send_own(WorkerStarted(identity, popen.pid))
+        return start_worker(full_env, boot)
 
     def _on_fd(self, fd: int) -> None:
         child = self._fd_owner.get(fd)
@@ -527,6 +596,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host-index", type=int, default=0, help="this host's index (listen)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    raise_fd_limit()  # a listening endpoint holds an fd per connection, keyed or not
     # SIGTERM from a launcher (scancel, an ssh hang-up) ends the agent cleanly.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGHUP, lambda *_: sys.exit(0))

@@ -65,7 +65,9 @@ def free_port(host: str = "") -> int:
     """A TCP port free on ``host`` now, for a listener that binds it later.
 
     Chosen at random outside the ephemeral range where there is room, so that no
-    outgoing connection can take it meanwhile; ``bind(0)``'s port otherwise."""
+    outgoing connection can take it meanwhile; ``bind(0)``'s port otherwise.
+    Raises OSError (EMFILE, ENFILE) when no fd is left to probe with: a failed
+    request for the caller to report, not a port in use."""
     low, high = _ephemeral_ports()
     top = min(low, _LISTEN_PORTS_CEILING)
     if top - _LISTEN_PORTS_FLOOR >= 1000:

@@ -52,6 +52,7 @@ import zmq
 from .._common import _config, _rundir
 from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure
 from .._common._eventfd import clear_eventfd
+from .._common._fd_limits import raise_fd_limit
 from .._common._future import Future, deferred_callbacks, pumps_here, set_before_wait
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._sockets import socket_events
@@ -133,6 +134,7 @@ class Controller:
                 "is 'unix' (the default) or 'zmq'"
             )
         self._pid = os.getpid()
+        raise_fd_limit()  # each endpoint it listens on holds an fd per connection
         self.bind_host = bind_host or os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
         self.stats = WireStats()
         self.loop = IOLoop()

@@ -35,6 +35,7 @@ from .._common import _context, _metrics, _peer, _refs
 from .._common._actors import is_concurrent, wants_response_port
 from .._common._context import Context
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, RemoteFailure
+from .._common._fd_limits import raise_fd_limit
 from .._common._future import set_wait_pump
 from .._common._messages import (
     BroadcastFailure,
@@ -1092,6 +1093,7 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
+    raise_fd_limit()  # user code may open many; the agent or controller raised it already
     # A segfault or abort prints every thread's Python stack to fd 2, which the
     # controller reads to the end before it reports the death.
     faulthandler.enable(file=2, all_threads=True)
