@@ -172,6 +172,23 @@ def test_no_files_when_turned_off():
     assert not os.path.exists(_logs.mesh_dir(name))
 
 
+def test_a_new_mesh_of_the_same_name_reads_only_its_own_run():
+    name = _unique("again")
+    with this_host().spawn_procs(per_host={"procs": 2}, name=name, echo_output=False) as first:
+        first.exec("print(f'first run {rank}')").get(timeout=60)
+    with this_host().spawn_procs(per_host={"procs": 2}, name=name, echo_output=False) as second:
+        second.exec("print(f'second run {rank}')").get(timeout=60)
+        assert [line.text for line in second.logs(ranks=[1], grep="run")] == ["second run 1"]
+        assert second.logs(grep="first run") == []
+        # Earlier runs of the name stay searchable on purpose, oldest first.
+        every = second.logs(ranks=[1], grep="run", runs="all")
+        assert [line.text for line in every] == ["first run 1", "second run 1"]
+        # An earlier since= than the run's start still means this run only.
+        assert len(second.logs(grep="run", since="1h")) == 2
+        with pytest.raises(MeshUsageError, match=r"runs='last' is not a choice: use 'this'"):
+            second.logs(runs="last")
+
+
 def test_logs_checks_its_arguments(procs2):
     with pytest.raises(MeshUsageError, match=r"since='yesterday' is not a time"):
         procs2.logs(since="yesterday")

@@ -79,15 +79,25 @@ def test_remote_error_fails_the_cell_with_one_grouped_traceback(kernel):
     assert text.startswith("-" * 75 + "\nCellError: %%mesh cell [")
 
 
+def _colour_before(word: str, raw: str) -> str:
+    """The escape code IPython put just before ``word`` in a coloured traceback."""
+    found = re.search(rf"(\x1b\[[\d;]*m){word}\b", raw)
+    assert found, raw
+    return found.group(1)
+
+
 def test_remote_errors_in_ipython_colours_named_by_the_execution_count(kernel):
     # Other tests' cells do not count (store_history=False): In [1] is taken by them.
-    kernel.collect(kernel.client.execute("pass", store_history=True))
+    local = kernel.collect(kernel.client.execute("raise KeyError(1)", store_history=True))
+    own = _colour_before("KeyError", "\n".join(local.error["traceback"]))
     msg_id = kernel.client.execute("%%mesh\nraise KeyError(rank)", store_history=True)
     reply = kernel.collect(msg_id)
     number = reply.content["execution_count"]
+    assert number == local.content["execution_count"] + 1
     raw = "\n".join(reply.error["traceback"])
-    assert "\x1b[0;31mKeyError\x1b[0m" in raw  # the shell's colour scheme
-    assert "\x1b[0;31mCellError\x1b[0m" in raw
+    # The exception names in the colour this IPython gives its own (8 and 9 differ).
+    assert _colour_before("KeyError", raw) == own
+    assert _colour_before("CellError", raw) == own
     text = reply.traceback
     # In [N] runs as <mesh-cell-N>, or <mesh-cell-N.2> if an uncounted cell (this
     # module's others, numbered by the process) took that name already.

@@ -114,6 +114,31 @@ def parse_line(rank: int, raw: str) -> LogLine | None:
     return LogLine(rank, when, parts[1], parts[2] if len(parts) > 2 else "")
 
 
+def now_to_the_millisecond() -> dt.datetime:
+    """Local time now, aware, cut to the millisecond as the files write it."""
+    now = dt.datetime.now().astimezone()
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+RUNS = ("this", "all")
+
+
+def since_for_runs(
+    since: float | str | dt.datetime | dt.timedelta | None, runs: str, run_started: dt.datetime
+) -> dt.datetime | None:
+    """``since=`` narrowed to the run that began at ``run_started`` (``runs="this"``),
+    or as given (``runs="all"``: every run of meshes of this name)."""
+    if runs not in RUNS:
+        raise MeshUsageError(
+            f"runs={runs!r} is not a choice: use 'this' (the lines of this mesh's run, the "
+            "default) or 'all' (every run of meshes of this name, kept in the same files)"
+        )
+    after = parse_since(since)
+    if runs == "all" or (after is not None and after > run_started):
+        return after
+    return run_started
+
+
 def parse_since(since: float | str | dt.datetime | dt.timedelta | None) -> dt.datetime | None:
     """``since=`` as an aware datetime: seconds ago, ``"5m"``, ``"2h"``, an ISO time,
     a timedelta (ago) or a datetime (naive means local time)."""

@@ -304,6 +304,7 @@ class ProcMesh(MeshShape):
         since: float | str | dt.datetime | dt.timedelta | None = None,
         level: int | str | None = None,
         tail: int | None = None,
+        runs: str = "this",
     ) -> list[_logs.LogLine]:
         """What ranks wrote to their log files, oldest first: every line they printed
         and every ``logging`` record they made, with its level, kept across
@@ -312,7 +313,10 @@ class ProcMesh(MeshShape):
         ``ranks`` (default: this view's), ``grep`` (a regular expression),
         ``since`` (seconds ago, ``"5m"``, ``"2h"``, a datetime), ``level``
         (``"WARNING"``: records at that level or above) and ``tail`` (the last
-        N matches) narrow it down. Each :class:`~monarch_nb.LogLine` prints as
+        N matches) narrow it down. Meshes of the same name (every unnamed mesh is
+        ``procs``) write to the same files: ``runs="this"`` (the default) reads
+        the lines written since this mesh started (its restarts included),
+        ``runs="all"`` those of earlier runs too. Each :class:`~monarch_nb.LogLine` prints as
         ``[rank] time text``. Files live in ``MONARCH_NB_LOG_DIR/<mesh name>/``
         (default ``~/.monarch_nb/logs``); see docs/logs.md.
 
@@ -323,6 +327,7 @@ class ProcMesh(MeshShape):
         for rank in selected:
             self._shape.index_of_rank(rank)  # raises for a rank outside this view
         group = self._group
+        since = _logs.since_for_runs(since, runs, group.run_started)
         root = group.extra_env.get("MONARCH_NB_LOG_DIR")
         if group.agents is None:
             return _logs.read(

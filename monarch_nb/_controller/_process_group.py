@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._common import _context, _peer, _py_spy, _refs, _rundir
+from .._common import _context, _logs, _peer, _py_spy, _refs, _rundir
 from .._common._dist import STORE_ENV, fresh_store_path
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, SpawnError
 from .._common._future import Future
@@ -264,6 +264,10 @@ class ProcGroup:
         self.agents = agents
         self.name = name
         self.shape = Shape.from_sizes(sizes)
+        # Where this mesh's run begins in its ranks' log files, which meshes of the
+        # same name share (to the millisecond, as the files write time): logs() reads
+        # from here unless asked for every run.
+        self.run_started = _logs.now_to_the_millisecond()
         self.extra_env = dict(env or {})
         self.gpus = gpus
         self.controller = controller

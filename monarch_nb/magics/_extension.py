@@ -38,6 +38,18 @@ def _usage(exc: MeshUsageError) -> UsageError:
     return UsageError(str(exc))
 
 
+def cell_number(shell: Any) -> int:
+    """The running cell's ``In [N]``.
+
+    IPython 8 counts a cell up after it ran, IPython 9 before it runs, so
+    ``shell.execution_count`` is N on one and N + 1 on the other. The result
+    IPython fills in for the running cell holds N on both.
+    """
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    number = getattr(result, "execution_count", None)
+    return number if isinstance(number, int) else shell.execution_count
+
+
 @magics_class
 class MeshMagics(Magics):
     """``%mesh`` (start, stop, restart, status, dashboard, push, pull, on, off, activate,
@@ -218,6 +230,7 @@ class MeshMagics(Magics):
             since=_options.unquote(args.since),
             level=args.level,
             tail=args.tail,
+            runs=args.runs,
         )
         display(_render.LogView(lines))
 
@@ -328,7 +341,7 @@ class MeshMagics(Magics):
                 fail_fast=args.fail_fast,
                 replay=not args.no_replay,
                 # <mesh-cell-N> is In [N]; an uncounted cell takes the next of our own count.
-                number=self.shell.execution_count if self.counted else None,
+                number=cell_number(self.shell) if self.counted else None,
                 on_done=self._done_callback(mesh, args.out) if args.no_block else None,
             )
         except MeshUsageError as exc:

@@ -251,6 +251,12 @@ def off_options() -> None:
 @argument("--level", metavar="LEVEL", help="logging records at LEVEL or above: WARNING")
 @argument("--since", metavar="WHEN", help="lines since: 30s, 5m, 2h, 1d or an ISO time")
 @argument("--grep", metavar="REGEX", help="lines whose text matches REGEX")
+@argument(
+    "--runs",
+    choices=("this", "all"),
+    default="this",
+    help="this: lines since this mesh started (default); all: earlier runs of its name too",
+)
 @_selection_options
 @_mesh_option
 def logs_options() -> None:

@@ -38,25 +38,70 @@ def notebook_words(line: str) -> str:
     return _CELL.sub(lambda m: f"%%mesh cell [{m.group(1)}]", line)
 
 
+# The parts of a traceback we colour, by their names in IPython 8's colour
+# schemes (``InteractiveTB.Colors``) and the tokens IPython 9's themes style.
+_PARTS = ("topline", "excName", "filenameEm", "linenoEm", "nameEm")
+_TOKENS = {
+    "topline": ("Topline",),
+    "excName": ("ExcName",),
+    "filenameEm": ("FilenameEm",),
+    "linenoEm": ("LinenoEm",),
+    "nameEm": ("TB", "NameEm"),
+}
+
+
+def _scheme_colours(shell: Any) -> dict[str, tuple[str, str]]:
+    """IPython 8: each part's start code from the active scheme, ended by ``Normal``."""
+    table = dict(shell.InteractiveTB.Colors)
+    normal = table.get("Normal", "")
+    return {part: (table.get(part, ""), normal) for part in _PARTS}
+
+
+def _theme_colours(shell: Any) -> dict[str, tuple[str, str]]:
+    """IPython 9: each part's codes from the theme ``%colors`` chose (``shell.colors``),
+    as the theme formats that part's token around a marker."""
+    from IPython.utils.PyColorize import theme_table
+    from pygments.token import Token
+
+    theme = theme_table[str(shell.colors).lower()]
+    colours = {}
+    for part, path in _TOKENS.items():
+        token = Token
+        for name in path:
+            token = getattr(token, name)
+        start, _, end = theme.format([(token, "\0")]).partition("\0")
+        colours[part] = (start, end)
+    return colours
+
+
+def colours(shell: Any) -> dict[str, tuple[str, str]]:
+    """``{part: (start, end)}`` escape codes of the shell's active colours, on the
+    IPython releases we support; empty (plain text, still right) for one we do not."""
+    for read in (_theme_colours, _scheme_colours):
+        try:
+            return read(shell)
+        except Exception:  # not this release's way: try the other
+            continue
+    return {}
+
+
 class IPythonStyle:
     """``style(error, lines)`` for :func:`~.._common._errors.set_ipython_style`."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
 
-    def colours(self) -> dict[str, str]:
-        try:
-            return dict(self.shell.InteractiveTB.Colors)
-        except Exception:  # another IPython's scheme table: plain text is still right
-            return {}
-
     def __call__(self, error: BaseException, lines: list[str]) -> list[str]:
-        c = self.colours()
-        top, exc, normal = c.get("topline", ""), c.get("excName", ""), c.get("Normal", "")
+        codes = colours(self.shell)
+
+        def paint(part: str, text: str) -> str:
+            start, end = codes.get(part, ("", ""))
+            return f"{start}{text}{end}"
+
         name = type(error).__name__
         first, *rest = lines or [""]
         first = notebook_words(first.removeprefix(f"{name}: "))
-        out = [f"{top}{_RULE}{normal}", f"{exc}{name}{normal}: {first}"]
+        out = [paint("topline", _RULE), f"{paint('excName', name)}: {first}"]
         in_traceback = False
         for line in rest:
             if line.startswith("Traceback (most recent call last)"):
@@ -66,18 +111,18 @@ class IPythonStyle:
             frame = _FRAME.match(line)
             if in_traceback and frame:
                 indent, path, number, function = frame.groups()
+                quoted = f'"{path}"'
                 out.append(
-                    f'{indent}File {c.get("filenameEm", "")}"{path}"{normal}, line '
-                    f"{c.get('linenoEm', '')}{number}{normal}, in "
-                    f"{c.get('nameEm', '')}{function}{normal}"
+                    f"{indent}File {paint('filenameEm', quoted)}, line "
+                    f"{paint('linenoEm', number)}, in {paint('nameEm', function)}"
                 )
                 continue
             exception = _EXCEPTION.match(line) if in_traceback and line[:1].strip() else None
             if exception:
                 in_traceback = False
-                out.append(f"{exc}{exception.group(1)}{normal}{exception.group(2) or ''}")
+                out.append(paint("excName", exception.group(1)) + (exception.group(2) or ""))
             elif line.startswith("--- "):
-                out.append(f"{top}{notebook_words(line)}{normal}")
+                out.append(paint("topline", notebook_words(line)))
             elif not in_traceback:
                 out.append(notebook_words(line))
             else:

@@ -8,6 +8,7 @@ They skip, saying why, where the machine cannot provide them (not root, no
 from __future__ import annotations
 
 import functools
+import site
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -95,9 +96,17 @@ def host_venv(tmp_path) -> Path:
     them), for ``python=`` on the hosts, which share this file system."""
     venv = tmp_path / "venv"
     subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
         check=True,
         timeout=120,
+    )
+    # --system-site-packages would give the base interpreter's packages, not those
+    # of a virtualenv pytest runs from: add this interpreter's own site directories
+    # (processing their .pth files, which an editable install of monarch_nb uses).
+    parents = [*site.getsitepackages(), site.getusersitepackages()]
+    (child,) = (venv / "lib").glob("python*/site-packages")
+    (child / "_this_pythons_packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({path!r})\n" for path in parents)
     )
     return venv
 

@@ -5,6 +5,7 @@ made the way they happen: a pulled cable, a killed machine."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import textwrap
 import time
@@ -219,7 +220,13 @@ def test_actors_on_different_hosts_call_each_other(hosts, request) -> None:
         assert sorted(receiver.recv().get(timeout=120) for _ in range(2)) == [0, 1]
 
 
-@pytest.mark.parametrize("transport", ["rsync", "agent"])
+_NO_RSYNC = pytest.mark.skipif(
+    shutil.which("rsync") is None,
+    reason="rsync is not installed (Debian's rsync; .ci/install_multihost.sh installs it)",
+)
+
+
+@pytest.mark.parametrize("transport", [pytest.param("rsync", marks=_NO_RSYNC), "agent"])
 def test_sync_workspace_ships_a_notebooks_code_to_hosts_without_a_shared_file_system(
     hosts, cluster2, tmp_path, transport
 ):
@@ -253,6 +260,7 @@ def test_sync_workspace_ships_a_notebooks_code_to_hosts_without_a_shared_file_sy
         assert list(procs.run(f"import {module}\n{module}.GREETING").values()) == ["edited"] * 2
 
 
+@_NO_RSYNC
 def test_sync_workspace_goes_by_rsync_where_it_can(hosts, cluster2, tmp_path):
     (tmp_path / "one.py").write_text("X = 1\n")
     dest = os.path.join(cluster2.private_dir, "auto")
