@@ -92,6 +92,12 @@ def __dir__() -> list[str]:
 class _ActorModule(types.ModuleType):
     """This module, with ``unhandled_fault_hook`` as a settable attribute."""
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        # By name, as pickle and cloudpickle take a plain module: a function or class
+        # pickled by value (a notebook's) that names monarch_nb.actor.X refers to it,
+        # and their tables of module reducers match the type exactly, not a subclass.
+        return importlib.import_module, (self.__name__,)
+
     @property
     def unhandled_fault_hook(self) -> Callable[[MeshFailure], object]:
         """Called with every unhandled ``MeshFailure``; assign to replace it."""

@@ -70,6 +70,11 @@ def test_rdma_action_copies_as_monarchs_does():
         action = RDMAAction().read_remote(local, buf_a).write_remote(buf_b, bytearray(b"b" * 64))
         assert action.submit().get(timeout=30) == 128
         assert (bytes(local), bytes(remote_b)) == (b"a" * 64, b"b" * 64)
+        # Submitted again, the same copies run again: fresh bytes, not stale ones.
+        remote_a[:] = b"c" * 64
+        local[:] = bytes(64)
+        assert action.submit().get(timeout=30) == 128
+        assert bytes(local) == b"c" * 64
     finally:
         buf_a.drop()
         buf_b.drop()
@@ -169,3 +174,49 @@ def test_a_monarch_program_runs_after_renaming_its_imports(tmp_path):
     assert "async: (2, 1)" in lines
     assert "result: 2" in lines
     assert "states: stopped stopped faults: []" in lines  # stopped on purpose: no fault
+
+
+BY_VALUE_PROGRAM = """
+import monarch_nb.actor
+from monarch_nb.actor import Actor, ActorError, endpoint, this_host
+
+
+class Ranked(Actor):  # defined in __main__: travels by value, as a notebook's class
+    @endpoint
+    def where(self) -> int:
+        return monarch_nb.actor.current_rank().rank
+
+    @endpoint
+    def load(self) -> None:
+        try:
+            {}["batch-7"]
+        except KeyError as e:
+            raise ValueError("could not load the batch") from e
+
+
+procs = this_host().spawn_procs(per_host={"procs": 2})
+ranked = procs.spawn("ranked", Ranked)
+print("ranks:", sorted(ranked.where.call().get(timeout=60).values()))
+try:
+    ranked.slice(procs=1).load.call_one().get(timeout=60)
+except ActorError as e:
+    print("error:", str(e))
+procs.stop()
+"""
+
+
+def test_a_class_pickled_by_value_may_name_monarch_nb_actor_and_errors_keep_their_cause(
+    tmp_path,
+):
+    script = tmp_path / "program.py"
+    script.write_text(BY_VALUE_PROGRAM)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ranks: [0, 1]" in out.stdout
+    error = out.stdout[out.stdout.index("error: ") :]
+    assert error.startswith(
+        "error: Ranked.load failed on rank 1: ValueError: could not load the batch\n"
+    )
+    # The chain, as Python prints it (and Monarch's ActorError says it).
+    assert "KeyError: 'batch-7'" in error
+    assert "The above exception was the direct cause of the following exception" in error

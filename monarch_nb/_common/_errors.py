@@ -154,6 +154,15 @@ class RemoteError(MonarchNbError):
             head += f" (rank(s) {format_ranks(self.interrupted)} interrupted)"
         return f"{self.target} failed on {head}"
 
+    def __str__(self) -> str:
+        # One line, unless the remote exception was raised from (or while handling)
+        # another: then the chain, which the line alone hides, as Python prints it.
+        summary = super().__str__()
+        chained = self.remote_traceback
+        if _CAUSE in chained or _CONTEXT in chained:
+            return f"{summary}\n{chained.rstrip()}"
+        return summary
+
     def render(self) -> str:
         """Full text: each distinct remote traceback once, labelled by rank set, then
         the interrupted ranks and the values of the ranks that succeeded."""
@@ -199,6 +208,11 @@ class RemoteError(MonarchNbError):
 def _rebuild_remote_error(cls, failures, actor, endpoint):
     # .values stay behind: they may not pickle, and the failures are what travels.
     return cls(failures, actor=actor, endpoint=endpoint)
+
+
+# What Python's traceback prints between the links of an exception's chain.
+_CAUSE = "The above exception was the direct cause of the following exception:"
+_CONTEXT = "During handling of the above exception, another exception occurred:"
 
 
 def _is_interrupt(failure: RemoteFailure) -> bool:

@@ -494,8 +494,11 @@ class RDMAAction(RDMABatch):
         return self
 
     def submit(self, *, timeout: float | None = None) -> Future[int]:
-        """Start every copy; ``timeout`` as in :meth:`RDMABuffer.read_into`."""
-        return _with_timeout(super().submit(), timeout, "batch")
+        """Start every copy; ``timeout`` as in :meth:`RDMABuffer.read_into`.
+
+        Unlike :meth:`RDMABatch.submit`, the action keeps its copies, as Monarch's
+        does: submitting it again runs them all again (reads fetch fresh bytes)."""
+        return _with_timeout(submit(list(self._ops)), timeout, "batch")
 
 
 def is_rdma_available() -> bool:
