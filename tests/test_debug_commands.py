@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 
 from monarch_nb.debug._commands import (
@@ -74,3 +78,64 @@ def test_malformed_mesh_commands_say_the_right_form(line, message):
 def test_help_lists_every_mesh_command():
     for word in ("ranks", "attach R", "cast RANKS CMD", "continue all", "help"):
         assert word in HELP
+
+
+@pytest.mark.parametrize(
+    ("text", "size", "message"),
+    [
+        (
+            "0-99999999999",
+            None,
+            "'0-99999999999' names rank 99999999999, which does not exist: "
+            "no mesh has more than 65536 ranks",
+        ),
+        (
+            "0-99999999999",
+            2,
+            "'0-99999999999' names rank 99999999999, which does not exist: the mesh has ranks 0-1",
+        ),
+        ("1,2", 2, "'2' names rank 2, which does not exist: the mesh has ranks 0-1"),
+        ("0-1," + "9" * 5000, 2, "is not a rank set; write e.g. 0-3, 1,3 or all"),
+    ],
+)
+def test_a_rank_set_past_the_ranks_that_exist_is_refused_before_it_is_expanded(text, size, message):
+    with pytest.raises(CommandError, match=re.escape(message)):
+        parse_ranks(text, size)
+    with pytest.raises(CommandError, match=re.escape(message)):
+        parse(f"cast {text} p x", size)
+    assert parse_ranks("0-1", 2) == (0, 1)
+
+
+@pytest.mark.parametrize("rest", ["\u00b2", "9" * 5000, "-1"])
+def test_attach_takes_a_plain_rank_number(rest):
+    with pytest.raises(CommandError, match=r"attach needs one rank number, e\.g\. `attach 1`"):
+        parse(f"attach {rest}")
+
+
+def test_a_huge_cast_at_a_real_prompt_says_which_ranks_exist(tmp_path):
+    # A script on a pipe: the prompt reads the answers from stdin. Before the bound,
+    # the first line built a list of 10^11 ranks (MemoryError); now it is refused
+    # and the session goes on.
+    script = tmp_path / "huge_cast.py"
+    script.write_text(
+        "import monarch_nb.debug\n"
+        "from monarch_nb import this_host\n"
+        "monarch_nb.debug.install()\n"
+        "with this_host().spawn_procs(per_host={'procs': 2}, echo_output=False) as procs:\n"
+        "    print('values', procs.run('breakpoint()\\nrank * 10', timeout=120).values())\n"
+    )
+    answers = "cast 0-99999999999 p rank\ncast 0-1 p rank + 100\nc\nc\nc\n"
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        input=answers,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        "*** '0-99999999999' names rank 99999999999, which does not exist: "
+        "the mesh has ranks 0-1" in out.stdout
+    )
+    assert "values [0, 10]" in out.stdout

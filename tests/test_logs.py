@@ -6,10 +6,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 import stat
 import uuid
 
 import pytest
+from polling import wait_until
 
 from monarch_nb import LogLine, MeshUsageError, this_host
 from monarch_nb._common import _logs
@@ -343,3 +345,40 @@ def test_the_option_is_kept_on_the_mesh_for_every_view_and_printer(procs2):
         assert procs2.output_option == (False, 3.0)
     finally:
         procs2.logging_option()
+
+
+def test_a_log_dir_of_another_user_is_refused_and_the_controller_says_so_once(
+    tmp_path, monkeypatch, caplog, capsys
+):
+    # Another user (uid 65534) pre-made MONARCH_NB_LOG_DIR: every rank rightly
+    # refuses it; the controller warns once, not once per rank, with what to do.
+    if os.getuid() != 0:
+        pytest.skip("making a directory owned by another user needs root")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 65534, 65534)
+    monkeypatch.setenv("MONARCH_NB_LOG_DIR", str(theirs))
+    caplog.set_level(logging.WARNING, logger="monarch_nb")
+    procs = this_host().spawn_procs(per_host={"procs": 2}, name=_unique("refused"))
+    try:
+        printed = ""
+
+        def both_ranks_refused() -> bool:
+            nonlocal printed
+            printed += capsys.readouterr().err
+            return all(f"[{r}] monarch_nb: no log file for this rank" in printed for r in (0, 1))
+
+        wait_until(both_ranks_refused, 60, "both ranks' refusals")
+        assert procs.run("1", timeout=30).values() == [1, 1]  # the ranks run without files
+    finally:
+        procs.stop()
+    told = [r.getMessage() for r in caplog.records if "keeps no rank log files" in r.getMessage()]
+    assert len(told) == 1, told
+    assert re.search(
+        rf"^monarch_nb: mesh '{procs.name}' keeps no rank log files, so procs\.logs\(\) will "
+        rf"not find its lines \(rank [01]: {re.escape(str(theirs))} is not a directory of this "
+        r"user's .*\)\. Set MONARCH_NB_LOG_DIR to a directory that only you own and can write "
+        r"\(or unset it for ~/\.monarch_nb/logs\), then start the mesh again$",
+        told[0],
+    )
+    assert os.listdir(theirs) == []  # nothing written into the other user's directory

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from . import _checks
 from ._public import publish
 
 if TYPE_CHECKING:
@@ -225,7 +226,12 @@ class Future(Generic[T]):
 
         Raises the error of the operation, or a ``TimeoutError`` subclass if
         ``timeout`` seconds pass first (the operation itself keeps going).
+        ``timeout`` is seconds >= 0, or None (or ``math.inf``) to wait without
+        limit; anything else raises MeshUsageError at once, the operation
+        untouched (its value stays for the next ``get()``).
         """
+        if timeout is not None:
+            timeout = _checks.timeout(timeout, "get")
         return self._get(timeout, timeout)
 
     def _get(self, wait: float | None, timeout: float | None) -> T:
@@ -242,6 +248,8 @@ class Future(Generic[T]):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait like ``get`` but return the error (or None) instead of raising it."""
+        if timeout is not None:
+            timeout = _checks.timeout(timeout, "exception")
         if not self._wait(timeout) and not self._done:
             raise self._timeout_error(timeout)
         return self._exception

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import os
 import re
 import stat
@@ -139,6 +140,14 @@ def since_for_runs(
     return run_started
 
 
+def _ago(now: dt.datetime, seconds: float) -> dt.datetime:
+    """``seconds`` before ``now``; the earliest time there is for more than it reaches."""
+    try:
+        return now - dt.timedelta(seconds=seconds)
+    except OverflowError:  # longer ago than datetime goes: every line is newer
+        return dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+
+
 def parse_since(since: float | str | dt.datetime | dt.timedelta | None) -> dt.datetime | None:
     """``since=`` as an aware datetime: seconds ago, ``"5m"``, ``"2h"``, an ISO time,
     a timedelta (ago) or a datetime (naive means local time)."""
@@ -153,11 +162,16 @@ def parse_since(since: float | str | dt.datetime | dt.timedelta | None) -> dt.da
         case bool():
             pass
         case int() | float():
-            return now - dt.timedelta(seconds=since)
+            if not 0 <= since < math.inf:  # (also refuses NaN)
+                raise MeshUsageError(
+                    f"since={since!r} is not a time: give seconds ago as a finite number "
+                    ">= 0 (300), a duration ('5m'), an ISO time or a datetime"
+                )
+            return _ago(now, since)
         case str():
             found = _DURATION.match(since)
             if found:
-                return now - dt.timedelta(seconds=float(found[1]) * _UNIT_S[found[2]])
+                return _ago(now, float(found[1]) * _UNIT_S[found[2]])
             try:
                 return parse_since(dt.datetime.fromisoformat(since.strip()))
             except ValueError:

@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Generator, Iterator, Sequence
 from typing import Any, Protocol
 
+from . import _checks
 from ._errors import (
     CallCancelled,
     CallTimeout,
@@ -132,6 +133,8 @@ class CallFuture(Future[Any]):
         call.stopper(self, "interrupted", call.grace if grace is None else grace)
 
     def get(self, timeout: float | None = None) -> Any:
+        if timeout is not None:  # before any wait: a bad one must not lose the reply
+            timeout = _checks.timeout(timeout, "get")
         before_wait()  # (again in _wait: cheap) before this thread receives
         try:
             call = self._call

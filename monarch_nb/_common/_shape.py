@@ -167,6 +167,8 @@ class Shape:
         return hash((self.labels, self.sizes, self.ranks))
 
     def __repr__(self) -> str:
+        if not self.labels:  # one point (every dimension indexed away): say which
+            return f"{{rank {self.ranks[0]}}}"
         dims = zip(self.labels, self.sizes, strict=True)
         return "{" + ", ".join(f"{k}: {v}" for k, v in dims) + "}"
 
@@ -254,6 +256,9 @@ class Shape:
 
     def slice(self, **selection: Selector) -> Shape:
         """A sub-shape: an int drops the dimension, a slice or a list of ints keeps it.
+
+        Indices count as Python's do: ``-1`` is the last point of a dimension.
+        An index out of range, or a selection of no points, raises MeshUsageError.
 
         Example: ``Shape.from_sizes({"hosts": 2, "gpus": 4}).slice(gpus=0)`` has
         dimension ``hosts`` only, over ranks 0 and 4.

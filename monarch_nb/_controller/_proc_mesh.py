@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from .._common import _logs, _refs, _workspace
+from .._common import _checks, _logs, _refs, _workspace
 from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
@@ -179,6 +179,7 @@ class ProcMesh(MeshShape):
         :class:`~monarch_nb.ProfilerUnavailable` saying what to do if py-spy is
         missing (here or on a rank's host) or the OS refuses it (ptrace).
         """
+        timeout = _checks.bounded_timeout(timeout, "stacks")
         ranks = self._shape.ranks
         if native:
             return _stacks.native_stacks(self._group, ranks, max(timeout, 1.0))
@@ -213,6 +214,7 @@ class ProcMesh(MeshShape):
         ``.collectives()`` are the data. Ranks stuck in C holding the GIL are
         read with py-spy where it is installed.
         """
+        timeout = _checks.bounded_timeout(timeout, "diagnose")
         return _diagnose.diagnose(self._group, self._shape.ranks, timeout)
 
     def timeline(self, minutes: float = 10.0) -> Timeline:
@@ -442,8 +444,11 @@ class ProcMesh(MeshShape):
         On ``timeout`` (or Ctrl-C) the ranks still running are interrupted, and
         killed if they do not stop within the grace period. Raises CellError with
         every rank's traceback if it raised; its ``.values`` hold the values of
-        the ranks that succeeded.
+        the ranks that succeeded. ``timeout`` is seconds >= 0, or None (or
+        ``math.inf``) for no limit; anything else raises MeshUsageError before
+        the cell is sent.
         """
+        timeout = _checks.timeout(timeout, "run")
         return wait_for(self.exec(source, fail_fast=fail_fast), timeout=timeout)
 
     def push(self, values: Mapping[str, Any] | None = None, /, **names: Any) -> None:
@@ -488,11 +493,14 @@ class ProcMesh(MeshShape):
     def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """Start one ``actor_class(*args, **kwargs)`` in every process of this mesh.
 
-        Blocks until every instance is constructed. Raises SpawnError with the
-        remote traceback if ``__init__`` raised on any rank (the process mesh
-        stays usable), or MeshFailure if the mesh is failed.
+        ``name`` labels the actors in log lines and tracebacks: a non-empty
+        string of printable characters without ``/``, ``[`` or ``]`` (else
+        MeshUsageError). Blocks until every instance is constructed. Raises
+        SpawnError with the remote traceback if ``__init__`` raised on any rank
+        (the process mesh stays usable), or MeshFailure if the mesh is failed.
         """
         self._check_current("spawn")
+        _checks.actor_name(name)
         if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
             raise MeshUsageError(
                 f"spawn({name!r}, ...) needs a subclass of monarch_nb.Actor, got {actor_class!r}"
@@ -814,6 +822,7 @@ class HostMesh:
         the agent otherwise or where rsync fails (e.g. a host without it). On ``this_host()``
         there is nothing to copy: returns ``[]``.
         """
+        timeout = _checks.bounded_timeout(timeout, "sync_workspace")
         if transport not in ("auto", "rsync", "agent"):
             raise MeshUsageError(
                 f"sync_workspace(transport={transport!r}): use 'auto', 'rsync' or 'agent'"

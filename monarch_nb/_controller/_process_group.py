@@ -95,6 +95,11 @@ STOP_GRACE_S = 5.0
 KILL_WAIT_S = 10.0  # after SIGKILL: at once locally; a remote exit is reported by its agent
 _STDERR_TAIL_LINES = 20
 _FAULT_HEADER = "Fatal Python error:"  # how faulthandler's report starts
+# What a rank prints on stderr when it refuses its log directory (another
+# user's, or a link: _worker._log_file.install); the controller says it once.
+_NO_LOG_FILE = "monarch_nb: no log file for this rank: "
+_told_no_log_file: set[str] = set()
+_told_lock = threading.Lock()
 _FAULT_REPORT_LINES = 200
 OUTPUT_TAIL_LINES = 200  # per rank, for status views of what a rank printed last
 # Modules every worker started from now on imports first and calls
@@ -833,6 +838,8 @@ class ProcGroup:
             worker.output_tail.append(output)
             if stream == "stderr":
                 worker.stderr_tail.append(line)
+                if line.startswith(_NO_LOG_FILE):
+                    _tell_no_log_file(self.name, worker.rank, line[len(_NO_LOG_FILE) :])
                 if line.startswith(_FAULT_HEADER):
                     worker.fault_report = [line]
                 elif worker.fault_report and len(worker.fault_report) < _FAULT_REPORT_LINES:
@@ -1547,3 +1554,19 @@ def check_gpus(count: int, available: int | None = None, host: str = "this host"
             f"per_host={{'gpus': {count}}} needs {count} GPUs but {host} has {available} "
             "visible; ask for fewer, or use {'procs': N} for CPU ranks"
         )
+
+
+def _tell_no_log_file(mesh: str, rank: int, why: str) -> None:
+    """Warn once per reason (not once per rank) that ranks keep no log file."""
+    with _told_lock:
+        if why in _told_no_log_file:
+            return
+        _told_no_log_file.add(why)
+    _log.warning(
+        "monarch_nb: mesh %r keeps no rank log files, so procs.logs() will not find its "
+        "lines (rank %d: %s). Set MONARCH_NB_LOG_DIR to a directory that only you own and "
+        "can write (or unset it for ~/.monarch_nb/logs), then start the mesh again",
+        mesh,
+        rank,
+        why,
+    )

@@ -61,11 +61,21 @@ class PdbLine:
 Command = Ranks | Attach | Cast | ContinueAll | Help | PdbLine
 
 
-def parse_ranks(text: str) -> tuple[int, ...] | None:
-    """``"0-3"`` -> (0, 1, 2, 3); ``"1,3,5-6"``; ``"all"`` -> None (every paused rank)."""
+# Where the number of ranks is not known: no mesh is larger, and a range past it
+# is refused before it is expanded.
+MAX_RANKS = 1 << 16
+
+
+def parse_ranks(text: str, size: int | None = None) -> tuple[int, ...] | None:
+    """``"0-3"`` -> (0, 1, 2, 3); ``"1,3,5-6"``; ``"all"`` -> None (every paused rank).
+
+    Every rank must be below ``size`` (the ranks that exist; MAX_RANKS if None):
+    a range past it raises CommandError before anything is expanded.
+    """
     if text == "all":
         return None
-    ranks: list[int] = []
+    limit = MAX_RANKS if size is None else size
+    ranks: set[int] = set()
     for part in text.split(","):
         low, dash, high = part.partition("-")
         try:
@@ -75,12 +85,21 @@ def parse_ranks(text: str) -> tuple[int, ...] | None:
             raise CommandError(f"{text!r} is not a rank set; write e.g. 0-3, 1,3 or all") from None
         if first < 0 or last < first:
             raise CommandError(f"{part!r} is not a rank range; write low-high, e.g. 0-3")
-        ranks.extend(range(first, last + 1))
-    return tuple(sorted(set(ranks)))
+        if last >= limit:
+            if size is not None:
+                exist = f"the mesh has ranks 0-{limit - 1}"
+            else:
+                exist = f"no mesh has more than {limit} ranks"
+            raise CommandError(f"{part!r} names rank {last}, which does not exist: {exist}")
+        ranks.update(range(first, last + 1))
+    return tuple(sorted(ranks))
 
 
-def parse(line: str) -> Command:
-    """What ``line`` asks for; raises :class:`CommandError` for a malformed mesh command."""
+def parse(line: str, size: int | None = None) -> Command:
+    """What ``line`` asks for; raises :class:`CommandError` for a malformed mesh command.
+
+    ``size``: how many ranks the mesh has, the bound of ``cast``'s rank sets.
+    """
     stripped = line.strip()
     word, _, rest = stripped.partition(" ")
     rest = rest.strip()
@@ -90,14 +109,14 @@ def parse(line: str) -> Command:
         case "help" if not rest:
             return Help()
         case "attach":
-            if not rest.isdigit():
+            if not rest.isdecimal() or len(rest) > 9:
                 raise CommandError(f"attach needs one rank number, e.g. `attach 1`; got {rest!r}")
             return Attach(int(rest))
         case "cast":
             targets, _, command = rest.partition(" ")
             if not targets or not command.strip():
                 raise CommandError("cast needs ranks and a pdb command, e.g. `cast 0-3 p loss`")
-            return Cast(parse_ranks(targets), command.strip())
+            return Cast(parse_ranks(targets, size), command.strip())
         case "continue" | "c" | "cont" if rest == "all":
             return ContinueAll()
     return PdbLine(line.rstrip("\n"))

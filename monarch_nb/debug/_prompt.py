@@ -121,7 +121,7 @@ class Prompt:
                 self._no_stdin = str(exc)
                 continue
             try:
-                command = cmd.parse(line)
+                command = cmd.parse(line, len(session.group.shape))
             except cmd.CommandError as exc:
                 self._write(f"*** {exc}\n")
                 continue
