@@ -25,7 +25,10 @@ class Actor:
     """Base class of actors: subclass it and mark methods with :func:`endpoint`.
 
     An actor instance lives in a worker process, one per point of the mesh it
-    is spawned on. Calls to one actor run one at a time, in the order sent.
+    is spawned on. Calls to one actor start in the order sent. Calls of its
+    ``async def`` endpoints are tasks on the process's event loop that
+    interleave at their awaits; a sync endpoint runs to its end before anything
+    else on the process runs (docs/actors.md, "What runs concurrently").
 
     ``__supervise__(failure)`` is called on the actor (in its worker) when a
     process mesh that this actor spawned fails. Return True to say "handled":
@@ -71,9 +74,9 @@ def endpoint(
 def concurrent_endpoint(
     method: Callable[P, R] | None = None, *, explicit_response_port: bool = False
 ) -> Any:
-    """An ``async def`` endpoint whose body runs as a task on the actor's event loop,
-    so the actor takes its next message while this one awaits (Monarch's
-    ``@concurrent_endpoint``). Bodies start in the order the messages were sent."""
+    """An ``async def`` endpoint whose calls interleave at their awaits (Monarch's
+    ``@concurrent_endpoint``). Every ``async def`` endpoint's calls do here, so
+    this is ``@endpoint`` that insists on an ``async def``."""
 
     def mark(fn: Any) -> Any:
         if not inspect.iscoroutinefunction(fn):

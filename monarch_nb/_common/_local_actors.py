@@ -3,15 +3,17 @@
 In an actor, ``this_proc()`` is the rank's own process: actors spawned there
 run in the same worker, beside the caller. On the controller (a script, a
 notebook kernel) it is the controller's process: its actors run on one thread
-of their own (``monarch_nb-actors``), one message at a time in the order sent,
-and are reached through the controller's peer node like any other actor, so
-references to them travel and other actors call them directly.
+of their own (``monarch_nb-actors``), in an event loop, and are reached through
+the controller's peer node like any other actor, so references to them travel
+and other actors call them directly. As on a worker, messages start in the order
+sent, a sync endpoint runs to its end before the next message, and the calls of
+``async def`` endpoints are tasks that interleave at their awaits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-import queue
 import socket
 import threading
 import traceback
@@ -58,20 +60,32 @@ class LocalActorHost:
             _refs.ViewRef.of(Shape([], [], [0])),
         )
         self.actors: dict[int, tuple[Any, _context.Context]] = {}
-        self._inbox: queue.SimpleQueue[tuple[Message, list[Any], PeerRoute]] = queue.SimpleQueue()
-        self._loop: Any = None
-        node.on_work = lambda message, frames, route: self._inbox.put((message, frames, route))
+        self._tasks: dict[int, set[asyncio.Task[None]]] = {}  # async calls, by actor
+        self._loop = asyncio.new_event_loop()
+        self._inbox: asyncio.Queue[tuple[Message, list[Any], PeerRoute]] = asyncio.Queue()
+        node.on_work = self._receive
         threading.Thread(target=self._run, name="monarch_nb-actors", daemon=True).start()
 
+    def _receive(self, message: Message, frames: list[Any], route: PeerRoute) -> None:
+        """The peer node's thread: a message for our actors, in order."""
+        self._loop.call_soon_threadsafe(self._inbox.put_nowait, (message, frames, route))
+
     def _run(self) -> None:
+        self._loop.run_until_complete(self._dispatch())
+
+    async def _dispatch(self) -> None:
         while True:
-            message, frames, route = self._inbox.get()
+            message, frames, route = await self._inbox.get()
             try:
-                self._handle(message, frames, route)
+                started = self._handle(message, frames, route)
             except Exception:
                 traceback.print_exc()  # a bug here must not stop the other actors
+                continue
+            if started:  # its first step before the next message (ready tasks run in order)
+                await asyncio.sleep(0)
 
-    def _handle(self, message: Message, frames: list[Any], route: PeerRoute) -> None:
+    def _handle(self, message: Message, frames: list[Any], route: PeerRoute) -> bool:
+        """Handle one message; True if it started a task (an async call)."""
         match message:
             case Spawn(call_id, actor_id, name, labels, sizes, ranks):
                 shape = Shape(labels, sizes, ranks)
@@ -87,10 +101,10 @@ class LocalActorHost:
                 _context.set_task_context(ctx)
                 try:
                     cls, args, kwargs = decode_payload(frames)
-                    instance = self._run_user(cls, args, kwargs)
+                    instance = cls(*args, **kwargs)
                 except BaseException as exc:
                     route.send(Failure(call_id, _failure(exc), False))
-                    return
+                    return False
                 self.actors[actor_id] = (
                     instance,
                     _context.Context(
@@ -106,27 +120,44 @@ class LocalActorHost:
                     instance, ctx = entry
                     _context.set_task_context(ctx)
                     args, kwargs = decode_payload(frames)
-                    result = self._run_user(getattr(instance, endpoint), args, kwargs)
+                    result = getattr(instance, endpoint)(*args, **kwargs)
                 except BaseException as exc:
-                    if reply:
-                        route.send(Failure(call_id, _failure(exc), False))
-                    else:
-                        traceback.print_exc()  # a broadcast: nobody waits, say it here
-                    return
+                    _answer_failure(route, call_id, reply, exc)
+                    return False
+                if inspect.isawaitable(result):
+                    task = self._loop.create_task(_answer(result, ctx, route, call_id, reply))
+                    tasks = self._tasks.setdefault(actor_id, set())
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    return True
                 if reply:
                     route.send(Value(call_id), result)
             case StopActor(actor_id):
                 self.actors.pop(actor_id, None)
+                for task in self._tasks.pop(actor_id, ()):
+                    task.cancel()
+        return False
 
-    def _run_user(self, fn: Any, args: tuple, kwargs: dict) -> Any:
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            if self._loop is None:
-                import asyncio
 
-                self._loop = asyncio.new_event_loop()
-            result = self._loop.run_until_complete(result)
-        return result
+async def _answer(
+    awaitable: Any, ctx: _context.Context, route: PeerRoute, call_id: int, reply: bool
+) -> None:
+    """Await an async call's body (a task of its own) and answer its caller."""
+    _context.set_task_context(ctx)
+    try:
+        result = await awaitable
+    except BaseException as exc:
+        _answer_failure(route, call_id, reply, exc)
+        return
+    if reply:
+        route.send(Value(call_id), result)
+
+
+def _answer_failure(route: PeerRoute, call_id: int, reply: bool, exc: BaseException) -> None:
+    if reply:
+        route.send(Failure(call_id, _failure(exc), False))
+    else:
+        traceback.print_exc()  # a broadcast: nobody waits, say it here
 
 
 def _failure(exc: BaseException) -> RemoteFailure:

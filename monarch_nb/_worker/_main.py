@@ -3,8 +3,10 @@
 Started as ``python -m monarch_nb.worker`` with its bootstrap (address,
 identity, signing key, rank) as one JSON line on stdin. The wire thread
 (:mod:`._wire_thread`) receives every message and hands work here through a
-queue, so calls to an actor run in the order they were sent; replies go out
-from this thread directly.
+queue, so calls to an actor start in the order they were sent; replies go out
+from this thread directly. A call of an ``async def`` endpoint becomes a task
+on the actors' event loop (:mod:`._endpoint_tasks`), which runs between messages:
+such calls interleave at their awaits.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from .._common._shape import Shape
 from .._common._unix_link import SCHEME as LINK_SCHEME
 from .._common._unix_link import LinkDealer
 from .._common._wire import Signer, WireStats, decode_payload, sender_tag
+from ._endpoint_tasks import TaskCall, Ticket, stepped
 from ._log_file import RankLog
 from ._log_file import install as install_log_file
 from ._wire_thread import WireThread
@@ -72,7 +75,8 @@ _IDLE_DRAIN_BATCH = 64
 _IDLE_RECHECK_MS = int(os.environ.get("MONARCH_NB_IDLE_RECHECK_MS", "1000"))
 # Frames of these files sit between the wire and user code: noise in a traceback.
 _DISPATCH_FILES = frozenset(
-    os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_namespace.py")
+    os.path.join(os.path.dirname(__file__), name)
+    for name in ("_main.py", "_namespace.py", "_endpoint_tasks.py")
 )
 # Frames of waiting on a future (where a nested call's error was re-raised), and
 # of the actor that applies ProcMesh.map's function: ours, not the user's.
@@ -89,7 +93,7 @@ class _LiveActor:
         self.instance = instance
         self.context = context
         self.label = type(instance).__name__
-        self.tasks: set[Any] = set()  # its concurrent endpoints' asyncio tasks
+        self.tasks: set[TaskCall] = set()  # its async endpoint calls in flight
         self._endpoints: dict[str, _EndpointFacts] = {}
 
     def facts(self, endpoint: str, method: Any) -> _EndpointFacts:
@@ -104,7 +108,7 @@ class _LiveActor:
                 function,
                 f"{self.label}.{endpoint}",
                 wants_response_port(method),
-                is_concurrent(method),
+                is_concurrent(method) or inspect.iscoroutinefunction(method),
             )
         return facts
 
@@ -113,7 +117,7 @@ class _EndpointFacts(NamedTuple):
     function: Any  # what the endpoint's attribute was (a bound method's function)
     label: str  # "Trainer.step", for status and errors
     response_port: bool  # explicit_response_port: answers through a port
-    concurrent: bool  # @concurrent_endpoint: runs as a task on the actors' loop
+    concurrent: bool  # async def (or @concurrent_endpoint): a task on the actors' loop
 
 
 class _ResponsePort:
@@ -160,9 +164,8 @@ def _call_id_of(message: Message) -> int:
     return 0
 
 
-# A call as this rank knows it: (who sent it: b"" for the controller, else the
-# peer's identity; its call id there). Call ids are only unique per caller.
-Ticket = tuple[bytes, int]
+# A call as this rank knows it (a Ticket): (who sent it: b"" for the controller,
+# else the peer's identity; its call id there). Call ids are only unique per caller.
 _NO_TICKET: Ticket = (b"", 0)
 
 
@@ -272,6 +275,7 @@ class Worker:
             _peer.install_node(self.peer)
         self.actors: dict[int, _LiveActor] = {}
         self._loop: Any = None  # an asyncio loop, made for the first async endpoint
+        self._fresh_tasks = False  # endpoint calls were made tasks since the loop last ran
         self._waker: Any = None  # an asyncio future the idle loop waits on for work
         # Serving other actors while one waits (see _pump): the actors running on
         # this thread now, innermost last, and work held back for them, in order.
@@ -291,6 +295,9 @@ class Worker:
         self._running = _NO_TICKET
         self._interrupted = _NO_TICKET  # the running call, once an interrupt for it arrived
         self._skip: set[Ticket] = set()
+        # The async endpoint calls in flight that have a caller waiting (a call id):
+        # an interrupt of one cancels its task.
+        self._task_calls: dict[Ticket, TaskCall] = {}
         signal.signal(signal.SIGINT, self._on_sigint)
         set_wait_pump(self._pump)
         _context.set_supervision_hook(self._on_child_failure)
@@ -348,6 +355,10 @@ class Worker:
                 self._skip.add(ticket)
             elif ticket[1] == 0 or ticket == self._running:
                 self._interrupted = self._running
+                call = self._task_calls.get(ticket) if ticket[1] else None
+                if call is not None:  # a step of an async call runs: should the
+                    # signal land after the step, the cancel stops it at its await
+                    self._interrupt_task(call)
                 # Signalled under the lock: the main thread cannot finish this call
                 # (handle takes the lock at its end) and start the next before the
                 # signal is sent. Sent after, it could land in the next call: a
@@ -357,11 +368,23 @@ class Worker:
                 self.wire.interrupt_main()
                 return
             else:
-                return  # already answered: nothing to stop
+                call = self._task_calls.get(ticket)
+                if call is not None:  # an async call, waiting at an await
+                    self._interrupt_task(call)
+                return  # else already answered: nothing to stop
         failure = RemoteFailure(
             self.rank, "KeyboardInterrupt", "interrupted before it started on this rank", ""
         )
         route.send(Failure(ticket[1], failure, False))
+
+    def _interrupt_task(self, call: TaskCall) -> None:
+        """Cancel async call ``call`` where it awaits (any thread; its task then
+        answers its caller as interrupted)."""
+        call.interrupted = True
+        try:
+            self._loop.call_soon_threadsafe(call.cancel)
+        except RuntimeError:
+            pass  # the loop closed: the worker is exiting
 
     def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
         route = route or self.controller_route
@@ -439,20 +462,26 @@ class Worker:
 
     def _next_item(self) -> Any:
         """The next work item; while tasks of the actors' event loop are pending
-        (a concurrent endpoint, a task an endpoint created), they run meanwhile."""
+        (async endpoint calls, tasks they created), they run meanwhile. Tasks
+        made by the last message take their first step before the next is taken
+        (the loop runs its ready tasks in the order they were made)."""
+        loop = self._loop
+        if loop is not None:
+            import asyncio  # only once an async endpoint made the loop: workers start lean
+
+            if self._fresh_tasks:  # their first steps, and no more: most short calls
+                # end there, and the idle thread can then wait on the socket itself
+                self._fresh_tasks = False
+                loop.call_soon(loop.stop)
+                loop.run_forever()
+            if asyncio.all_tasks(loop):
+                self.wire.watch()
+                return loop.run_until_complete(self._next_item_async())
         while self._deferred:
             item = self._deferred.popleft()
             if item is not _WAKE:
                 return item
-        loop = self._loop
-        if loop is None:
-            return self._receive_until_work()
-        import asyncio  # only once an async endpoint made the loop: workers start lean
-
-        if not asyncio.all_tasks(loop):
-            return self._receive_until_work()
-        self.wire.watch()
-        return loop.run_until_complete(self._next_item_async())
+        return self._receive_until_work()
 
     def _receive_until_work(self) -> Any:
         """The idle main thread waits on the socket itself and drains it, so a call
@@ -541,6 +570,11 @@ class Worker:
 
     async def _next_item_async(self) -> Any:
         loop = self._event_loop()
+        deferred = self._deferred  # held back while the main thread waited: first
+        while deferred:
+            item = deferred.popleft()
+            if item is not _WAKE:
+                return item
         while True:
             try:
                 return self._inbox.get_nowait()
@@ -688,6 +722,7 @@ class Worker:
             case Shutdown() if from_controller:
                 for actor_id in list(self.actors):
                     self._cleanup(self.actors.pop(actor_id))
+                self._stop_loop_tasks()
                 return False
             case _:
                 self.send(ProtocolError(f"a worker does not handle {type(message).__name__}"))
@@ -796,7 +831,7 @@ class Worker:
             labels, sizes, ranks = message.sent_to
             ctx = dataclasses.replace(ctx, message_shape=Shape(labels, sizes, ranks))
         if facts.concurrent and method is not None:
-            self._start_concurrent(live, ctx, method(*args, **kwargs), message, label, reply, route)
+            self._start_task(live, ctx, method, args, kwargs, message, label, reply, route)
             return
         previous = _context.set_current(ctx)
         self._active.append(actor_id)
@@ -813,40 +848,109 @@ class Worker:
         if reply:
             self.reply_value(call_id, result, route)
 
-    def _start_concurrent(
+    def _start_task(
         self,
         live: _LiveActor,
         ctx: Context,
-        coro: Any,
+        method: Any,
+        args: tuple,
+        kwargs: Mapping[str, Any],
         message: Call,
         label: str,
         reply: bool,
         route: Route,
     ) -> None:
-        """A ``@concurrent_endpoint``: its body becomes a task on the actors' loop,
-        and the next message is taken at once; the reply (if ``reply``: False for a
-        broadcast, or where a response port answers) leaves when it ends."""
+        """An ``async def`` endpoint's call: its body becomes a task on the actors'
+        loop, and the next message is taken once the body first awaits. The reply
+        (if ``reply``: False for a broadcast, or where a response port answers)
+        leaves when it ends; its failure is its own call's."""
+        import asyncio
+
+        loop = self._event_loop()
+        call_id, actor_id = message.call_id, message.actor_id
+        ticket = self._running if message.reply else _NO_TICKET
+        call = TaskCall(ticket, actor_id, label, ctx, time.monotonic())
 
         async def run() -> None:
+            call.started = True
             _context.set_task_context(ctx)
             try:
-                result = await coro
-            except BaseException as exc:
-                self._report(
-                    message.call_id, reply, message.actor_id, label, self.failure_of(exc), route
+                if call.stopping or call.interrupted:  # before its body began
+                    raise asyncio.CancelledError
+                result = await stepped(
+                    method(*args, **kwargs), call, self._enter_step, self._leave_step
                 )
-                return
-            if reply:
-                self.reply_value(message.call_id, result, route)
+            except asyncio.CancelledError as exc:
+                self._report(call_id, reply, actor_id, label, self._cancelled(call, exc), route)
+            except BaseException as exc:
+                self._report(call_id, reply, actor_id, label, self.failure_of(exc), route)
+            else:
+                if reply:
+                    self.reply_value(call_id, result, route)
+            finally:
+                live.tasks.discard(call)
+                if ticket[1]:
+                    with self._calls_lock:
+                        self._task_calls.pop(ticket, None)
 
-        task = self._event_loop().create_task(run())
-        live.tasks.add(task)
-        task.add_done_callback(live.tasks.discard)
+        if ticket[1]:
+            with self._calls_lock:
+                self._task_calls[ticket] = call
+                # Interrupted while its arguments were unpickled: it ends as it starts.
+                call.interrupted = self._interrupted == ticket
+        call.task = loop.create_task(run())
+        live.tasks.add(call)
+        self._fresh_tasks = True
+
+    def _enter_step(self, call: TaskCall) -> Any:
+        """A step of async call ``call`` begins: it is the running call until
+        :meth:`_leave_step` (what this returns is what that restores)."""
+        saved = (
+            self._running,
+            self._interrupted,
+            self._work,
+            self._in_user_code,
+            _context.set_current(call.context),
+        )
+        self._active.append(call.actor_id)
+        with self._calls_lock:
+            self._running, self._interrupted = call.ticket, _NO_TICKET
+        self._work = (call.label, call.since)
+        self._in_user_code = True
+        if self.wire.status_held:  # a status asked meanwhile describes this
+            self.wire.release_status()
+        return saved
+
+    def _leave_step(self, saved: Any) -> None:
+        # Out of user code first: an interrupt signal that lands from here on is
+        # dropped, not raised in the worker's code (the call's cancel stands in).
+        self._in_user_code = False
+        running, interrupted, work, in_user_code, context = saved
+        with self._calls_lock:
+            self._running, self._interrupted = running, interrupted
+        self._active.pop()
+        self._work = work
+        self._in_user_code = in_user_code
+        _context.set_current(context)
+        log = self.log
+        if log is not None and log.dirty:
+            log.flush()
+
+    def _cancelled(self, call: TaskCall, exc: BaseException) -> RemoteFailure:
+        """The failure an async call reports when its task was cancelled."""
+        if call.stopping:
+            failure = self.failure_of(exc)
+            return dataclasses.replace(
+                failure, message=f"{call.label} was cancelled: its actor was stopped"
+            )
+        if call.interrupted:
+            return self.failure_of(KeyboardInterrupt().with_traceback(exc.__traceback__))
+        return self.failure_of(exc)
 
     def _cleanup(self, live: _LiveActor) -> None:
-        """A stopped actor: cancel its concurrent endpoints, then ``__cleanup__(None)``."""
-        for task in list(live.tasks):
-            task.cancel()
+        """A stopped actor: cancel its async calls in flight and let them unwind
+        (their ``except CancelledError`` and ``finally`` run), then ``__cleanup__(None)``."""
+        self._stop_tasks(live.tasks)
         cleanup = getattr(live.instance, "__cleanup__", None)
         if cleanup is None:
             return
@@ -858,6 +962,35 @@ class Worker:
             self.send(BroadcastFailure(live.context.actor_id, f"{live.label}.__cleanup__", failure))
         finally:
             _context.set_current(previous)
+
+    def _stop_tasks(self, calls: set[TaskCall]) -> None:
+        """Cancel ``calls`` and run the actors' loop until their tasks have ended
+        (serving calls to other actors meanwhile: a handler may await one)."""
+        if not calls:
+            return
+        import asyncio
+
+        tasks = []
+        for call in list(calls):
+            call.stopping = True
+            call.cancel()
+            tasks.append(call.task)
+        if not self._loop.is_running():  # (else they unwind as the loop goes on)
+            self.run_async(asyncio.wait(tasks))
+
+    def _stop_loop_tasks(self) -> None:
+        """The worker exits: cancel the tasks endpoints left on the actors' loop
+        (after every actor's ``__cleanup__``) and let them unwind."""
+        loop = self._loop
+        if loop is None or loop.is_running():
+            return
+        import asyncio
+
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            self.run_async(asyncio.wait(tasks))
 
     def _report(
         self,
