@@ -212,3 +212,104 @@ def test_ssh_job_names_an_env_setup_that_fails(tmp_path):
     with pytest.raises(MeshUsageError, match=failed):
         job.apply(cached_path=str(tmp_path / "job.json"))
     assert not (tmp_path / ".monarch_nb").exists()  # the key was never written there
+
+
+# -- agents nobody re-attaches: agent_idle_timeout ----------------------------------
+
+
+def test_process_job_agents_nobody_reattaches_end_by_themselves(tmp_path):
+    from monarch_nb import config
+
+    path = str(tmp_path / "job.json")
+    job = ProcessJob(meshes={"hosts": 2})
+    with config.configured(agent_idle_timeout=0.5):  # the agents inherit the variable
+        job.apply(cached_path=path)
+    pids = {agent["pid"] for agent in job._running["agents"]}
+    key_file = job._running["key_file"]
+    again = ProcessJob(meshes={"hosts": 2})
+    try:
+        assert wait_for_exit(pids, 30) == set()  # nobody attached: each exits by itself
+        assert not os.path.exists(key_file)  # the job's key file went with them
+        # A later state() finds them gone and starts the job afresh.
+        state = again.state(cached_path=path)
+        assert {agent["pid"] for agent in again._running["agents"]}.isdisjoint(pids)
+        with state.hosts.spawn_procs(per_host={"procs": 1}) as procs:
+            assert procs.run("rank").values() == [0, 1]
+    finally:
+        again.kill()
+        job._path = None  # the file is again's now, removed by its kill()
+        job.kill()
+
+
+def test_remote_agents_get_the_idle_timeout_on_their_command_line():
+    from monarch_nb import config
+    from monarch_nb.job import SlurmJob
+
+    with config.configured(agent_idle_timeout=7.5):
+        ssh = SSHJob(hosts=["node1"])._remote_start("node1", 0, ".monarch_nb/agent-job-0.key")
+        slurm = SlurmJob(meshes={"trainers": 2}).script()
+    for command in (ssh, slurm):
+        assert "export MONARCH_NB_AGENT_IDLE_TIMEOUT=7.5; " in command
+    assert slurm.index("MONARCH_NB_AGENT_IDLE_TIMEOUT") < slurm.index("-m monarch_nb.agent")
+
+
+# -- SLURM job ids from the state file reach scancel only as job ids -----------------
+
+
+@pytest.fixture
+def fake_slurm(tmp_path, monkeypatch):
+    """scancel, squeue, sacct and sbatch stand-ins that log their arguments."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "slurm.log"
+    bin_dir.mkdir()
+    for name in ("scancel", "squeue", "sacct", "sbatch"):
+        tool = bin_dir / name
+        tool.write_text(
+            f'#!/bin/sh\necho {name} "$@" >> {log}\n[ {name} != sbatch ] || echo "$SBATCH_PRINTS"\n'
+        )
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    log.touch()
+    return log
+
+
+def _saved_slurm_job(tmp_path, job_id: object):
+    from monarch_nb._controller import _job_file
+    from monarch_nb.job import SlurmJob
+
+    job = SlurmJob(meshes={"trainers": 2}, port=24242)
+    path = str(tmp_path / "state" / "job.json")
+    running = {"key_file": str(tmp_path / "state" / "job-0123456789ab.key"), "meshes": {}}
+    running["ids"] = {"trainers": job_id}
+    _job_file.write(path, {"kind": "slurm", "spec": job.spec(), "running": running})
+    return job, path
+
+
+@pytest.mark.parametrize("job_id", ["--user=me", "-u", "123 456", "12;rm", 4242, "", "4242_1"])
+def test_a_saved_slurm_job_id_that_is_not_digits_never_reaches_scancel(
+    tmp_path, fake_slurm, job_id
+):
+    job, path = _saved_slurm_job(tmp_path, job_id)
+    with pytest.raises(MeshUsageError, match=r"not a running state monarch_nb wrote.*not digits"):
+        job.state(cached_path=path)
+    with pytest.raises(MeshUsageError, match=r"saved job id .* is not a SLURM job id \(digits"):
+        job_load(path).kill()  # job_load trusts the file's spec, never its ids
+    assert fake_slurm.read_text() == ""  # no scancel, squeue or sacct ran
+
+
+def test_a_saved_slurm_job_id_of_digits_is_cancelled(tmp_path, fake_slurm):
+    _, path = _saved_slurm_job(tmp_path, "4242")
+    job_load(path).kill()
+    assert fake_slurm.read_text().splitlines() == ["scancel 4242"]
+    assert not os.path.exists(path)
+
+
+def test_an_sbatch_that_prints_no_job_id_fails_the_apply(tmp_path, fake_slurm, monkeypatch):
+    from monarch_nb.job import SlurmJob
+
+    monkeypatch.setenv("SBATCH_PRINTS", "--user=me")
+    job = SlurmJob(meshes={"trainers": 1})
+    with pytest.raises(
+        MeshUsageError, match="sbatch for mesh 'trainers' failed: it printed '--user=me'"
+    ):
+        job.apply(cached_path=str(tmp_path / "job.json"))
+    assert fake_slurm.read_text().splitlines() == ["sbatch --parsable --output=/dev/null"]

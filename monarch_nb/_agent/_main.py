@@ -20,6 +20,13 @@ hears nothing from the controller for ``timeout_s`` it kills its workers (a
 launched agent then exits; an attached one waits for the next controller).
 Workers die with the agent (parent-death signal), so no rank outlives it.
 
+A listening agent with no controller attached has no workers (they are killed
+when the controller leaves) and waits for the next one, but not forever: after
+``agent_idle_timeout`` seconds without one (the setting, read at start; 0:
+never) it exits, and removes its key file when a job made it for this agent
+(``job-<hex>.key``, ``agent-job-<hex>.key``; a file made with ``monarch-nb
+keygen`` is the user's and stays). A job nobody re-attaches ends by itself.
+
 Two ways to start:
 
 ``launched``  (ssh, SLURM) the bootstrap arrives as one JSON line on stdin:
@@ -39,6 +46,7 @@ import datetime as dt
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import socket
@@ -51,7 +59,8 @@ from typing import Any
 
 import zmq
 
-from .._common import _keys, _logs, _network, _py_spy, _rundir, _workspace
+from .._common import _config, _keys, _logs, _network, _py_spy, _rundir, _workspace
+from .._common._errors import MeshUsageError
 from .._common._fd_limits import ExhaustionWarning, exhausted, raise_fd_limit
 from .._common._handshake_guard import HandshakeGuard
 from .._common._messages import (
@@ -93,6 +102,9 @@ _CHUNK = 65536
 # message is dropped (nobody is there to take it). Waiting instead, even briefly,
 # let the workers' heartbeats keep the loop sending, never noticing the silence.
 _SEND_TIMEOUT_MS = 0
+# Key files a job writes for its agents (_controller._jobs): removed when an idle
+# agent exits. Any other key file is the user's own, and stays.
+_JOB_KEY_FILE = re.compile(r"(agent-)?job-[0-9a-f]{12}\.key")
 
 
 def _own_address(config: dict[str, Any]) -> str:
@@ -122,6 +134,10 @@ class Agent:
         self.heartbeat_s = float(config.get("heartbeat_s", 1.0))
         self.timeout_s = float(config.get("timeout_s", 5.0))
         self.listen = listen
+        # A listening agent exits after this long with no controller (0: never).
+        self.idle_timeout_s = float(config.get("idle_timeout_s", 0.0))
+        self.key_file: str | None = config.get("key_file")
+        self.idle_since = time.monotonic()
         # An attached agent learns the identity it seals with from AgentAttach.
         identity = config.get("identity", "").encode()
         self.signer = Signer(
@@ -260,6 +276,8 @@ class Agent:
                     self.send_own(AgentHeartbeat(self._free_port()))
             if self.connected and now - self.last_heard > self.timeout_s:
                 self._controller_gone(now - self.last_heard)
+            elif not self.connected and 0 < self.idle_timeout_s < now - self.idle_since:
+                self._idle_exit(now - self.idle_since)
         self.kill_all()
         self.context.destroy(linger=0)
 
@@ -297,7 +315,28 @@ class Agent:
             self.stopping = True
         else:
             self.connected = False
+            self.idle_since = time.monotonic()
             self.window = ReplayWindow()
+
+    def _idle_exit(self, idle_for: float) -> None:
+        """No controller for ``agent_idle_timeout``: stop, with no worker left (any
+        that a controller started without attaching is killed as the loop ends)
+        and the job's key file removed."""
+        _log.warning(
+            "agent %d: no controller attached for %.0f s (agent_idle_timeout %g s); exiting",
+            self.host_index,
+            idle_for,
+            self.idle_timeout_s,
+        )
+        self.stopping = True
+        key_file = self.key_file
+        if key_file and _JOB_KEY_FILE.fullmatch(os.path.basename(key_file)):
+            try:
+                os.unlink(key_file)  # a link there is removed itself, its target never
+            except FileNotFoundError:
+                pass  # another agent of the job removed it first
+            except OSError as exc:
+                _log.warning("agent %d: could not remove %s: %s", self.host_index, key_file, exc)
 
     # -- messages -------------------------------------------------------------------
 
@@ -609,6 +648,11 @@ def main(argv: list[str] | None = None) -> None:
             # The message already says what is wrong and what to run; no traceback.
             parser.exit(2, f"monarch_nb agent: {exc}\n")
         config["host_index"] = args.host_index
+        config["key_file"] = args.key_file
+        try:
+            config["idle_timeout_s"] = _config.get("agent_idle_timeout")
+        except MeshUsageError as exc:  # names the variable, its value, and what to give
+            parser.exit(2, f"monarch_nb agent: {exc}\n")
         agent = Agent(config, listen=args.listen)
     else:
         agent = Agent(_read_launched_config())

@@ -78,6 +78,14 @@ SETTINGS: dict[str, Setting] = {
             ),
         ),
         Setting(
+            "agent_idle_timeout",
+            float,
+            3600.0,
+            "seconds a listening host agent (a job's, or monarch-nb agent --listen) waits with "
+            "no controller attached before it exits, removing a key file its job made "
+            "(0: never); read when the agent starts",
+        ),
+        Setting(
             "bind",
             str,
             "127.0.0.1",

@@ -32,7 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._common import _keys
+from .._common import _config, _keys
 from .._common._errors import MeshUsageError
 from .._common._network import free_port
 from . import _job_file
@@ -418,7 +418,8 @@ class SSHJob(JobTrait):
             host_prelude(self.python, self.env_setup)
             + f"umask 077; mkdir -p $(dirname {remote_key}); cat > {remote_key}; "
             + f'PORT=$("$p" -c {shlex.quote(free)}); '
-            f'setsid nohup "$p" -m monarch_nb.agent --listen {listen} '
+            + _idle_timeout_export()
+            + f'setsid nohup "$p" -m monarch_nb.agent --listen {listen} '
             f"--key-file {remote_key} --host-index {index} </dev/null >/dev/null 2>&1 & "
             'echo "$PORT $!"'
         )
@@ -522,6 +523,13 @@ def _key_file_for(cached_path: str | None) -> str:
     path = os.path.join(base, f"job-{os.urandom(6).hex()}.key")
     _keys.write_key_file(path)
     return path
+
+
+def _idle_timeout_export() -> str:
+    """The shell line that gives a remote agent this process's ``agent_idle_timeout``
+    (a local one inherits the variable): a job nobody re-attaches ends by itself."""
+    setting = _config.SETTINGS["agent_idle_timeout"]
+    return f"export {setting.env}={_config.get(setting.name)!r}; "
 
 
 def _free_port() -> int:

@@ -11,6 +11,7 @@ progress line, then attaches to each node's agent at its ``NodeAddr``.
 from __future__ import annotations
 
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -19,12 +20,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._common._errors import MeshFailure, MeshUsageError
-from ._jobs import JobTrait, _attach_when_listening, _meshes
+from ._jobs import JobTrait, _attach_when_listening, _idle_timeout_export, _meshes
 from ._launchers import host_prelude
 from ._proc_mesh import HostMesh
 
 _ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
 _WHY_ENDED = {"TIMEOUT": "reached its time limit", "PREEMPTED": "was preempted"}
+# What sbatch --parsable prints first: a job id, digits only. An id goes on the
+# command lines of scancel, squeue and sacct, so one read back from the saved
+# state must be this and nothing else: "--user=me" would cancel all your jobs.
+_JOB_ID = re.compile(r"[0-9]{1,12}")
 
 
 class SlurmJob(JobTrait):
@@ -84,7 +89,7 @@ class SlurmJob(JobTrait):
                 lines.append(f"#SBATCH {flag}={value}")
         lines += [f"#SBATCH {arg}" for arg in self.sbatch_args]
         agent = host_prelude(self.python, self.env_setup) + (
-            'exec "$p" -m monarch_nb.agent '
+            _idle_timeout_export() + 'exec "$p" -m monarch_nb.agent '
             f"--listen tcp://0.0.0.0:{self.port} --key-file {shlex.quote(key_file)} "
             "--host-index $SLURM_NODEID"
         )
@@ -100,23 +105,42 @@ class SlurmJob(JobTrait):
                 capture_output=True,
                 timeout=60,
             )
-            if done.returncode != 0:
+            printed = done.stdout.decode(errors="replace").strip().split(";")[0]
+            if done.returncode != 0 or not _JOB_ID.fullmatch(printed):
                 self._running = {"ids": ids}
-                self._kill()
-                raise MeshUsageError(
-                    f"SlurmJob: sbatch for mesh {mesh!r} failed: {done.stderr.decode().strip()}"
-                )
-            ids[mesh] = done.stdout.decode().strip().split(";")[0]
+                self._kill()  # the meshes submitted before this one
+                why = done.stderr.decode(errors="replace").strip() or f"it printed {printed!r}"
+                raise MeshUsageError(f"SlurmJob: sbatch for mesh {mesh!r} failed: {why}")
+            ids[mesh] = printed
         return {"ids": ids, "meshes": {}}
 
-    def _alive(self) -> bool:
+    def _running_problem(self, running: Any, path: str) -> str:
+        problem = super()._running_problem(running, path)
+        if problem:
+            return problem
+        ids = running.get("ids")
+        if not isinstance(ids, dict) or set(ids) != set(self.meshes):
+            return "'ids' is not a job id per mesh of the spec"
+        if not all(isinstance(i, str) and _JOB_ID.fullmatch(i) for i in ids.values()):
+            return f"a SLURM job id in {ids!r} is not digits"
+        return ""
+
+    def _ids(self) -> dict[str, str]:
+        """The job id of each mesh, each checked (``MeshUsageError`` for one that is
+        not a job id: never passed on to a SLURM command)."""
         ids = (self._running or {}).get("ids", {})
+        if not isinstance(ids, dict):
+            raise MeshUsageError(f"SlurmJob: saved 'ids' {ids!r} is not a job id per mesh")
+        return {mesh: _job_id(i, "saved") for mesh, i in ids.items()}
+
+    def _alive(self) -> bool:
+        ids = self._ids()
         return bool(ids) and all(
             _squeue(i)[0] in ("PENDING", "RUNNING", "CONFIGURING") for i in ids.values()
         )
 
     def _kill(self) -> None:
-        ids = list((self._running or {}).get("ids", {}).values())
+        ids = list(self._ids().values())
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True, timeout=60, check=False)
 
@@ -125,7 +149,7 @@ class SlurmJob(JobTrait):
         deadline = None if timeout is None else time.monotonic() + timeout
         started = time.monotonic()
         meshes: dict[str, list[str]] = self._running.setdefault("meshes", {})
-        for mesh, job_id in self._running["ids"].items():
+        for mesh, job_id in self._ids().items():
             if mesh not in meshes:
                 nodes = self._wait_running(mesh, job_id, started, deadline)
                 meshes[mesh] = [f"tcp://{_node_address(n)}:{self.port}" for n in nodes]
@@ -162,8 +186,20 @@ class SlurmJob(JobTrait):
             time.sleep(min(2.0, 0.05 + waited / 20))
 
 
+def _job_id(value: Any, where: str) -> str:
+    """``value`` if it is a SLURM job id (digits), else ``MeshUsageError``."""
+    if isinstance(value, str) and _JOB_ID.fullmatch(value):
+        return value
+    raise MeshUsageError(
+        f"SlurmJob: {where} job id {value!r} is not a SLURM job id (digits, e.g. '4242'); "
+        "nothing was passed to scancel/squeue. If the job state file was edited, remove it "
+        "and cancel the job yourself (scancel ID)"
+    )
+
+
 def _squeue(job_id: str) -> tuple[str, str, str]:
     """(state, reason, nodelist) of a job; ("", "", "") once SLURM forgot it."""
+    job_id = _job_id(job_id, "queried")
     out = subprocess.run(
         ["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N"], capture_output=True, timeout=60
     )
