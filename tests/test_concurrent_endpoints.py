@@ -304,6 +304,17 @@ def test_stopping_an_actor_cancels_its_calls_before_its_cleanup(procs2, tmp_path
             call.get(timeout=T)
 
 
+def test_stopping_an_actor_of_the_controllers_process_cancels_then_cleans_up(tmp_path):
+    path = str(tmp_path / "ends")
+    actor = this_proc().spawn("unwinds", Unwinds, path)
+    held = actor.hold.call_one()
+    actor.until_started.call_one().get(timeout=T)
+    actor.stop()
+    assert _file_lines(path, 2) == ["hold cancelled", "cleanup"]
+    with pytest.raises(RemoteError, match="CancelledError"):
+        held.get(timeout=T)
+
+
 def test_stopping_the_processes_cancels_calls_before_cleanup(tmp_path):
     path = str(tmp_path / "ends")
     procs = this_host().spawn_procs(per_host={"procs": 1})

@@ -17,6 +17,7 @@ import inspect
 import socket
 import threading
 import traceback
+from collections.abc import Coroutine
 from typing import Any
 
 from . import _context, _peer, _refs
@@ -77,15 +78,17 @@ class LocalActorHost:
         while True:
             message, frames, route = await self._inbox.get()
             try:
-                started = self._handle(message, frames, route)
+                rest = self._handle(message, frames, route)
+                if rest is not None:  # what must happen before the next message
+                    await rest
             except Exception:
                 traceback.print_exc()  # a bug here must not stop the other actors
-                continue
-            if started:  # its first step before the next message (ready tasks run in order)
-                await asyncio.sleep(0)
 
-    def _handle(self, message: Message, frames: list[Any], route: PeerRoute) -> bool:
-        """Handle one message; True if it started a task (an async call)."""
+    def _handle(
+        self, message: Message, frames: list[Any], route: PeerRoute
+    ) -> Coroutine[Any, Any, None] | None:
+        """Handle one message; what is left of it to await before the next, if
+        anything: an async call's first step, an actor's stop."""
         match message:
             case Spawn(call_id, actor_id, name, labels, sizes, ranks):
                 shape = Shape(labels, sizes, ranks)
@@ -104,7 +107,7 @@ class LocalActorHost:
                     instance = cls(*args, **kwargs)
                 except BaseException as exc:
                     route.send(Failure(call_id, _failure(exc), False))
-                    return False
+                    return None
                 self.actors[actor_id] = (
                     instance,
                     _context.Context(
@@ -123,20 +126,40 @@ class LocalActorHost:
                     result = getattr(instance, endpoint)(*args, **kwargs)
                 except BaseException as exc:
                     _answer_failure(route, call_id, reply, exc)
-                    return False
+                    return None
                 if inspect.isawaitable(result):
                     task = self._loop.create_task(_answer(result, ctx, route, call_id, reply))
                     tasks = self._tasks.setdefault(actor_id, set())
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-                    return True
+                    return asyncio.sleep(0)  # its first step (ready tasks run in order)
                 if reply:
                     route.send(Value(call_id), result)
             case StopActor(actor_id):
-                self.actors.pop(actor_id, None)
-                for task in self._tasks.pop(actor_id, ()):
+                entry = self.actors.pop(actor_id, None)
+                tasks = self._tasks.pop(actor_id, set())
+                for task in tasks:
                     task.cancel()
-        return False
+                if entry is not None:
+                    return _stop(entry[0], entry[1], tasks)
+        return None
+
+
+async def _stop(instance: Any, ctx: _context.Context, tasks: set[asyncio.Task[None]]) -> None:
+    """A stopped actor: its cancelled calls unwind (their handlers run, their
+    callers are answered), then its ``__cleanup__(None)`` runs."""
+    if tasks:
+        await asyncio.wait(tasks)
+    cleanup = getattr(instance, "__cleanup__", None)
+    if cleanup is None:
+        return
+    _context.set_task_context(ctx)
+    try:
+        result = cleanup(None)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        traceback.print_exc()  # nobody waits on a stop: say it here
 
 
 async def _answer(
