@@ -54,6 +54,9 @@ def command(ssh: Sequence[str], host: str, paths: Sequence[str], dest: str) -> l
         "rsync",
         "--archive",
         "--no-links",  # as the agent path: regular files and directories only
+        # Nothing group- or other-writable: the copy goes on every rank's PYTHONPATH,
+        # and the agent refuses a destination others could write (umask 002 sources).
+        "--chmod=go-w",
         "--mkpath",
         "--stats",
         *excludes,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import stat
+import subprocess
 import tarfile
 
 import pytest
@@ -221,3 +223,25 @@ def test_an_archive_over_the_byte_cap_is_refused_before_anything_is_written(tmp_
     with pytest.raises(ValueError, match=r"unpacks to more than 10 KiB \(64 KiB so far\)"):
         _workspace.unpack(archive, str(dest))
     assert list(dest.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
+def test_an_rsynced_workspace_is_not_left_writable_by_others(tmp_path):
+    # A project made under umask 002 is group-writable; its copy on the hosts goes on
+    # every rank's PYTHONPATH, so rsync takes the write bits of group and others away.
+    from monarch_nb._controller import _rsync
+
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "pkg" / "mod.py").write_text("X = 1\n")
+    for path in (project, project / "pkg", project / "pkg" / "mod.py"):
+        path.chmod(path.stat().st_mode | 0o022)
+    local_ssh = tmp_path / "ssh"  # runs the remote command here: `ssh HOST CMD...`
+    local_ssh.write_text('#!/bin/sh\nshift\nexec "$@"\n')
+    local_ssh.chmod(0o700)
+    dest = tmp_path / "dest"
+    line = _rsync.command([str(local_ssh)], "h", [str(project)], str(dest))
+    subprocess.run(line, check=True, capture_output=True, timeout=60)
+    for path in (dest / "pkg", dest / "pkg" / "mod.py"):
+        assert path.stat().st_mode & 0o022 == 0, oct(path.stat().st_mode)
+    assert (dest / "pkg" / "mod.py").read_text() == "X = 1\n"
