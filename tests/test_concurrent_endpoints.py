@@ -242,6 +242,20 @@ def test_a_blocking_step_shows_in_the_stacks_and_its_interrupt_ends_it_alone(pro
     assert procs2.state == "running"
 
 
+def test_the_stacks_say_where_each_async_call_awaits(procs2):
+    rank0 = procs2.slice(procs=0)
+    gate = rank0.spawn("gate", Gate)
+    waiting = gate.wait.call_one()
+    gate.until_waiting.call_one().get(timeout=T)
+    stack = rank0.stacks(timeout=T)[0]
+    assert "async endpoint calls awaiting (1):\n  Gate.wait awaits at " in stack
+    assert "in wait: await self.opened.wait()" in stack
+    assert "rank 0 idle" in str(rank0.diagnose(timeout=T))  # %mesh why: no call runs
+    gate.open.call_one().get(timeout=T)
+    assert waiting.get(timeout=T) == "opened"
+    assert "awaiting" not in rank0.stacks(timeout=T)[0]
+
+
 class Unwinds(Actor):
     """Calls that await forever, and say in a file how they and the actor end."""
 

@@ -14,6 +14,7 @@ its actor is the current one), and between steps it is only in flight.
 
 from __future__ import annotations
 
+import linecache
 import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
@@ -31,6 +32,7 @@ class TaskCall:
     __slots__ = (
         "actor_id",
         "context",
+        "coro",
         "interrupted",
         "label",
         "since",
@@ -49,6 +51,7 @@ class TaskCall:
         self.context = context
         self.since = since  # time.monotonic() when its message was taken
         self.task: Any = None  # its asyncio.Task, once made
+        self.coro: Any = None  # the endpoint's coroutine, once its task began
         self.started = False  # its first step began: a cancel reaches its body
         self.interrupted = False  # an interrupt asked for it
         self.stopping = False  # its actor is being stopped
@@ -58,6 +61,25 @@ class TaskCall:
         cancelled: it sees ``interrupted`` or ``stopping`` as it starts and ends."""
         if self.started and self.task is not None:
             self.task.cancel()
+
+
+def where_awaiting(call: TaskCall, skip: Callable[[str], bool]) -> str:
+    """``file:line in function: code`` of the innermost frame of ``call``'s await
+    chain whose file ``skip`` does not reject, or "" if it has none (yet)."""
+    found = None
+    coro = call.coro
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        if not skip(frame.f_code.co_filename):
+            found = frame
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    if found is None:
+        return ""
+    code = linecache.getline(found.f_code.co_filename, found.f_lineno).strip()
+    place = f"{found.f_code.co_filename}:{found.f_lineno} in {found.f_code.co_name}"
+    return f"{place}: {code}" if code else place
 
 
 Step = Callable[[TaskCall], Any]

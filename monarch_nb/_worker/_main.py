@@ -62,7 +62,7 @@ from .._common._shape import Shape
 from .._common._unix_link import SCHEME as LINK_SCHEME
 from .._common._unix_link import LinkDealer
 from .._common._wire import Signer, WireStats, decode_payload, sender_tag
-from ._endpoint_tasks import TaskCall, Ticket, stepped
+from ._endpoint_tasks import TaskCall, Ticket, stepped, where_awaiting
 from ._log_file import RankLog
 from ._log_file import install as install_log_file
 from ._wire_thread import WireThread
@@ -251,6 +251,7 @@ class Worker:
         )
         self.send = self.wire.send
         self.wire.wake_main = self._poke_main
+        self.wire.describe_awaiting = self._describe_awaiting
         self.controller_route = _ControllerRoute(self.wire, self.signer)
         self.peer: PeerNode | None = None
         self.procs_ref: _refs.ProcsRef | None = None
@@ -877,9 +878,8 @@ class Worker:
             try:
                 if call.stopping or call.interrupted:  # before its body began
                     raise asyncio.CancelledError
-                result = await stepped(
-                    method(*args, **kwargs), call, self._enter_step, self._leave_step
-                )
+                call.coro = method(*args, **kwargs)
+                result = await stepped(call.coro, call, self._enter_step, self._leave_step)
             except asyncio.CancelledError as exc:
                 self._report(call_id, reply, actor_id, label, self._cancelled(call, exc), route)
             except BaseException as exc:
@@ -935,6 +935,22 @@ class Worker:
         log = self.log
         if log is not None and log.dirty:
             log.flush()
+
+    def _describe_awaiting(self) -> str:
+        """(wire thread) Below a status's stack: the async endpoint calls in flight
+        whose step is not running, and where each awaits. Not in the stack's
+        format, so that ``%mesh why`` reads the main thread's frames only."""
+        running = self._running
+        lines = []
+        for live in list(self.actors.values()):
+            for call in list(live.tasks):
+                if call.ticket[1] and call.ticket == running:
+                    continue  # its step runs: the stack above shows it
+                place = where_awaiting(call, _not_user_code)
+                lines.append(f"  {call.label} awaits at {place}" if place else f"  {call.label}")
+        if not lines:
+            return ""
+        return f"async endpoint calls awaiting ({len(lines)}):\n" + "\n".join(sorted(lines)) + "\n"
 
     def _cancelled(self, call: TaskCall, exc: BaseException) -> RemoteFailure:
         """The failure an async call reports when its task was cancelled."""
@@ -1138,6 +1154,18 @@ class Worker:
             _context.set_current(previous)
         if not handled:
             self.send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _not_user_code(filename: str) -> bool:
+    """Frames that say nothing of where user code awaits: monarch_nb's, asyncio's."""
+    if filename.startswith(_PACKAGE_DIR):
+        return True
+    asyncio = sys.modules.get("asyncio")  # loaded: a call awaits
+    where = getattr(asyncio, "__file__", None)
+    return where is not None and filename.startswith(os.path.dirname(where))
 
 
 # Put in the inbox to wake a waiting main thread (a future it waits on completed).

@@ -123,6 +123,9 @@ class WireThread:
         self._watch_requested = False  # the main thread waits on something else
         self._parked = False  # this thread is not watching the socket now
         self.wake_main: Callable[[], None] = lambda: None  # the worker sets it
+        # What a status adds after the main thread's stack (the worker sets it: its
+        # async endpoint calls in flight, and where each awaits).
+        self.describe_awaiting: Callable[[], str] = lambda: ""
         # Status queries the main thread received, for this thread to answer once
         # the main thread says its state is worth describing (release_status). Public:
         # the main thread reads it before calling that, a call fewer on its path.
@@ -400,7 +403,7 @@ class WireThread:
                 self._interrupt(call_id)
             case StatusQuery(query_id):
                 work, seconds = self._busy()
-                stack = self._main_stack()
+                stack = self._main_stack() + self.describe_awaiting()
                 self.send(StatusReply(query_id, work, seconds, stack, _collectives()))
             case _:
                 self.control_handlers[type(message)](message)
