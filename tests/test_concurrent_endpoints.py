@@ -285,6 +285,14 @@ class Unwinds(Actor):
             self._write("hold_concurrently cancelled")
             raise
 
+    @concurrent_endpoint(explicit_response_port=True)
+    async def hold_port(self, port, tag: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self._write(f"hold_port {tag} cancelled")
+            raise
+
     @endpoint
     async def until_started(self) -> None:
         await self.started.wait()
@@ -308,14 +316,22 @@ def test_stopping_an_actor_cancels_its_calls_before_its_cleanup(procs2, tmp_path
     actor = procs2.slice(procs=0).spawn("unwinds", Unwinds, path)
     held = actor.hold.call_one()
     concurrent = actor.hold_concurrently.call_one()
+    ported = actor.hold_port.call_one("called")
+    actor.hold_port.broadcast("broadcast")  # nobody waits on it
     actor.until_started.call_one().get(timeout=T)
     actor.stop().get(timeout=T)
-    lines = _file_lines(path, 3)
-    assert sorted(lines[:2]) == ["hold cancelled", "hold_concurrently cancelled"]
-    assert lines[2:] == ["cleanup"]
-    for call in (held, concurrent):  # their callers hear of it
+    lines = _file_lines(path, 5)
+    assert sorted(lines[:4]) == [
+        "hold cancelled",
+        "hold_concurrently cancelled",
+        "hold_port broadcast cancelled",
+        "hold_port called cancelled",
+    ]
+    assert lines[4:] == ["cleanup"]
+    for call in (held, concurrent, ported):  # their callers hear of it
         with pytest.raises(RemoteError, match="its actor was stopped"):
             call.get(timeout=T)
+    assert procs2.state == "running"
 
 
 def test_stopping_an_actor_of_the_controllers_process_cancels_then_cleans_up(tmp_path):

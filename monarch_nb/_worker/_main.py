@@ -147,6 +147,11 @@ class _ResponsePort:
         if self._first():
             self._route.send(Failure(self._call_id, self._worker.failure_of(exc), False))
 
+    def fail(self, failure: RemoteFailure) -> None:
+        """Answer the call with ``failure``, unless it was answered already."""
+        if self._first():
+            self._route.send(Failure(self._call_id, failure, False))
+
     def __reduce__(self):
         raise MeshUsageError(
             "an endpoint's response port answers its caller from this process; "
@@ -881,7 +886,12 @@ class Worker:
                 call.coro = method(*args, **kwargs)
                 result = await stepped(call.coro, call, self._enter_step, self._leave_step)
             except asyncio.CancelledError as exc:
-                self._report(call_id, reply, actor_id, label, self._cancelled(call, exc), route)
+                failure = self._cancelled(call, exc)
+                if reply or not call.stopping:
+                    self._report(call_id, reply, actor_id, label, failure, route)
+                elif args and isinstance(args[0], _ResponsePort):
+                    args[0].fail(failure)  # its caller may still wait on the port
+                # (else a broadcast: nobody waits, and a stop fails no actor mesh)
             except BaseException as exc:
                 self._report(call_id, reply, actor_id, label, self.failure_of(exc), route)
             else:
