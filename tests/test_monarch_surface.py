@@ -220,3 +220,35 @@ def test_a_class_pickled_by_value_may_name_monarch_nb_actor_and_errors_keep_thei
     # The chain, as Python prints it (and Monarch's ActorError says it).
     assert "KeyError: 'batch-7'" in error
     assert "The above exception was the direct cause of the following exception" in error
+
+
+class Scorer(monarch_nb.actor.Actor):
+    """An actor whose endpoints are named like mesh methods (GRPO's scorer has stop)."""
+
+    @monarch_nb.actor.endpoint
+    async def stop(self) -> str:
+        return f"scorer {monarch_nb.actor.current_rank().rank} stopped"
+
+    @monarch_nb.actor.endpoint
+    async def stop_of(self, other: monarch_nb.actor.ActorMesh) -> list[str]:
+        # Through a reference; awaited, so this process's own scorer answers meanwhile.
+        return sorted((await other.stop.call()).values())
+
+
+def test_an_endpoint_named_like_a_mesh_method_is_what_the_mesh_calls(procs2):
+    scorers = procs2.spawn("scorers", Scorer)
+    assert isinstance(scorers, monarch_nb.actor.ActorMesh)
+    assert scorers.slice(procs=1).stop.call_one().get(timeout=60) == "scorer 1 stopped"
+    assert sorted(scorers.stop.call().get(timeout=60).values()) == [
+        "scorer 0 stopped",
+        "scorer 1 stopped",
+    ]
+    helper = procs2.spawn("helper", Scorer)
+    assert helper.slice(procs=0).stop_of.call_one(scorers).get(timeout=60) == [
+        "scorer 0 stopped",
+        "scorer 1 stopped",
+    ]
+    # The mesh's own stop, through its class: the actors are gone after it.
+    monarch_nb.actor.ActorMesh.stop(scorers).get(timeout=60)
+    with pytest.raises(monarch_nb.RemoteError):
+        scorers.stop.call().get(timeout=60)

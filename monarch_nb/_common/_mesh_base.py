@@ -12,6 +12,47 @@ from typing import Any
 from ._endpoint import EndpointBase, no_such_endpoint
 from ._shape import MeshShape, Shape
 
+# (mesh class, endpoint names that are also its methods) -> its subclass where those
+# names are the endpoints: made once per pair, so a mesh is still one class lookup.
+_OVER_METHODS: dict[tuple[type, frozenset[str]], type] = {}
+
+
+def _endpoint_property(name: str) -> property:
+    def get(self: ActorMeshBase) -> Any:
+        return self._endpoint_type(self, name)
+
+    get.__name__ = name
+    get.__doc__ = (
+        f"The actors' own endpoint {name!r} (named like a mesh method: see docs/actors.md)."
+    )
+    return property(get)
+
+
+def endpoints_over_methods(mesh_type: type, endpoints: list[str]) -> type:
+    """``mesh_type``, or a subclass of it where each endpoint named like one of its
+    methods (``stop``, ``slice``...) is that endpoint.
+
+    An actor's own ``stop`` endpoint is what ``mesh.stop`` calls, as in Monarch
+    programs (its GRPO example stops a scorer so); the mesh's method stays
+    reachable through the class, ``ActorMesh.stop(mesh)``.
+    """
+    names = frozenset(
+        name
+        for name in endpoints
+        if not name.startswith("_") and callable(getattr(mesh_type, name, None))
+    )
+    if not names:
+        return mesh_type
+    key = (mesh_type, names)
+    made = _OVER_METHODS.get(key)
+    if made is None:
+        members = {name: _endpoint_property(name) for name in sorted(names)}
+        made = type(mesh_type.__name__, (mesh_type,), members)
+        made.__module__ = mesh_type.__module__
+        made.__qualname__ = mesh_type.__qualname__
+        _OVER_METHODS[key] = made
+    return made
+
 
 class ActorMeshBase(MeshShape):
     """Shape, name and endpoints of an actor mesh; ``mesh.ep`` is an endpoint.

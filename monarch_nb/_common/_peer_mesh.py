@@ -18,7 +18,7 @@ from ._actors import Actor, endpoint_names
 from ._endpoint import EndpointBase, unpicklable_argument
 from ._errors import MeshUsageError, SerializationError, SpawnError
 from ._future import Future
-from ._mesh_base import ActorMeshBase
+from ._mesh_base import ActorMeshBase, endpoints_over_methods
 from ._messages import Call, Spawn, StopActor
 from ._peer import local_node
 from ._pending import CallFuture, PendingCall
@@ -96,6 +96,7 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
         self._cls_name = ref.cls_name
         self._endpoints = list(ref.endpoints)
         self._plain_methods = set()
+        self.__class__ = endpoints_over_methods(type(self), self._endpoints)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r} (reference)>"

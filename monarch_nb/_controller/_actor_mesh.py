@@ -29,7 +29,7 @@ from .._common._actors import Actor, endpoint_names
 from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshFailure, MeshUsageError
 from .._common._future import Future, completed
-from .._common._mesh_base import ActorMeshBase
+from .._common._mesh_base import ActorMeshBase, endpoints_over_methods
 from .._common._messages import Call, StopActor
 from .._common._pending import PendingCall
 from .._common._public import publish
@@ -75,13 +75,14 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         self._endpoints = endpoint_names(cls)
         self._plain_methods = {n for n in dir(cls) if callable(getattr(cls, n, None))}
         self._generation = generation
+        self.__class__ = endpoints_over_methods(type(self), self._endpoints)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r}>"
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
         # A view of the same actors at the points ``shape`` keeps.
-        view = object.__new__(ActorMesh)
+        view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
         view._shape = shape
         return view
