@@ -6,7 +6,9 @@ to construct the actors and run the endpoints.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
@@ -39,6 +41,14 @@ class Actor:
 
     def __supervise__(self, failure: MeshFailure) -> bool:
         return False
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """This actor's logger, as Monarch's: named by its class, at level DEBUG.
+        Its records go to the rank's output and log file like any ``logging`` record."""
+        logger = logging.getLogger(type(self).__name__)
+        logger.setLevel(logging.DEBUG)
+        return logger
 
 
 _RESPONSE_PORT_MARK = "_monarch_nb_explicit_response_port"

@@ -338,6 +338,21 @@ def completed(value: T) -> Future[T]:
     return fut
 
 
+def done_as_none(source: Future[Any]) -> Future[None]:
+    """A future of None that completes when ``source`` does, with its error if any."""
+    fut: Future[None] = Future()
+
+    def copy(_: Future[Any]) -> None:
+        exc = source._exception
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)
+
+    source.add_done_callback(copy)
+    return fut
+
+
 def failed(exc: BaseException) -> Future[Any]:
     """A future that already holds the error ``exc``."""
     fut: Future[Any] = Future()

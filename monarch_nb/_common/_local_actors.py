@@ -21,7 +21,8 @@ from collections.abc import Coroutine
 from typing import Any
 
 from . import _context, _peer, _refs
-from ._errors import RemoteFailure
+from ._actors import wants_response_port
+from ._errors import MeshUsageError, RemoteFailure
 from ._messages import Call, Failure, Message, Spawn, StopActor, Value
 from ._peer import PeerRoute
 from ._shape import Point, Shape
@@ -117,67 +118,133 @@ class LocalActorHost:
                 route.send(Value(call_id))
             case Call(call_id, actor_id, endpoint, reply):
                 entry = self.actors.get(actor_id)
+                port = None
                 try:
                     if entry is None:
                         raise LookupError(f"no actor {actor_id} in this process: it was stopped")
                     instance, ctx = entry
                     _context.set_task_context(ctx)
                     args, kwargs = decode_payload(frames)
-                    result = getattr(instance, endpoint)(*args, **kwargs)
+                    method = getattr(instance, endpoint)
+                    if wants_response_port(method):  # it answers through the port
+                        port = _ResponsePort(route, call_id if reply else 0)
+                        args = (port, *args)
+                        reply = False
+                    result = method(*args, **kwargs)
                 except BaseException as exc:
-                    _answer_failure(route, call_id, reply, exc)
+                    _answer_failure(route, call_id, reply, exc, port)
                     return None
                 if inspect.isawaitable(result):
-                    task = self._loop.create_task(_answer(result, ctx, route, call_id, reply))
+                    answer = _answer(result, ctx, route, call_id, reply, port)
+                    task = self._loop.create_task(answer)
                     tasks = self._tasks.setdefault(actor_id, set())
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                     return asyncio.sleep(0)  # its first step (ready tasks run in order)
                 if reply:
                     route.send(Value(call_id), result)
-            case StopActor(actor_id):
+            case StopActor(actor_id, call_id):
                 entry = self.actors.pop(actor_id, None)
                 tasks = self._tasks.pop(actor_id, set())
                 for task in tasks:
                     task.cancel()
                 if entry is not None:
-                    return _stop(entry[0], entry[1], tasks)
+                    return _stop(entry[0], entry[1], tasks, route, call_id)
+                if call_id:
+                    route.send(Value(call_id))
         return None
 
 
-async def _stop(instance: Any, ctx: _context.Context, tasks: set[asyncio.Task[None]]) -> None:
+async def _stop(
+    instance: Any,
+    ctx: _context.Context,
+    tasks: set[asyncio.Task[None]],
+    route: PeerRoute,
+    call_id: int,
+) -> None:
     """A stopped actor: its cancelled calls unwind (their handlers run, their
-    callers are answered), then its ``__cleanup__(None)`` runs."""
+    callers are answered), then its ``__cleanup__(None)`` runs, then the stop's
+    caller (``call_id``, if any) is answered."""
     if tasks:
         await asyncio.wait(tasks)
     cleanup = getattr(instance, "__cleanup__", None)
-    if cleanup is None:
-        return
-    _context.set_task_context(ctx)
-    try:
-        result = cleanup(None)
-        if inspect.isawaitable(result):
-            await result
-    except Exception:
-        traceback.print_exc()  # nobody waits on a stop: say it here
+    if cleanup is not None:
+        _context.set_task_context(ctx)
+        try:
+            result = cleanup(None)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            traceback.print_exc()  # the stop's future is no error report: say it here
+    if call_id:
+        route.send(Value(call_id))
 
 
 async def _answer(
-    awaitable: Any, ctx: _context.Context, route: PeerRoute, call_id: int, reply: bool
+    awaitable: Any,
+    ctx: _context.Context,
+    route: PeerRoute,
+    call_id: int,
+    reply: bool,
+    port: _ResponsePort | None,
 ) -> None:
     """Await an async call's body (a task of its own) and answer its caller."""
     _context.set_task_context(ctx)
     try:
         result = await awaitable
     except BaseException as exc:
-        _answer_failure(route, call_id, reply, exc)
+        _answer_failure(route, call_id, reply, exc, port)
         return
     if reply:
         route.send(Value(call_id), result)
 
 
-def _answer_failure(route: PeerRoute, call_id: int, reply: bool, exc: BaseException) -> None:
-    if reply:
+class _ResponsePort:
+    """What an ``explicit_response_port`` endpoint answers through: its call's
+    reply (the first answer counts; any thread)."""
+
+    def __init__(self, route: PeerRoute, call_id: int) -> None:
+        self._route = route
+        self._call_id = call_id  # 0 for a broadcast: nobody waits for an answer
+        self._sent = False
+        self._lock = threading.Lock()
+
+    @property
+    def answers_a_caller(self) -> bool:
+        return self._call_id != 0
+
+    def _first(self) -> bool:
+        with self._lock:
+            first, self._sent = not self._sent and self._call_id != 0, True
+        return first
+
+    def send(self, value: Any) -> None:
+        """Answer the call with ``value``."""
+        if self._first():
+            self._route.send(Value(self._call_id), value)
+
+    def exception(self, exc: BaseException) -> None:
+        """Answer the call with an error, as if the endpoint had raised ``exc``."""
+        if self._first():
+            self._route.send(Failure(self._call_id, _failure(exc), False))
+
+    def __reduce__(self):
+        raise MeshUsageError(
+            "an endpoint's response port answers its caller from this process; "
+            "to answer elsewhere, pass a Port from Channel.open() instead"
+        )
+
+
+def _answer_failure(
+    route: PeerRoute,
+    call_id: int,
+    reply: bool,
+    exc: BaseException,
+    port: _ResponsePort | None = None,
+) -> None:
+    if port is not None and port.answers_a_caller:
+        port.exception(exc)  # its caller waits on the port (unless it answered already)
+    elif reply:
         route.send(Failure(call_id, _failure(exc), False))
     else:
         traceback.print_exc()  # a broadcast: nobody waits, say it here

@@ -166,8 +166,12 @@ class Pull(Message):
 @_message
 @dataclass(frozen=True, slots=True)
 class StopActor(Message):
+    """Stop an actor: its async calls unwind, then its ``__cleanup__`` runs; then,
+    if ``call_id``, the process answers ``Value(call_id)`` (the stop's future)."""
+
     TAG: ClassVar[int] = 6
     actor_id: int
+    call_id: int = 0
 
 
 @_message

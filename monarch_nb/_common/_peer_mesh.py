@@ -17,7 +17,7 @@ from . import _refs
 from ._actors import Actor, endpoint_names
 from ._endpoint import EndpointBase, unpicklable_argument
 from ._errors import MeshUsageError, SerializationError, SpawnError
-from ._future import Future
+from ._future import Future, done_as_none
 from ._mesh_base import ActorMeshBase, endpoints_over_methods
 from ._messages import Call, Spawn, StopActor
 from ._peer import local_node
@@ -104,14 +104,20 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
     def _new_with_shape(self, shape: Shape) -> PeerActorMesh[A]:
         return PeerActorMesh(self._ref, shape)
 
-    def stop(self) -> None:
-        """Remove these actors from their processes (the processes keep running)."""
-        procs = self._ref.procs
-        node = local_node()
-        node.send(
-            [procs.address(r) for r in self._shape.ranks],
-            node.encode(StopActor(self._ref.actor_id)),
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Remove these actors from their processes (the processes keep running).
+
+        Sent at once; the future is done once each actor's ``__cleanup__`` ran."""
+        actor_id = self._ref.actor_id
+        call = _send(
+            self._ref.procs,
+            self._shape,
+            lambda call_id: StopActor(actor_id, call_id),
+            None,
+            actor=self._cls_name,
+            endpoint="stop",
         )
+        return done_as_none(call.future)
 
     def __reduce__(self):
         return (_refs.rebuild_actors, (self._ref, _refs.ViewRef.of(self._shape)))

@@ -28,7 +28,7 @@ from .._common import _refs
 from .._common._actors import Actor, endpoint_names
 from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshFailure, MeshUsageError
-from .._common._future import Future, completed
+from .._common._future import Future, completed, done_as_none
 from .._common._mesh_base import ActorMeshBase, endpoints_over_methods
 from .._common._messages import Call, StopActor
 from .._common._pending import PendingCall
@@ -90,17 +90,30 @@ class ActorMesh(ActorMeshBase, Generic[A]):
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Remove these actors from their processes (the processes keep running).
 
-        Returns a future that is done once the stop is sent: calls made after it
-        reach the actors after the stop, so they fail. (``reason`` is accepted as
+        The stop is sent at once: calls made after it reach the actors after the
+        stop, so they fail. Returns a future that is done once every actor has
+        stopped: its async calls unwound and its ``__cleanup__`` ran, as Monarch's.
+        On a mesh with failed ranks it is done at once. (``reason`` is accepted as
         Monarch's is.)
         """
         group = self._group
-        if self._is_current():
-            record = group.spawned.get(self._actor_id)
-            if record is not None:  # not to be spawned again on a rank that restarts
-                record.stopped.update(self._shape.ranks)
-            group.controller.send(group, self._shape.ranks, group.encode(StopActor(self._actor_id)))
-        return completed(None)
+        if not self._is_current():
+            return completed(None)
+        record = group.spawned.get(self._actor_id)
+        if record is not None:  # not to be spawned again on a rank that restarts
+            record.stopped.update(self._shape.ranks)
+        if group.failure_for(self._shape.ranks) is not None:
+            return completed(None)  # the mesh takes no message: nothing to wait for
+        actor_id = self._actor_id
+        call = send_call(
+            group,
+            self._shape,
+            lambda call_id: StopActor(actor_id, call_id),
+            None,
+            actor=self._cls_name,
+            endpoint="stop",
+        )
+        return done_as_none(call.future)
 
     def _is_current(self) -> bool:
         """Spawned in its process mesh's present processes (or spawned again there by

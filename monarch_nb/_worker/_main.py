@@ -721,10 +721,12 @@ class Worker:
                 self.on_cell(message, frames)
             case Renumber(call_id) if from_controller:
                 self.on_renumber(call_id, frames)
-            case StopActor(actor_id):
+            case StopActor(actor_id, call_id):
                 live = self.actors.pop(actor_id, None)
                 if live is not None:
                     self._cleanup(live)
+                if call_id:  # the stop's future: done once __cleanup__ has run
+                    route.send(Value(call_id))
             case Shutdown() if from_controller:
                 for actor_id in list(self.actors):
                     self._cleanup(self.actors.pop(actor_id))
