@@ -707,6 +707,9 @@ class ProcGroup:
                 )
                 _log.error("monarch_nb: %s", self.actor_failures[actor_id])
                 self.note_failure(rank, f"{failure.type_name}: {failure.message}")
+                # Up the supervision tree, as a mesh failure: the owner's
+                # __supervise__, or the unhandled_fault_hook.
+                _context.report_child_failure(self.owner, self.actor_failures[actor_id])
                 if self.events.observed:
                     self.events.emit(
                         ev.RankFailed(

@@ -1156,6 +1156,9 @@ class Worker:
         live = next((a for a in self.actors.values() if a.instance is owner), None)
         previous = _context.set_current(live.context if live else None)
         label = f"{type(owner).__name__}.__supervise__"
+        # The owner's own calls wait until it has handled the failure (it may
+        # spawn a new child mesh meanwhile), as they wait for its sync endpoints.
+        self._active.append(live.context.actor_id if live else 0)
         try:
             handled = self.user_code(label, owner.__supervise__, (error,))
             why = f"its __supervise__ returned {handled!r}"
@@ -1163,6 +1166,7 @@ class Worker:
             handled = False
             why = f"its __supervise__ raised {type(exc).__name__}: {exc}"
         finally:
+            self._active.pop()
             _context.set_current(previous)
         if not handled:
             self.send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
