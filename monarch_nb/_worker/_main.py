@@ -1303,4 +1303,26 @@ def main() -> None:
             worker.peer.close()
         with worker.wire.lock:
             worker.socket.close()
+        if code:
+            os._exit(code)
+    # Asked to stop: end as Python ends, so that atexit handlers and module
+    # globals' __del__ run, as on Monarch's graceful stop. A thread that user
+    # code left running would hold that exit forever: a deadline ends it.
+    _exit_after(_FINALIZE_S, code)
+    sys.exit(code)
+
+
+# How long a stopped worker's interpreter may take to finalize (the controller's
+# grace, STOP_GRACE_S, is longer: it kills what is left after that).
+_FINALIZE_S = 3.0
+
+
+def _exit_after(seconds: float, code: int) -> None:
+    """``os._exit(code)`` in ``seconds``, from a daemon thread, unless the process
+    has exited by then."""
+
+    def wait_then_exit() -> None:
+        time.sleep(seconds)
         os._exit(code)
+
+    threading.Thread(target=wait_then_exit, name="monarch_nb-exit", daemon=True).start()
