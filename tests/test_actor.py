@@ -280,6 +280,7 @@ class NoInit(Actor):
 def test_spawn_constructs_as_calling_the_class_does(procs4):
     made = procs4.slice(procs=0).spawn("made", MadeByNew, 3)
     assert made.made.call_one().get(timeout=10) == (3, 6, True)
+    wrong = procs4.slice(procs=0).spawn("noinit", NoInit, 1)  # returns: __init__ runs later
     with pytest.raises(SpawnError, match="NoInit\\(\\) takes no arguments"):
-        procs4.slice(procs=0).spawn("noinit", NoInit, 1)
+        wrong.initialized.get(timeout=10)
     assert procs4.slice(procs=0).spawn("noinit", NoInit).ok.call_one().get(timeout=10)

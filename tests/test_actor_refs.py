@@ -155,7 +155,7 @@ class Spawner(Actor):
     @endpoint
     def spawn_failing(self, procs) -> str:
         try:
-            procs.spawn("bad", BadInit)
+            procs.spawn("bad", BadInit).initialized.get(timeout=60)
         except SpawnError as exc:
             return str(exc)
         return "no error"

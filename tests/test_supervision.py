@@ -119,8 +119,9 @@ def test_unpicklable_return_value_names_rank_and_type(workers):
 
 
 def test_spawn_fails_with_the_init_traceback_and_procs_stay_usable(procs4):
+    broken = procs4.spawn("broken", BrokenInit, 1)
     with pytest.raises(SpawnError, match=r"rank 1: RuntimeError: cannot start on rank 1") as info:
-        procs4.spawn("broken", BrokenInit, 1)
+        broken.initialized.get(timeout=10)
     assert 'raise RuntimeError(f"cannot start on rank {bad_rank}")' in info.value.render()
     assert procs4.spawn("fine", Worker).pid.call().get(timeout=10) is not None
 

@@ -97,6 +97,17 @@ class RemoteFailure:
     traceback: str  # the remote traceback as text, source lines included
 
 
+def never_constructed(failure: RemoteFailure) -> RemoteFailure:
+    """How a rank answers a call to an actor whose ``__init__`` raised ``failure``
+    there: that failure (its traceback is where ``__init__`` raised), said so."""
+    return RemoteFailure(
+        failure.rank,
+        failure.type_name,
+        f"{failure.message} (raised by its __init__, so the actor does not exist)",
+        failure.traceback,
+    )
+
+
 class RemoteError(MonarchNbError):
     """User code raised on one or more ranks.
 

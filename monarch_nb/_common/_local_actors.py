@@ -22,7 +22,7 @@ from typing import Any
 
 from . import _context, _peer, _refs
 from ._actors import wants_response_port
-from ._errors import MeshUsageError, RemoteFailure
+from ._errors import MeshUsageError, RemoteFailure, never_constructed
 from ._messages import Call, Failure, Message, Spawn, StopActor, Value
 from ._peer import PeerRoute
 from ._shape import Point, Shape
@@ -62,6 +62,8 @@ class LocalActorHost:
             _refs.ViewRef.of(Shape([], [], [0])),
         )
         self.actors: dict[int, tuple[Any, _context.Context]] = {}
+        # Actors whose __init__ raised: their calls answer that failure.
+        self._failed_inits: dict[int, RemoteFailure] = {}
         self._tasks: dict[int, set[asyncio.Task[None]]] = {}  # async calls, by actor
         self._loop = asyncio.new_event_loop()
         self._inbox: asyncio.Queue[tuple[Message, list[Any], PeerRoute]] = asyncio.Queue()
@@ -107,7 +109,8 @@ class LocalActorHost:
                     cls, args, kwargs = decode_payload(frames)
                     instance = cls(*args, **kwargs)
                 except BaseException as exc:
-                    route.send(Failure(call_id, _failure(exc), False))
+                    self._failed_inits[actor_id] = _failure(exc)
+                    route.send(Failure(call_id, self._failed_inits[actor_id], False))
                     return None
                 self.actors[actor_id] = (
                     instance,
@@ -119,6 +122,11 @@ class LocalActorHost:
             case Call(call_id, actor_id, endpoint, reply):
                 entry = self.actors.get(actor_id)
                 port = None
+                if entry is None and actor_id in self._failed_inits:
+                    if reply:
+                        failure = never_constructed(self._failed_inits[actor_id])
+                        route.send(Failure(call_id, failure, False))
+                    return None
                 try:
                     if entry is None:
                         raise LookupError(f"no actor {actor_id} in this process: it was stopped")

@@ -17,7 +17,7 @@ from . import _refs
 from ._actors import Actor, endpoint_names
 from ._endpoint import EndpointBase, unpicklable_argument
 from ._errors import MeshUsageError, SerializationError, SpawnError
-from ._future import Future, done_as_none
+from ._future import Future, completed, done_as_none
 from ._mesh_base import ActorMeshBase, endpoints_over_methods
 from ._messages import Call, Spawn, StopActor
 from ._peer import local_node
@@ -88,9 +88,12 @@ def _stop(future: CallFuture, why: str, grace: float) -> Any:
 class PeerActorMesh(ActorMeshBase, Generic[A]):
     """An actor mesh held by another actor (or by a controller that did not spawn it)."""
 
-    def __init__(self, ref: _refs.ActorRef, shape: Shape) -> None:
+    def __init__(
+        self, ref: _refs.ActorRef, shape: Shape, initialized: Future[None] | None = None
+    ) -> None:
         self._ref = ref
         self._shape = shape
+        self._initialized = initialized
         self._spawned = ref.spawned.shape()
         self._name = ref.name
         self._cls_name = ref.cls_name
@@ -101,8 +104,17 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r} (reference)>"
 
+    @property
+    def initialized(self) -> Future[None]:
+        """Done once every actor's ``__init__`` has returned: None, or SpawnError (see
+        the controller's ``ActorMesh.initialized``). On a mesh this process did
+        not spawn (a reference it was given) it is done at once: whoever spawned
+        it knows, and calls to an actor whose ``__init__`` failed raise that error.
+        """
+        return self._initialized if self._initialized is not None else completed(None)
+
     def _new_with_shape(self, shape: Shape) -> PeerActorMesh[A]:
-        return PeerActorMesh(self._ref, shape)
+        return PeerActorMesh(self._ref, shape, self._initialized)
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Remove these actors from their processes (the processes keep running).
@@ -184,17 +196,13 @@ class PeerProcMesh:
         return PeerProcMesh(self._ref, Shape([], [], [rank]))
 
     def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> PeerActorMesh[A]:
-        """Start ``actor_class(*args, **kwargs)`` in every process of this mesh (blocking).
+        """Start ``actor_class(*args, **kwargs)`` in every process of this mesh.
 
-        Raises SpawnError with the remote traceback if ``__init__`` raised.
+        Returns at once (see the controller's ``ProcMesh.spawn``): calls made
+        meanwhile wait behind ``__init__`` on each rank, and if it raises, they
+        raise its error, as ``actors.initialized.get()`` does (a SpawnError with
+        the rank and the remote traceback).
         """
-        return self.spawn_async(name, actor_class, *args, **kwargs).get()
-
-    def spawn_async(
-        self, name: str, actor_class: type[A], *args: Any, **kwargs: Any
-    ) -> Future[PeerActorMesh[A]]:
-        """:meth:`spawn` without blocking: a future of the actor mesh (``await`` it
-        from an ``async`` endpoint)."""
         if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
             raise MeshUsageError(
                 f"spawn({name!r}, ...) needs a subclass of monarch_nb.Actor, got {actor_class!r}"
@@ -214,6 +222,8 @@ class PeerProcMesh:
                 f"{actor_class.__name__}.__init__", args, kwargs, exc
             ),
         )
+        if call.group is None:  # never sent (unreachable, unpicklable): say it now
+            call.get()
         ref = _refs.ActorRef(
             self._ref,
             actor_id,
@@ -222,16 +232,24 @@ class PeerProcMesh:
             tuple(endpoint_names(actor_class)),
             _refs.ViewRef.of(shape),
         )
+        return PeerActorMesh(ref, shape, done_as_none(call.future))
+
+    def spawn_async(
+        self, name: str, actor_class: type[A], *args: Any, **kwargs: Any
+    ) -> Future[PeerActorMesh[A]]:
+        """:meth:`spawn`, as a future of the actor mesh done once it is initialized
+        (``await`` it from an ``async`` endpoint); its error is ``initialized``'s."""
+        actors = self.spawn(name, actor_class, *args, **kwargs)
         result: Future[PeerActorMesh[A]] = Future()
 
-        def done(fut: Future[Any]) -> None:
+        def done(fut: Future[None]) -> None:
             error = fut.exception(timeout=0)
             if error is not None:
                 result.set_exception(error)
             else:
-                result.set_result(PeerActorMesh(ref, shape))
+                result.set_result(actors)
 
-        call.future.add_done_callback(done)
+        actors.initialized.add_done_callback(done)
         return result
 
     def __reduce__(self):

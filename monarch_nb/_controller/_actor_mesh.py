@@ -64,8 +64,10 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         name: str,
         cls: type[A],
         generation: int,
+        initialized: Future[None],
     ) -> None:
         self._procs = procs
+        self._initialized = initialized
         self._group: ProcGroup = procs._group
         self._shape = shape
         self._spawned = shape
@@ -79,6 +81,17 @@ class ActorMesh(ActorMeshBase, Generic[A]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r}>"
+
+    @property
+    def initialized(self) -> Future[None]:
+        """Done once every actor's ``__init__`` has returned (spawning does not wait).
+
+        ``actors.initialized.get()`` (or ``await actors.initialized``) returns None,
+        or raises SpawnError naming the ranks whose ``__init__`` raised, with their
+        tracebacks, or MeshFailure if a process died first. The same future for
+        every view of the mesh.
+        """
+        return self._initialized
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
         # A view of the same actors at the points ``shape`` keeps.
@@ -121,7 +134,7 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         group = self._group
         return group.generation in (self._generation, group.replayed_actors.get(self._actor_id))
 
-    def _check_usable(self) -> MeshFailure | None:
+    def _check_usable(self) -> Exception | None:
         group = self._group
         if not self._is_current():
             return MeshFailure(
@@ -129,7 +142,7 @@ class ActorMesh(ActorMeshBase, Generic[A]):
                 f"spawn it again with procs.spawn({self._name!r}, {self._cls_name}, ...)",
                 ranks=self._shape.ranks,
             )
-        error = group.actor_failures.get(self._actor_id)
+        error = group.actor_failures.get(self._actor_id) or group.init_failures.get(self._actor_id)
         if error is not None:
             return error
         return group.failure_for(self._shape.ranks) or group.actor_missing(

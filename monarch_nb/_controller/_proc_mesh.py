@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from .._common import _checks, _logs, _refs, _workspace
+from .._common import _checks, _context, _logs, _refs, _workspace
 from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
 from .._common._fold import format_ranks
-from .._common._future import Future, completed
+from .._common._future import Future, completed, done_as_none
 from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
@@ -493,11 +493,16 @@ class ProcMesh(MeshShape):
     def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]:
         """Start one ``actor_class(*args, **kwargs)`` in every process of this mesh.
 
-        ``name`` labels the actors in log lines and tracebacks: a non-empty
-        string of printable characters without ``/``, ``[`` or ``]`` (else
-        MeshUsageError). Blocks until every instance is constructed. Raises
-        SpawnError with the remote traceback if ``__init__`` raised on any rank
-        (the process mesh stays usable), or MeshFailure if the mesh is failed.
+        Returns at once, as Monarch's does: each rank runs ``__init__`` in the
+        background, and calls made meanwhile wait behind it there, so
+        ``procs.spawn("c", Counter).add.call(1).get()`` just works. If
+        ``__init__`` raises on a rank, calls to the mesh raise that error (a
+        SpawnError, with the rank and the remote traceback; the process mesh
+        stays usable), and so does ``actors.initialized.get()``, the way to wait
+        for construction itself. ``name`` labels the actors in log lines and
+        tracebacks: a non-empty string of printable characters without ``/``,
+        ``[`` or ``]`` (else MeshUsageError). Raises at once MeshFailure if the
+        mesh is failed, SerializationError if the arguments cannot be pickled.
         """
         self._check_current("spawn")
         _checks.actor_name(name)
@@ -520,7 +525,8 @@ class ProcMesh(MeshShape):
                 f"{actor_class.__name__}.__init__", args, kwargs, exc
             ),
         )
-        call.future.get()
+        if call.group is None:  # never sent (a failed mesh, an unpicklable argument): say it now
+            call.get()
         record = SpawnRecord(
             name, actor_class, args, kwargs, shape.labels, shape.sizes, shape.ranks
         )
@@ -528,9 +534,18 @@ class ProcMesh(MeshShape):
         step = group.history.record(
             "spawn", f"spawn {name} ({actor_class.__name__})", shape, (actor_id, record)
         )
-        step.outcome = "ok"
+        group.history.watch(step, call.future)
+        call.future.add_done_callback(
+            lambda future: _spawn_settled(group, actor_id, record, future)
+        )
         return ActorMesh(
-            self, shape, actor_id=actor_id, name=name, cls=actor_class, generation=group.generation
+            self,
+            shape,
+            actor_id=actor_id,
+            name=name,
+            cls=actor_class,
+            generation=group.generation,
+            initialized=done_as_none(call.future),
         )
 
     # -- life cycle -----------------------------------------------------------------
@@ -939,6 +954,35 @@ def shutdown_context() -> Future[None]:
         for hosts in list(controller.host_meshes):
             hosts.shutdown()
     return completed(None)
+
+
+def _spawn_settled(
+    group: ProcGroup,
+    actor_id: int,
+    record: SpawnRecord,
+    future: Future[Any],
+) -> None:
+    """A spawn's every rank answered (on the thread that completed it): if an
+    ``__init__`` failed, what the actor mesh's calls raise from now on."""
+    error = future.exception(timeout=0)
+    if not isinstance(error, SpawnError):
+        # Done, or its ranks died or restarted first: the actors are lost there as
+        # any actor on such a rank is, and a restart of the rank spawns them again.
+        return
+    if group.spawned.get(actor_id) is record:  # nothing to spawn again on a restart
+        del group.spawned[actor_id]
+    group.init_failures[actor_id] = error
+    if group.owner is None:
+        # No actor supervises this mesh: the controller's unhandled_fault_hook
+        # hears of it, as of any unsupervised failure (Monarch's __init__ rule).
+        failure = MeshFailure(
+            f"actor mesh {record.name!r} could not start: {error}",
+            ranks=error.ranks,
+            cause=error,
+            mesh=group.name,
+            actor=record.name,
+        )
+        _context.report_child_failure(None, failure)
 
 
 publish(globals())

@@ -291,6 +291,7 @@ class ProcGroup:
         self.signer: Signer
         self.owner = _context.current_actor_or_none()  # who supervises us, if an actor
         self.actor_failures: dict[int, MeshFailure] = {}
+        self.init_failures: dict[int, SpawnError] = {}  # actor id -> its __init__'s error
         self.ready_ranks: set[int] = set()  # ranks of this generation that said hello
         self._all_ready = threading.Event()
         self.debugger: object | None = None  # see DEBUGGER_FOR
@@ -351,6 +352,7 @@ class ProcGroup:
             self.generation += 1
             self.state = Starting()
             self.actor_failures.clear()
+            self.init_failures.clear()
             self.rank_failures.clear()
             self.paused.clear()
             self.idle_since.clear()

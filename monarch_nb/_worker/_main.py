@@ -36,7 +36,13 @@ import zmq
 from .._common import _context, _metrics, _peer, _refs
 from .._common._actors import is_concurrent, wants_response_port
 from .._common._context import Context
-from .._common._errors import MeshFailure, MeshUsageError, RemoteError, RemoteFailure
+from .._common._errors import (
+    MeshFailure,
+    MeshUsageError,
+    RemoteError,
+    RemoteFailure,
+    never_constructed,
+)
 from .._common._fd_limits import raise_fd_limit
 from .._common._future import set_wait_pump
 from .._common._messages import (
@@ -280,6 +286,9 @@ class Worker:
             )
             _peer.install_node(self.peer)
         self.actors: dict[int, _LiveActor] = {}
+        # Actors whose __init__ raised here: a call to one answers that failure
+        # (spawning does not wait, so calls sent meanwhile queue behind the spawn).
+        self._failed_inits: dict[int, RemoteFailure] = {}
         self._loop: Any = None  # an asyncio loop, made for the first async endpoint
         self._fresh_tasks = False  # endpoint calls were made tasks since the loop last ran
         self._waker: Any = None  # an asyncio future the idle loop waits on for work
@@ -793,7 +802,9 @@ class Worker:
                 f"spawn {name!r}", _construct, (cls, args, kwargs), awaits=False
             )
         except BaseException as exc:
-            route.send(Failure(call_id, self.failure_of(exc), False))
+            failure = self.failure_of(exc)
+            self._failed_inits[message.actor_id] = failure
+            route.send(Failure(call_id, failure, False))
             return
         finally:
             self._active.pop()
@@ -828,6 +839,10 @@ class Worker:
             self._undecodable(exc, call_id, reply, label, actor_id, route)
             return
         if live is None:
+            failed = self._failed_inits.get(actor_id)
+            if failed is not None:
+                self._report(call_id, reply, actor_id, label, never_constructed(failed), route)
+                return
             error = LookupError(f"no actor {actor_id} on rank {self.rank}: it was stopped")
             self._report(call_id, reply, actor_id, label, self.failure_of(error), route)
             return
@@ -1051,6 +1066,7 @@ class Worker:
             self.peer.home = (self.procs_ref, self.rank)
         for actor_id in list(self.actors):
             self._cleanup(self.actors.pop(actor_id))
+        self._failed_inits.clear()
         # torch.distributed's default group was made for the old world (its size,
         # ranks and store): leave it, so the next init_process_group() (a cell, the
         # tensor engine) makes the new one. Only if torch is loaded: never import it.
