@@ -194,6 +194,14 @@ def test_gpus_are_the_hosts_own_and_counted_there(monkeypatch) -> None:
             hosts.spawn_procs({"gpus": 3})
 
 
+def test_gpus_on_hosts_without_any_are_cpu_ranks(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # what the "hosts" see: no GPU
+    with local_hosts(2) as hosts, hosts.spawn_procs({"gpus": 2}) as procs:
+        assert procs.extent == {"hosts": 2, "gpus": 2}
+        seen = procs.run("import os; os.environ.get('CUDA_VISIBLE_DEVICES')")
+        assert list(seen.values()) == [""] * 4
+
+
 def test_a_killed_remote_rank_fails_the_mesh_naming_it_and_restart_works(hosts2) -> None:
     with hosts2.spawn_procs({"procs": 2}) as procs:
         victim = procs.pids[3]

@@ -1,5 +1,6 @@
 """Process meshes: start, environment, views, stop, restart."""
 
+import logging
 import os
 import signal
 import sys
@@ -80,9 +81,21 @@ def test_slices_are_views_over_the_same_processes(procs4):
     assert procs4.rank_of_point({"procs": 2}) == 2
 
 
-def test_gpus_fail_clearly_when_the_host_has_too_few():
-    with pytest.raises(MeshUsageError, match=r"needs 64 GPUs but this host has \d+ visible"):
-        this_host().spawn_procs(per_host={"gpus": 64})
+def test_gpus_on_a_host_without_any_are_cpu_ranks_as_in_monarch(monkeypatch, caplog):
+    # Monarch's programs and tests name the dimension "gpus" on CPU machines too.
+    from monarch_nb._controller import _process_group
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a host with no GPU visible
+    _process_group._told_cpu_ranks.discard("this host")
+    with caplog.at_level(logging.WARNING, logger="monarch_nb"):
+        with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
+            assert procs.extent == {"gpus": 2}
+            probes = procs.spawn("cpu", Probe)
+            envs = probes.env.call("CUDA_VISIBLE_DEVICES").get(timeout=60).values()
+    assert envs == [{"CUDA_VISIBLE_DEVICES": ""}] * 2  # no device handed out
+    assert (
+        "this host has no GPU visible: per_host={'gpus': 2} starts 2 CPU ranks" in caplog.text
+    )
 
 
 def test_bad_per_host_and_env_are_named():

@@ -779,7 +779,7 @@ class HostMesh:
         agents = self._agents
         if agents is None:
             if gpus:
-                check_gpus(per_host["gpus"])
+                gpus = check_gpus(per_host["gpus"])
             sizes = per_host
         else:
             if "hosts" in per_host:
@@ -787,8 +787,17 @@ class HostMesh:
             if agents.shut_down:
                 raise MeshUsageError("this host mesh was shut down; start a new one")
             if gpus:
-                for agent in agents.agents:
+                without = [agent.label for agent in agents.agents if not agent.gpus]
+                if without and len(without) < len(agents.agents):
+                    raise MeshUsageError(
+                        f"per_host={{'gpus': {per_host['gpus']}}}: host(s) {', '.join(without)} "
+                        "have no GPU visible and the others do; use hosts of one kind"
+                    )
+                # Every host without one: CPU ranks (said once), as on one host.
+                gpus = all(
                     check_gpus(per_host["gpus"], agent.gpus, f"host {agent.label}")
+                    for agent in agents.agents
+                )
             sizes = {"hosts": len(agents.agents), **per_host}
         controller = self._controller or Controller.get()
         group = ProcGroup(

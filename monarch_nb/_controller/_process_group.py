@@ -1550,15 +1550,42 @@ def _describe_ranks(ranks: tuple[int, ...]) -> str:
     return ", ".join(map(str, ranks))
 
 
-def check_gpus(count: int, available: int | None = None, host: str = "this host") -> None:
-    """Refuse ``{"gpus": count}`` on a host with fewer visible (default: this one)."""
+def check_gpus(count: int, available: int | None = None, host: str = "this host") -> bool:
+    """Whether ``{"gpus": count}`` gives each rank a GPU of its own (default: on this host).
+
+    A host with no GPU visible runs ``count`` CPU ranks under that dimension's name,
+    as Monarch does (its programs and tests name the dimension ``gpus`` on CPU
+    machines too), and says so once. A host with some GPUs, but fewer than
+    ``count``, is refused: that is a mistake, not a CPU machine.
+    """
     if available is None:
         available = len(visible_gpus())
+    if available == 0:
+        _tell_cpu_ranks(count, host)
+        return False
     if count > available:
         raise MeshUsageError(
             f"per_host={{'gpus': {count}}} needs {count} GPUs but {host} has {available} "
             "visible; ask for fewer, or use {'procs': N} for CPU ranks"
         )
+    return True
+
+
+_told_cpu_ranks: set[str] = set()
+
+
+def _tell_cpu_ranks(count: int, host: str) -> None:
+    with _told_lock:
+        if host in _told_cpu_ranks:
+            return
+        _told_cpu_ranks.add(host)
+    _log.warning(
+        "monarch_nb: %s has no GPU visible: per_host={'gpus': %d} starts %d CPU ranks "
+        "(torch.cuda is not available on them)",
+        host,
+        count,
+        count,
+    )
 
 
 def _tell_no_log_file(mesh: str, rank: int, why: str) -> None:
