@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import zmq
@@ -107,8 +108,8 @@ _GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"CURVE".ljust(20, b"
 
 @pytest.fixture
 def guarded_server():
-    """A CURVE server DEALER on loopback under a guard of 4 pending handshakes, and
-    a client with the key already through its handshake."""
+    """A CURVE server DEALER on loopback under a guard of 4 pending handshakes, a
+    client with the key already through its handshake, and the server's public key."""
     ctx = zmq.Context()
     server, client = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
     server_public, server_secret = zmq.curve_keypair()
@@ -124,7 +125,7 @@ def guarded_server():
     client.send(b"hello")
     assert server.poll(30_000)
     assert server.recv() == b"hello"
-    yield guard, server, client, port
+    yield guard, server, client, port, server_public
     guard.close()
     for sock in (server, client):
         sock.close(0)
@@ -137,7 +138,7 @@ def _events_handled(guard: HandshakeGuard) -> HandshakeGuard:
 
 
 def test_connections_past_the_cap_of_pending_handshakes_are_closed(guarded_server, caplog):
-    guard, server, client, port = guarded_server
+    guard, server, client, port, _ = guarded_server
     assert server.getsockopt(zmq.HANDSHAKE_IVL) == 5_000
     strangers: list[socket.socket] = []
     try:
@@ -169,3 +170,162 @@ def test_connections_past_the_cap_of_pending_handshakes_are_closed(guarded_serve
     assert server.poll(30_000)
     assert server.recv() == b"still here"
     assert sum("have not finished their handshake" in r.getMessage() for r in caplog.records) == 1
+
+
+def _declare_huge_frame(port: int, mechanism: bytes, send: int) -> socket.socket:
+    """A stranger's connection: a ZMTP greeting, then a frame header that declares
+    1 GiB, then ``send`` bytes of it (what libzmq would buffer until it is whole)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    greeting = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + mechanism.ljust(20, b"\0")
+    s.sendall(greeting + bytes(32) + b"\x06" + (1 << 30).to_bytes(8, "big"))
+    try:
+        s.sendall(bytes(send))
+    except OSError:
+        pass  # shut down meanwhile: what the tests want
+    return s
+
+
+def _ended(s: socket.socket) -> bool:
+    """Whether the server closed (or reset) this connection."""
+    try:
+        while s.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_stranger_past_the_pre_auth_budget_is_shut_down_and_a_keyed_client_is_not(
+    guarded_server, caplog
+):
+    guard, server, _, port, server_public = guarded_server
+    assert guard.pre_auth_bytes == 64 << 10
+    with caplog.at_level(logging.WARNING, logger="monarch_nb.test"):
+        stranger = _declare_huge_frame(port, b"CURVE", 256 << 10)
+        try:
+            wait_until(lambda: _events_handled(guard).over_budget == 1, 30, "the stranger cut")
+            assert _ended(stranger)
+        finally:
+            stranger.close()
+    assert sum("before authenticating" in r.getMessage() for r in caplog.records) == 1
+    # A client with the key that sends megabytes as soon as it is through (within
+    # the handshake window, while the guard still watches its connection) keeps
+    # its connection: the server's READY went out before any of its bytes.
+    ctx = zmq.Context.instance()
+    keyed = ctx.socket(zmq.DEALER)
+    try:
+        keyed.curve_serverkey = server_public
+        keyed.curve_publickey, keyed.curve_secretkey = zmq.curve_keypair()
+        keyed.connect(f"tcp://127.0.0.1:{port}")
+        big = bytes(8 << 20)
+        keyed.send(big)
+        deadline = time.monotonic() + 30
+        while not server.poll(100):
+            _events_handled(guard)
+            assert time.monotonic() < deadline, "the keyed client's message never came"
+        assert server.recv() == big
+        _events_handled(guard)
+    finally:
+        keyed.close(0)
+    assert guard.over_budget == 1
+    assert guard.refused == 0
+
+
+def test_on_a_plain_port_a_connection_is_proven_by_our_answer(caplog):
+    # MONARCH_NB_BIND: no CURVE, anyone completes the handshake; our HMAC check
+    # is the authentication. Until we have sent a peer something of ours (only
+    # to a routing id we handed out), it may bring 64 KiB.
+    ctx = zmq.Context.instance()
+    router, worker = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    guard = HandshakeGuard(router, logger=logging.getLogger("monarch_nb.test"), who="test",
+                           mechanism="null")  # fmt: skip
+    strangers: list[socket.socket] = []
+    try:
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        worker.setsockopt(zmq.IDENTITY, b"w" * 16)
+        worker.connect(f"tcp://127.0.0.1:{port}")
+        worker.send(b"hello")
+        assert router.poll(30_000)
+        assert router.recv_multipart() == [b"w" * 16, b"hello"]
+        router.send_multipart([b"w" * 16, b"a call of ours" * 10])
+        assert worker.poll(30_000)
+        worker.recv()
+        big = bytes(8 << 20)
+        worker.send(big)
+        deadline = time.monotonic() + 30
+        while not router.poll(100):
+            _events_handled(guard)
+            assert time.monotonic() < deadline, "the worker's reply never came"
+        assert router.recv_multipart()[1] == big
+        # Strangers: one declares a huge frame; one, a zmq client, sends
+        # well-formed messages (dropped unread as unsigned, but they count).
+        strangers.append(_declare_huge_frame(port, b"NULL", 256 << 10))
+        junk = ctx.socket(zmq.DEALER)
+        junk.setsockopt(zmq.LINGER, 0)
+        junk.connect(f"tcp://127.0.0.1:{port}")
+        for _ in range(256):
+            junk.send(bytes(1024))
+        deadline = time.monotonic() + 30
+        while _events_handled(guard).over_budget < 2:
+            while router.poll(0):
+                router.recv_multipart()  # the stranger's, until it is cut
+            assert time.monotonic() < deadline, guard.statistics()
+            time.sleep(0.01)
+        junk.close(0)
+        assert _ended(strangers[0])
+        worker.send(b"still here")
+        while True:
+            assert router.poll(30_000)
+            message = router.recv_multipart()
+            if message[0] == b"w" * 16:
+                break
+        assert message == [b"w" * 16, b"still here"]
+    finally:
+        for s in strangers:
+            s.close()
+        guard.close()
+        router.close(0)
+        worker.close(0)
+
+
+def test_failed_handshakes_reach_the_guards_listeners(guarded_server):
+    guard, _, _, port, _ = guarded_server
+    failed: list[str] = []
+    remove = guard.on_handshake_failed(failed.append)
+    ctx = zmq.Context.instance()
+    wrong = ctx.socket(zmq.DEALER)
+    try:
+        wrong.curve_serverkey = zmq.curve_keypair()[0]  # not the server's
+        wrong.curve_publickey, wrong.curve_secretkey = zmq.curve_keypair()
+        wrong.connect(f"tcp://127.0.0.1:{port}")
+        wait_until(lambda: _events_handled(guard) and failed, 30, "a failed handshake")
+        assert failed[0] == f"tcp://127.0.0.1:{port}"
+        remove()
+        seen = len(failed)
+        wait_until(lambda: _events_handled(guard).statistics().accepted >= 3, 30, "a retry")
+        assert len(failed) == seen
+    finally:
+        wrong.close(0)
+
+
+def test_a_ranks_inbox_between_hosts_is_guarded():
+    from monarch_nb._common._peer import PeerNode
+    from monarch_nb._common._wire import new_key
+
+    node = PeerNode(None, new_key(), tcp_host="127.0.0.1")
+    stranger = None
+    try:
+        assert node.tcp_inbox is not None
+        assert node._guard is not None
+        assert node.tcp_inbox.getsockopt(zmq.HANDSHAKE_IVL) == 5_000
+        port = int(node.tcp_address.rpartition(":")[2])
+        stranger = _declare_huge_frame(port, b"CURVE", 256 << 10)
+        guard = node._guard
+        wait_until(lambda: guard.over_budget == 1, 30, "the node's thread to cut the stranger")
+        assert _ended(stranger)
+    finally:
+        if stranger is not None:
+            stranger.close()
+        node.close()

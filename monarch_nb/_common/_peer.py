@@ -16,8 +16,11 @@ Every process that hosts actors or calls them through a reference has one
 Between hosts (meshes started through host agents) a rank's inbox also
 listens on TCP, on the interface its host reaches the controller through,
 CURVE-encrypted with the tree's server key pair; a connection that cannot
-complete the handshake (no server key) is never read, and frames are capped
-(``ZMQ_MAXMSGSIZE``) so an attacker cannot make a rank buffer a huge one.
+complete the handshake (no server key) is never read. Frames are capped
+(``ZMQ_MAXMSGSIZE``), and a :class:`~._handshake_guard.HandshakeGuard` caps
+the connections still in their handshake (5 s at most) and what each may
+bring before it (64 KiB), so a keyless flood takes neither a rank's fds nor
+its memory.
 
 Every message is signed with the *tree key*: one key shared by the processes
 of one controller's tree (the controller, its workers, and the meshes those
@@ -33,6 +36,7 @@ so a reply leaves from the thread that computed it with no hand-off.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import secrets
 import threading
@@ -44,6 +48,7 @@ import zmq
 
 from ._errors import MeshFailure, RemoteFailure
 from ._eventfd import clear_eventfd
+from ._handshake_guard import HandshakeGuard
 from ._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
 from ._pending import PendingCall
 from ._rundir import socket_path
@@ -67,7 +72,7 @@ _GONE_EVENTS = zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CL
 # A sender's replay windows we keep: bounded, since senders come and go.
 _MAX_SENDERS = 4096
 
-_HANDSHAKE_IVL_MS = 10_000
+_log = logging.getLogger("monarch_nb")
 
 _tree_key: bytes | None = None
 # The tree's CURVE key pairs (z85): "server_public", "server_secret", "client_public",
@@ -198,6 +203,7 @@ class PeerNode:
         self.tcp_addresses: list[str] = []  # where other hosts reach this inbox
         self._tcp_hosts: set[str] = set()
         self.tcp_inbox: zmq.Socket | None = None
+        self._guard: HandshakeGuard | None = None  # the TCP inbox's
         if tcp_host is not None:
             self._listen_tcp(tcp_host)
         if address is not None:
@@ -234,7 +240,11 @@ class PeerNode:
             sock.setsockopt(zmq.RCVHWM, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-            sock.setsockopt(zmq.HANDSHAKE_IVL, _HANDSHAKE_IVL_MS)
+            # Anyone on the network can connect: those in their handshake, and
+            # what each brings meanwhile, are capped (HANDSHAKE_IVL too).
+            guard = HandshakeGuard(sock, logger=_log, who=f"the actor inbox of pid {os.getpid()}")
+            self._guard = guard
+            self._new_fds.append((int(guard.monitor.getsockopt(zmq.FD)), "guard", guard))
             sock.curve_server = True
             sock.curve_publickey = curve["server_public"].encode()
             sock.curve_secretkey = curve["server_secret"].encode()
@@ -412,6 +422,9 @@ class PeerNode:
                         self._drain_inbox(box)
                     elif kind == "outbox":
                         self._drain_outbox(box)
+                    elif kind == "guard":
+                        if box.readable():  # a budget of events spent: look again soon
+                            self._wake_always()
                     else:
                         self._drain_monitor(box)
                 self._poller.poll(1000)
@@ -535,6 +548,8 @@ class PeerNode:
                 box.socket.close(0)
                 box.monitor.close(0)
             self._outboxes.clear()
+            if self._guard is not None:
+                self._guard.close()
             self.inbox.close(0)
             if self.tcp_inbox is not None and self.tcp_inbox is not self.inbox:
                 self.tcp_inbox.close(0)

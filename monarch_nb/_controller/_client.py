@@ -45,7 +45,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import zmq
 
@@ -54,6 +54,7 @@ from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure
 from .._common._eventfd import clear_eventfd
 from .._common._fd_limits import raise_fd_limit
 from .._common._future import Future, deferred_callbacks, pumps_here, set_before_wait
+from .._common._handshake_guard import HandshakeGuard
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._sockets import socket_events
 from .._common._unix_link import LinkFrame, LinkRouter
@@ -102,14 +103,6 @@ class AgentPeer(Protocol):
     """What the controller needs of a host agent (see :mod:`._hosts`)."""
 
     def on_message(self, frames: list[Any]) -> None: ...
-
-
-_monitor_ids = itertools.count()
-_HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
 
 
 class Controller:
@@ -171,6 +164,7 @@ class Controller:
         # They say which sends are written behind (see _write_behind).
         self._sends_unwaited: dict[int, int] = {}
         self._bursting: set[int] = set()
+        self._guards: list[HandshakeGuard] = []  # on the endpoints the network reaches
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
         self._link = self.router if isinstance(self.router, LinkRouter) else None
@@ -182,6 +176,7 @@ class Controller:
         # mesh first needs one: nothing from the network shares a socket (or a
         # routing-id table) with local workers, and its frames are always capped.
         self._hosts_router: zmq.Socket | None = None
+        self._hosts_guard: HandshakeGuard | None = None
 
     def _bind(self) -> zmq.Socket:
         router = self.loop.context.socket(zmq.ROUTER)
@@ -192,6 +187,10 @@ class Controller:
         # run directory: no other user can connect to it at all (a loopback port
         # would take anyone's frames), and it is faster than TCP.
         if "MONARCH_NB_BIND" in os.environ:  # asked for: a TCP port on that interface
+            # Anyone who reaches it connects (no CURVE): frames are capped, and a
+            # connection may bring 64 KiB until we have answered its signed hello.
+            router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+            self._guards.append(self._guard(router, "null"))
             router.bind_to_random_port(f"tcp://{self.bind_host}")
         elif self._link_kind == "unix":
             # Without libzmq (see _unix_link): the thread that sends writes, the
@@ -251,6 +250,9 @@ class Controller:
             with self._lock:
                 self._closed = True  # a receiving caller stops at its next look
             os.eventfd_write(self._caller_wake, 1)
+            for guard in self._guards:
+                self.loop.remove_fd(int(guard.monitor.getsockopt(zmq.FD)))
+                guard.close()
             for sock in (self.router, self._hosts_router):
                 if sock is not None:
                     self.loop.remove_fd(int(sock.getsockopt(zmq.FD)))
@@ -535,9 +537,11 @@ class Controller:
             router.setsockopt(zmq.LINGER, 0)
             router.setsockopt(zmq.SNDHWM, 0)
             router.setsockopt(zmq.RCVHWM, 0)
-            # Frames from the network are capped before CURVE has judged the peer.
+            # Frames from the network are capped before CURVE has judged the peer;
+            # connections in their handshake, and what each brings meanwhile, too.
             router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-            router.setsockopt(zmq.HANDSHAKE_IVL, 10_000)
+            self._hosts_guard = self._guard(router, "curve")
+            self._guards.append(self._hosts_guard)
             self._hosts_router = router
             fd = int(router.getsockopt(zmq.FD))
 
@@ -580,33 +584,36 @@ class Controller:
         one of the router's connections fails: the peer refused our keys, or is
         not ours. Returns the function that stops watching. I/O thread.
 
-        Only while a host mesh is being reached: a monitor sees every connection
-        of the socket, and strangers can make handshakes fail at will."""
+        Only while a host mesh is being reached: the monitor (the handshake
+        guard's: a socket has one) sees every connection of the socket, and
+        strangers can make handshakes fail at will."""
         with self._lock:
-            router = self._hosts()
-        # A fresh address each time: the last monitor's may not be released yet.
-        address = f"inproc://monarch_nb-handshakes-{next(_monitor_ids)}"
-        monitor = router.get_monitor_socket(_HANDSHAKE_FAILED, address)
-        fd = int(monitor.getsockopt(zmq.FD))
+            self._hosts()
+        assert self._hosts_guard is not None
+        return self._hosts_guard.on_handshake_failed(on_failure)
 
-        def readable() -> None:
-            # An edge-triggered FD: read until EVENTS says there is nothing left
-            # (reading EVENTS also lets zmq process its commands and re-arm the FD).
-            while int(monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
-                if len(frames) == 2:
-                    on_failure(frames[1].decode(errors="replace"))
+    def _guard(self, router: zmq.Socket, mechanism: Literal["curve", "null"]) -> HandshakeGuard:
+        """Cap ``router``'s connections in their handshake, and what each brings
+        before it is proven (before any bind). Any thread; the I/O thread
+        handles the guard's monitor."""
+        guard = HandshakeGuard(router, logger=_log, who="the controller", mechanism=mechanism)
+        fd = int(guard.monitor.getsockopt(zmq.FD))
 
-        def stop() -> None:
-            self.loop.remove_fd(fd)
-            try:
-                router.disable_monitor()
-            finally:
-                monitor.close(0)
+        def readable() -> None:  # edge-triggered: readable() reads until none is left
+            if self._closed:
+                return
+            if guard.readable():  # a budget spent: the rest after other work
+                self.loop.call_soon(readable)
 
-        self.loop.add_fd(fd, readable)
-        readable()
-        return stop
+        def watch() -> None:
+            self.loop.add_fd(fd, readable)
+            readable()
+
+        if self.loop.in_loop_thread:
+            watch()
+        else:
+            self.loop.call_soon(watch)
+        return guard
 
     def disconnect(self, address: str) -> None:
         """Close the connection :meth:`connect_curve` made. I/O thread."""

@@ -190,3 +190,97 @@ def test_a_keyless_connection_flood_leaves_an_attached_mesh_answering(tmp_path):
     # The guard said what it did, once.
     assert log.count("have not finished their handshake") == 1, log[-3000:]
     assert not wait_for_exit({agent.pid, *workers}, 30)
+
+
+# A controller of a two-host mesh (agents that dial its CURVE endpoint, as
+# ssh_hosts starts them; here "ssh" runs the command locally) held to
+# ulimit -n 1024: it prints its endpoint, calls the ranks until stdin closes,
+# then prints how many calls it made and how many failed.
+_CONTROLLER = textwrap.dedent(
+    """
+    import json, logging, os, resource, sys, threading
+    n = int(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    from monarch_nb import ssh_hosts
+    ssh = (sys.executable, "-c", "import os,sys; os.execvp('sh', ['sh', '-c', sys.argv[2]])")
+    hosts = ssh_hosts(["host0", "host1"], ssh=ssh, bind="127.0.0.1")
+    procs = hosts.spawn_procs({"procs": 1})
+    assert procs.run("rank").values() == [0, 1]
+    print(hosts._agents.endpoint, *procs.pids, flush=True)
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    calls = failures = 0
+    errors = []
+    while not stop.is_set():
+        try:
+            assert procs.run("rank", timeout=60).values() == [0, 1]
+        except Exception as exc:
+            failures += 1
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        calls += 1
+    guard = hosts._agents.controller._hosts_guard.statistics()
+    print(json.dumps(dict(calls=calls, failures=failures, errors=errors[:3],
+                          refused=guard.refused, accepted=guard.accepted)), flush=True)
+    procs.stop()
+    hosts.shutdown()
+    """
+)
+
+
+def test_a_keyless_flood_on_the_controllers_endpoint_leaves_a_multi_host_mesh_answering():
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < CONNECTIONS + 200:
+        pytest.skip(f"the flood needs {CONNECTIONS + 200} fds of its own")
+    controller = subprocess.Popen(
+        [sys.executable, "-c", _CONTROLLER, str(FD_LIMIT)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    flood = None
+    workers: set[int] = set()
+    try:
+        assert controller.stdin is not None
+        assert controller.stdout is not None
+        endpoint, *pids = controller.stdout.readline().split()
+        workers = {int(p) for p in pids}
+        assert len(workers) == 2, (endpoint, controller.poll())
+        port = endpoint.rpartition(":")[2]
+        flood = subprocess.Popen(
+            [sys.executable, "-c", _FLOOD, port, str(CONNECTIONS), str(FLOOD_S), str(MAX_OPENS)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert flood.stdout is not None
+        assert flood.stdout.readline().strip() == "flooding"
+        stats = json.loads(flood.stdout.read().strip().splitlines()[-1])
+        flood.wait(30)
+        controller.stdin.close()  # the controller stops calling, reports, shuts down
+        report = json.loads(controller.stdout.readline())
+        assert controller.stderr is not None
+        err = controller.stderr.read()  # to its end: the controller has exited
+        controller.wait(120)
+    finally:
+        if flood is not None and flood.poll() is None:
+            flood.kill()
+        if flood is not None:
+            flood.communicate(timeout=30)
+        if controller.poll() is None:
+            controller.kill()
+            controller.wait(30)
+        for pipe in (controller.stdout, controller.stderr):
+            if pipe is not None:
+                pipe.close()
+    assert report["failures"] == 0, (report, stats)
+    assert report["calls"] >= 3, (report, stats)  # it answered throughout, not once
+    # The flood was real: more connections than the controller has fds, most of
+    # them closed before their handshake deadline.
+    assert stats["opened"] >= CONNECTIONS, stats
+    assert stats["dropped"] >= CONNECTIONS // 2, stats
+    assert report["refused"] > 0, report
+    assert controller.returncode == 0, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.count("have not finished their handshake") == 1, err[-3000:]
+    assert not wait_for_exit(workers, 30)

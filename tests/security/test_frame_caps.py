@@ -11,9 +11,11 @@ takes. Now it keeps at most ``max_message_frames`` of them, drops the message
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -122,3 +124,135 @@ def test_a_value_with_too_many_frames_is_refused_by_its_sender_and_says_why(proc
             assert len(actor.chunks.call_one(10).get(timeout=60)) == 10  # it still answers
         finally:
             procs.stop()
+
+
+# Pre-authentication memory, at the default settings (a 1 GiB frame cap): each
+# connection sends a ZMTP greeting, then a frame header declaring a huge frame,
+# then its bytes as fast as it can, which libzmq buffers until the frame is
+# whole. 8 connections of 128 MiB each, peak RSS growth measured on a 2-core
+# machine: before the guard's 64 KiB budget per unproven connection, a
+# controller's CURVE endpoint grew by 1,024 MiB, a rank's inbox by 640 MiB, an
+# agent by 1,024 MiB, a MONARCH_NB_BIND port by 1,024 MiB (224 MiB with frames
+# declared at 8 GiB); with it by 13, 3, 8, 9 and 0 MiB.
+ATTACKERS = 8
+ATTACK_BYTES = 128 << 20  # per connection, unless it is cut first
+
+_ATTACK = textwrap.dedent(
+    """
+    import socket, sys, threading
+    port, mechanism, declared, send = sys.argv[1], sys.argv[2].encode(), *map(int, sys.argv[3:5])
+    def one():
+        s = socket.create_connection(("127.0.0.1", int(port)))
+        greeting = b"\\xff" + bytes(8) + b"\\x7f" + bytes([3, 0]) + mechanism.ljust(20, b"\\0")
+        s.sendall(greeting + bytes(32) + b"\\x06" + declared.to_bytes(8, "big"))
+        chunk, sent = bytes(1 << 20), 0
+        try:
+            while sent < send:
+                s.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass  # cut: what we want
+        conns.append(s)
+    conns = []
+    threads = [threading.Thread(target=one) for _ in range(int(sys.argv[5]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("sent", flush=True)
+    sys.stdin.read()
+    """
+)
+
+# A controller with MONARCH_NB_BIND, its CURVE endpoint for agents, and a rank's
+# inbox between hosts, in one process: prints their ports, lives until stdin closes.
+_TARGETS = textwrap.dedent(
+    """
+    import os, sys, zmq
+    os.environ["MONARCH_NB_BIND"] = "127.0.0.1"
+    from monarch_nb._common._peer import PeerNode
+    from monarch_nb._common._wire import new_key
+    from monarch_nb._controller._client import Controller
+    controller = Controller()
+    public, secret = zmq.curve_keypair()
+    curve = controller.run(
+        lambda: controller.bind_curve("127.0.0.1", public.decode(), secret.decode())
+    )
+    node = PeerNode(None, new_key(), tcp_host="127.0.0.1")
+    ports = [a.rpartition(":")[2] for a in (controller.address, curve, node.tcp_address)]
+    print(*ports, flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def _grown_under_attack(pid: int, port: int, mechanism: str, declared: int) -> int:
+    """The most ``pid``'s RSS grew (bytes) while the attack ran and just after."""
+    target = psutil.Process(pid)
+    before = target.memory_info().rss
+    attack = subprocess.Popen(
+        [sys.executable, "-c", _ATTACK, str(port), mechanism, str(declared),
+         str(ATTACK_BYTES), str(ATTACKERS)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    peak = before
+    try:
+        assert attack.stdout is not None
+        deadline = time.monotonic() + 120
+        # Sample the target's memory until the attacker says it sent all it could.
+        while not select.select([attack.stdout], [], [], 0.005)[0]:
+            peak = max(peak, target.memory_info().rss)
+            assert time.monotonic() < deadline, "the attack did not finish"
+        assert attack.stdout.readline().strip() == "sent"
+        for _ in range(20):  # and what it holds just after
+            peak = max(peak, target.memory_info().rss)
+            time.sleep(0.01)
+    finally:
+        attack.kill()
+        attack.communicate(timeout=30)
+    return peak - before
+
+
+@pytest.fixture(scope="module")
+def targets():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TARGETS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        plain, curve, inbox = map(int, proc.stdout.readline().split())
+        yield proc.pid, {"plain": plain, "curve": curve, "inbox": inbox}
+    finally:
+        proc.communicate("", timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "mechanism", "declared"),
+    [
+        ("curve", "CURVE", (1 << 30) - 64),  # the controller's endpoint for agents
+        ("inbox", "CURVE", (1 << 30) - 64),  # a rank's inbox between hosts
+        ("plain", "NULL", (1 << 30) - 64),  # MONARCH_NB_BIND: within the frame cap
+        ("plain", "NULL", 8 << 30),  # and past it: refused at the header
+    ],
+)
+def test_a_keyless_peer_cannot_grow_an_endpoint_at_the_default_settings(
+    targets, endpoint, mechanism, declared
+):
+    pid, ports = targets
+    grown = _grown_under_attack(pid, ports[endpoint], mechanism, declared)
+    assert grown < 64 << 20, f"{endpoint}: {grown >> 20} MiB from unauthenticated peers"
+
+
+def test_a_keyless_peer_cannot_grow_a_listening_agent_at_the_default_settings(tmp_path):
+    from listening_agent import start_listening_agent
+
+    key_file = tmp_path / "agent.key"
+    subprocess.run([sys.executable, "-m", "monarch_nb", "keygen", str(key_file)], check=True)
+    agent, address = start_listening_agent(key_file)
+    try:
+        grown = _grown_under_attack(agent.pid, int(address.rpartition(":")[2]), "CURVE", 1 << 29)
+        assert grown < 64 << 20, f"the agent took {grown >> 20} MiB from unauthenticated peers"
+        assert agent.poll() is None
+    finally:
+        agent.terminate()
+        agent.wait(30)
