@@ -87,15 +87,15 @@ def test_gpus_on_a_host_without_any_are_cpu_ranks_as_in_monarch(monkeypatch, cap
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a host with no GPU visible
     _process_group._told_cpu_ranks.discard("this host")
-    with caplog.at_level(logging.WARNING, logger="monarch_nb"):
-        with this_host().spawn_procs(per_host={"gpus": 2}) as procs:
-            assert procs.extent == {"gpus": 2}
-            probes = procs.spawn("cpu", Probe)
-            envs = probes.env.call("CUDA_VISIBLE_DEVICES").get(timeout=60).values()
+    with (
+        caplog.at_level(logging.WARNING, logger="monarch_nb"),
+        this_host().spawn_procs(per_host={"gpus": 2}) as procs,
+    ):
+        assert procs.extent == {"gpus": 2}
+        probes = procs.spawn("cpu", Probe)
+        envs = probes.env.call("CUDA_VISIBLE_DEVICES").get(timeout=60).values()
     assert envs == [{"CUDA_VISIBLE_DEVICES": ""}] * 2  # no device handed out
-    assert (
-        "this host has no GPU visible: per_host={'gpus': 2} starts 2 CPU ranks" in caplog.text
-    )
+    assert "this host has no GPU visible: per_host={'gpus': 2} starts 2 CPU ranks" in caplog.text
 
 
 def test_bad_per_host_and_env_are_named():
