@@ -12,6 +12,13 @@
         y = top(torch.rand(8), 3)            # a MeshTensor of shape (3,), known at once
     call_on_shard_and_fetch(top, y, 2, shard={"procs": 1}).get()   # any value, one rank
 
+A remote function is also a mesh of functions, one per rank of the active mesh,
+with an endpoint's adverbs (inside ``activate()``): ``fn.call(...)`` is a future
+of each rank's whole result as a ValueMesh, and ``call_one``, ``choose``,
+``stream``, ``map``, ``broadcast`` and ``send(fn, args, kwargs, port=)`` are the
+endpoint's, written once in :mod:`.._common._endpoint`. Each runs after the
+tensor ops issued before it, on the ranks' own tensors.
+
 The function travels by value when it was defined in a notebook or script
 (cloudpickle), by reference when importable, or by path (``remote("pkg.mod.fn")``).
 """
@@ -19,16 +26,22 @@ The function travels by value when it was defined in a notebook or script
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshUsageError
-from .._common._future import Future
+from .._common._future import Future, failed
+from .._common._messages import Call
+from .._common._pending import PendingCall
 from .._common._public import publish
-from .._common._shape import Selector
+from .._common._serialize import _by_reference
+from .._common._shape import Selector, Shape
+from .._controller._calls import send_call
 from ._active import current, suspended
 from ._api import _rank_of
 from ._engine import View, source_line
@@ -49,9 +62,10 @@ R = TypeVar("R")
 _CACHE_SIZE = 1024
 
 
-class Remote(Generic[P, R]):
+class Remote(EndpointBase[R], Generic[P, R]):
     """A function that runs on the ranks: call it like the function (inside
-    ``activate()`` or on mesh tensors) to get mesh tensors back at once."""
+    ``activate()`` or on mesh tensors) to get mesh tensors back at once, or with an
+    endpoint's adverb (``fn.call(...)``, inside ``activate()``) to get its values."""
 
     def __init__(self, fn: Callable[P, R] | str, propagate: Callable[..., Any] | None) -> None:
         self.fn = fn
@@ -63,12 +77,111 @@ class Remote(Generic[P, R]):
     def __repr__(self) -> str:
         return f"remote({getattr(self.fn, '__qualname__', self.fn)!r})"
 
+    def _target(self) -> Callable[..., Any] | str:
+        """How the function travels: ``"module:qualname"`` when this remote function
+        can be imported under its name (as an actor class, by reference), else the
+        function itself (cloudpickle sends a notebook's or a local one by value)."""
+        target = self.__dict__.get("_wire_target")
+        if target is None:
+            target = self.fn
+            if callable(target) and _by_reference(target):
+                module, qualname = target.__module__, target.__qualname__
+                found: Any = sys.modules.get(module)
+                for part in qualname.split("."):
+                    found = getattr(found, part, None)
+                if found is self:
+                    target = f"{module}:{qualname}"
+            self.__dict__["_wire_target"] = target
+        return target
+
+    def __reduce__(self):
+        return (Remote, (self.fn, self.propagate))
+
     @property
     def name(self) -> str:
         return self.fn if isinstance(self.fn, str) else getattr(self.fn, "__qualname__", "fn")
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.rref(*args, **kwargs)
+
+    # -- the endpoint's adverbs, on the active mesh -----------------------------------
+
+    @property
+    def _mesh(self) -> _ActiveMesh:
+        """The mesh the adverbs call: the active one (as Monarch's remote functions)."""
+        return _ActiveMesh(self._active(), self.name)
+
+    @property
+    def _name(self) -> str:  # type: ignore[override]
+        return self.name
+
+    @property
+    def label(self) -> str:
+        return f"remote function {self.name}"
+
+    def _active(self) -> View:
+        view = current()
+        if view is None:
+            raise MeshUsageError(
+                f"{self.label} is called on the active mesh, but none is active; call it "
+                f"inside `with procs.activate():`, e.g. with procs.activate(): "
+                f"{self.name}.call(...).get()"
+            )
+        return view
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[R]:
+        view = self._active()
+        if len(view.shape) != 1:
+            first = view.shape.labels[0] if view.shape.labels else "dim"
+            return failed(
+                MeshUsageError(
+                    f"call_one() needs an active mesh of exactly one point, but "
+                    f"{view.procs.name!r} has {len(view.shape)} {view.shape!r}; activate one "
+                    f"point: with procs.slice({first}=0).activate(): "
+                    f"{self.name}.call_one(...), or use .call() / .choose()"
+                )
+            )
+        return super().call_one(*args, **kwargs)
+
+    def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> PendingCall:
+        """Run on ``shape``'s ranks after the ops issued before; a usage error (bad
+        arguments) raises here, at the call."""
+        engine, wire = self._wire(shape, args, kwargs)
+        engine.flush()  # the ops issued before run first: same ranks, same order
+        actors = engine.actors
+        sent_to = actors._sent_to(shape)
+        return send_call(
+            actors._group,
+            shape,
+            lambda call_id: Call(call_id, actors._actor_id, "call_function", True, sent_to),
+            ((self._target(), *wire), {}),
+            actor=self.label,
+            collect=collect,
+            check=actors._check_usable,
+            encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
+        )
+
+    def _broadcast(self, args: tuple, kwargs: dict) -> None:
+        # An op among the tensor ops: a failure is kept on the rank and raised by the
+        # next read there (or the next adverb call), as a failed tensor op's is;
+        # it does not fail the mesh.
+        view = self._active()
+        engine, wire = self._wire(view.shape, args, kwargs)
+        engine.record(view.ranks, ("call", [], self._target(), *wire, source_line(), True))
+        engine.flush()
+
+    def _wire(self, shape: Shape, args: tuple, kwargs: dict) -> tuple[Any, list[Any]]:
+        """The engine of the active mesh and the arguments as they travel (mesh
+        tensors by ref); the tensors must live on the ranks called."""
+        view = self._active()
+        call = _Call(self, args, kwargs)
+        engine = view.engine
+        if call.view.engine is not engine or not set(shape.ranks) <= set(call.view.ranks):
+            raise MeshUsageError(
+                f"{self.label} got mesh tensors on {call.view!r}, but is called on the "
+                f"active mesh {view!r}; activate the tensors' mesh (or a slice of it)"
+            )
+        return engine, list(call.wire)
 
     def rref(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run on every rank of the tensors' mesh (or of the active mesh); return the
@@ -91,7 +204,7 @@ class Remote(Generic[P, R]):
                 leaves.append(what)
         engine.record(
             call.view.ranks,
-            ("call", outs, self.fn, *call.wire, source_line(), False),
+            ("call", outs, self._target(), *call.wire, source_line(), False),
         )
         if sizes:
             engine.record(call.view.ranks, ("sizes", sizes))
@@ -148,6 +261,17 @@ class Remote(Generic[P, R]):
                     f"fake tensors ({type(exc).__name__}: {first}); pass @remote(propagate=fn), "
                     "a function of the same arguments that returns tensors of the right shapes"
                 ) from exc
+
+
+class _ActiveMesh:
+    """What the endpoint adverbs read of a mesh, for a remote function's active mesh."""
+
+    __slots__ = ("_cls_name", "_name", "_shape")
+
+    def __init__(self, view: View, name: str) -> None:
+        self._shape = view.shape
+        self._name = view.procs.name
+        self._cls_name = "remote"
 
 
 class _Call:
@@ -253,7 +377,7 @@ def call_on_shard_and_fetch(
     rank = _rank_of(view, dict(shard or {}), "call_on_shard_and_fetch")
     engine = view.engine
     out = engine.new_ref()
-    target = remote(fn).fn
+    target = remote(fn)._target()
     engine.record((rank,), ("call", [out], target, *call.wire, source_line(), True))
     try:
         return engine.read_rank(rank, out)

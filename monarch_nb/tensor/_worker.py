@@ -191,6 +191,25 @@ class TensorWorker(Actor):
             "overlapped": self.overlapped,
         }
 
+    @endpoint
+    def call_function(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """A ``@remote`` function called with an adverb (``fn.call()``, ``send(fn, ...)``):
+        run it here, after every op sent before, and reply with its whole result
+        (tensors as CPU copies). An error it raises is the caller's, as an
+        endpoint's is; so is an input that failed, or a failed ``fn.broadcast()``
+        not yet reported."""
+        if self.unreported:
+            error, self.unreported = self.unreported[0], []
+            raise _failed_before(error)
+        (args, kwargs), failed = self._resolve((args, kwargs))
+        if failed is not None:
+            raise _failed_before(failed)
+        if isinstance(fn, str):
+            fn = _import_function(fn)
+        from torch.utils._pytree import tree_map
+
+        return tree_map(self._to_host, fn(*args, **kwargs))
+
     # -- ops --------------------------------------------------------------------------
 
     def _op(self, outs, name, args, kwargs, src, factory) -> None:
@@ -231,14 +250,21 @@ class TensorWorker(Actor):
         (args, kwargs), failed = self._resolve((args, kwargs))
         if failed is not None:
             self._store(outs, failed)
+            if not outs:
+                self.unreported.append(failed)
             return
-        name = getattr(fn, "__qualname__", repr(fn))
+        name = _function_name(fn)
         try:
             if isinstance(fn, str):
                 fn = _import_function(fn)
             result = fn(*args, **kwargs)
         except Exception as exc:
-            self._store(outs, self._error(name, src, exc))
+            error = self._error(name, src, exc)
+            self._store(outs, error)
+            if not outs:  # fn.broadcast(): nothing holds it, so the next read reports it
+                self.unreported.append(error)
+            return
+        if not outs:
             return
         if whole:
             self.refs[outs[0]] = result
@@ -732,11 +758,32 @@ def local_tensor(token: str, ref: int, ranks: tuple[int, ...]) -> Any:
 
 
 def _import_function(path: str) -> Any:
-    """``"package.module.function"``, imported here (a remote function named by path)."""
+    """``"package.module.function"``, imported here (a remote function named by path);
+    or ``"package.module:qualname"``, a ``@remote`` function of an importable module
+    (sent by reference): the function it wraps."""
     import importlib
 
+    if ":" in path:
+        module, _, qualname = path.partition(":")
+        value: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+        return value.fn
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+def _failed_before(error: DeferredError) -> RuntimeError:
+    """What a call raises for an op that failed before it (the same text on every rank)."""
+    return RuntimeError(
+        f"{error.op} issued at {error.source} failed: {error.type_name}: {error.message}"
+    )
+
+
+def _function_name(fn: Any) -> str:
+    if isinstance(fn, str) and ":" in fn:
+        return fn.partition(":")[2]
+    return getattr(fn, "__qualname__", repr(fn))
 
 
 def _numel(shape: tuple) -> int:
