@@ -60,6 +60,7 @@ from typing import Any
 import zmq
 
 from .._common import _config, _keys, _logs, _network, _py_spy, _rundir, _workspace
+from .._common._descendants import kill_tree
 from .._common._errors import MeshUsageError
 from .._common._fd_limits import ExhaustionWarning, exhausted, raise_fd_limit
 from .._common._handshake_guard import HandshakeGuard
@@ -384,7 +385,7 @@ class Agent:
                 for identity in identities:
                     child = self.children.get(identity.encode())
                     if child is not None and child.popen.poll() is None:
-                        child.popen.kill()
+                        kill_tree(child.popen.pid)  # what it started too, in any session
             case AgentShutdown():
                 self._disconnect()
             case ReadLogs():
@@ -583,7 +584,7 @@ class Agent:
         children = list(self.children.values())
         for child in children:
             if child.popen.poll() is None:
-                child.popen.kill()
+                kill_tree(child.popen.pid)
         for child in children:
             child.popen.wait()
             if child.identity in self.children:

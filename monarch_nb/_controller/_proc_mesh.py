@@ -730,9 +730,12 @@ class HostMesh:
         and fails at once if the host has fewer. Every worker gets ``RANK``,
         ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
         ``MASTER_PORT`` (a free port), so ``torch.distributed.init_process_group``
-        needs no arguments. ``env`` adds variables. With ``echo_output`` (the
-        default) what ranks print is printed here, prefixed by rank; without it,
-        subscribe to ``procs.events`` for :class:`~monarch_nb.events.Output`.
+        needs no arguments; on one host ``MASTER_ADDR`` is 127.0.0.1 and torch's
+        store and gloo's sockets listen on loopback only (``GLOO_SOCKET_IFNAME``
+        unless ``env`` or the environment sets it). ``env`` adds variables.
+        With ``echo_output`` (the default) what ranks print is printed here,
+        prefixed by rank; without it, subscribe to ``procs.events`` for
+        :class:`~monarch_nb.events.Output`.
 
         On a multi-host mesh the dimensions are ``("hosts", *per_host)``, ranks
         are numbered host by host, and ``MASTER_ADDR`` is the first host's.

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._common import _context, _logs, _peer, _py_spy, _refs, _rundir
+from .._common._descendants import kill_tree
 from .._common._dist import STORE_ENV, fresh_store_path
 from .._common._errors import MeshFailure, MeshUsageError, RemoteError, SpawnError
 from .._common._future import Future
@@ -64,7 +65,7 @@ from .._common._messages import (
     StatusReply,
     Supervision,
 )
-from .._common._network import free_port, visible_gpus
+from .._common._network import free_port, interface_of, visible_gpus
 from .._common._shape import Shape
 from .._common._spawn import kill_leftovers, start_worker
 from .._common._unix_link import SCHEME as LINK_SCHEME
@@ -222,7 +223,7 @@ class LocalWorker(WorkerProcess):
 
     def kill(self) -> None:
         if self.popen.poll() is None:
-            self.popen.kill()
+            kill_tree(self.popen.pid)  # what it started too, in any session
 
     def wait(self, timeout: float | None) -> bool:
         try:
@@ -379,7 +380,7 @@ class ProcGroup:
             agents = self.agents
             self.controller.run(lambda: agents.launch(self, identities, self._bootstrap(key)))
         else:
-            base_env = self._env = self._base_env(self.controller.bind_host)
+            base_env = self._env = self._base_env()
             # Launched from the I/O thread, which lives as long as the controller: a
             # worker's parent-death signal fires when the *thread* that forked it
             # ends, and a caller's thread may end long before the mesh does. Listed
@@ -405,7 +406,7 @@ class ProcGroup:
             self.kill()  # the ranks that did start must not outlive a failed start
             raise error
 
-    def _base_env(self, host: str) -> dict[str, str]:
+    def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
         # The tree's private socket directory: a worker that starts meshes of its
         # own puts their inboxes there too (and never makes, or leaks, one).
@@ -417,6 +418,14 @@ class ProcGroup:
         env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
         if self.agents is None:  # one host: torch.distributed meets in a private file
             env[STORE_ENV] = fresh_store_path()
+        # ... and a user's own init_process_group (env://) on loopback: its store
+        # (the worker keeps it there, see _dist) and gloo's and NCCL's sockets,
+        # unless the user chose an interface.
+        host = "127.0.0.1"  # every rank is on this host
+        loopback = interface_of(host)
+        if loopback is not None:
+            env.setdefault("GLOO_SOCKET_IFNAME", loopback)
+            env.setdefault("NCCL_SOCKET_IFNAME", loopback)
         env.update(
             WORLD_SIZE=str(len(self.shape)),
             LOCAL_WORLD_SIZE=str(len(self.shape)),

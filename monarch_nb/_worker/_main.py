@@ -36,6 +36,8 @@ import zmq
 from .._common import _context, _metrics, _peer, _refs
 from .._common._actors import is_concurrent, wants_response_port
 from .._common._context import Context
+from .._common._descendants import become_subreaper, kill_descendants
+from .._common._dist import keep_store_on_loopback
 from .._common._errors import (
     MeshFailure,
     MeshUsageError,
@@ -1286,6 +1288,10 @@ def main() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
+    # What user code starts stays in this rank's tree, even after a setsid and its
+    # parent's exit, to be killed with it (see _common._descendants).
+    become_subreaper()
+    keep_store_on_loopback()  # torch's store would listen on every interface
     raise_fd_limit()  # user code may open many; the agent or controller raised it already
     # A segfault or abort prints every thread's Python stack to fd 2, which the
     # controller reads to the end before it reports the death.
@@ -1312,6 +1318,7 @@ def main() -> None:
         traceback.print_exc()  # a bug in the loop itself: say it, and exit non-zero
         code = 70
     finally:
+        kill_descendants(os.getpid())  # nothing a rank started outlives it
         sys.stdout.flush()
         sys.stderr.flush()
         worker.wire.stop()
