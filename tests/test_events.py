@@ -31,6 +31,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_a_call_reports_busy_then_idle_and_started_then_finished(procs4):
     sinks = procs4.slice(procs=[1, 2]).spawn("events_sink", Sink)
+    sinks.initialized.get(timeout=60)  # the spawn's own events come before the log
     log = EventLog()
     with procs4.events.subscribe(log):
         sinks.take.call(5).get(timeout=10)

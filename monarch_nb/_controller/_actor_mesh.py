@@ -46,6 +46,10 @@ A = TypeVar("A", bound=Actor)
 __all__ = ["ActorMesh", "Endpoint", "unpicklable_argument"]
 
 
+# How long passing an actor mesh on waits for its ranks' __init__ (see _wait_for_spawn).
+SPAWN_WAIT_S = 600.0
+
+
 class ActorMesh(ActorMeshBase, Generic[A]):
     """Handles to one actor per point of a mesh. Endpoints are attributes.
 
@@ -92,6 +96,19 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         every view of the mesh.
         """
         return self._initialized
+
+    def _wait_for_spawn(self) -> None:
+        """Passed to another actor before its ``__init__`` ended, the mesh could be
+        called from there before the spawn reached its ranks: wait for the spawn
+        first. Its outcome is not ours to raise here: the receiver's calls get it
+        (a failed ``__init__`` answers every call with its error)."""
+        initialized = self._initialized
+        if initialized.done() or self._group.controller.loop.in_loop_thread:
+            return  # the I/O thread brings the replies: never wait on it
+        try:
+            initialized.exception(timeout=SPAWN_WAIT_S)
+        except TimeoutError:
+            pass  # an __init__ that does not end: what the receiver calls will wait too
 
     def _new_with_shape(self, shape: Shape) -> ActorMesh[A]:
         # A view of the same actors at the points ``shape`` keeps.
@@ -150,6 +167,7 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         )
 
     def __reduce__(self):
+        self._wait_for_spawn()
         procs = self._group.ref()
         if procs is None:
             raise MeshUsageError(

@@ -845,7 +845,10 @@ class Worker:
             if failed is not None:
                 self._report(call_id, reply, actor_id, label, never_constructed(failed), route)
                 return
-            error = LookupError(f"no actor {actor_id} on rank {self.rank}: it was stopped")
+            error = LookupError(
+                f"no actor {actor_id} on rank {self.rank}: it was stopped, or its spawn has "
+                "not reached this rank yet (a mesh passed on before actors.initialized was done)"
+            )
             self._report(call_id, reply, actor_id, label, self.failure_of(error), route)
             return
         if facts.response_port:
