@@ -8,20 +8,34 @@ is imported; for those the table names the module attribute, and
 ``configure`` refreshes it when that module is already loaded, so a change
 made in a notebook after ``import monarch_nb`` still takes effect.
 
-Monarch's ``monarch.config`` has the same three calls (``configure``,
-``configured``, ``get_global_config``); the setting names are ours.
+Monarch's ``monarch.config`` has the same calls, and its setting names work
+too (``_monarch_config``): some are aliases of ours, read and written in
+Monarch's form (``"1m 30s"``), the rest are checked, kept and reported with no
+effect here. As Monarch's, what ``configure`` set is a layer over the
+environment the process started with: ``get_runtime_config()`` lists it and
+``clear_runtime_config()`` removes it, putting each variable back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import _durations
 from ._errors import MeshUsageError
+from ._monarch_config import MONARCH_SETTINGS, Encoding, MonarchSetting
+
+
+class SettingTypeError(MeshUsageError, TypeError):
+    """A setting given a value of the wrong type (or a duration that does not parse).
+
+    A ``TypeError`` as Monarch's ``configure`` raises, and a ``MeshUsageError``
+    as every misuse of ours."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,13 @@ SETTINGS: dict[str, Setting] = {
             ),
         ),
         Setting(
+            "stop_grace",
+            float,
+            5.0,
+            "seconds a stopped process has to exit (atexit handlers, __del__) before it is killed",
+            ((_PG, "STOP_GRACE_S"),),
+        ),
+        Setting(
             "agent_idle_timeout",
             float,
             3600.0,
@@ -96,7 +117,7 @@ SETTINGS: dict[str, Setting] = {
             int,
             1 << 30,
             "largest frame accepted on a TCP socket between hosts",
-            (("monarch_nb._common._peer", "MAX_TCP_FRAME_BYTES"),),
+            (("monarch_nb._common._wire", "MAX_FRAME_BYTES"),),
         ),
         Setting(
             "max_message_frames",
@@ -131,6 +152,18 @@ SETTINGS: dict[str, Setting] = {
             bool,
             True,
             "every rank writes its output and logging records to a file (procs.logs())",
+        ),
+        Setting(
+            "force_file_log",
+            bool,
+            False,
+            "rank log files are written even when log_files is off",
+        ),
+        Setting(
+            "prefix_with_rank",
+            bool,
+            True,
+            "a script's ranks' output lines start with [rank] (a notebook labels them itself)",
         ),
         Setting(
             "log_dir",
@@ -188,15 +221,28 @@ SETTINGS: dict[str, Setting] = {
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
+# What configure() set (the runtime layer, as in Monarch), by name, in Monarch's
+# form, and each variable's value from before configure first wrote it.
+_runtime: dict[str, Any] = {}
+_environment: dict[str, str | None] = {}
+
+
+def _unknown(name: str) -> MeshUsageError:
+    names = [*SETTINGS, *MONARCH_SETTINGS]
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return MeshUsageError(
+        f"unknown setting {name!r}; {hint}the settings are monarch_nb.config.SETTINGS "
+        f"({', '.join(sorted(SETTINGS))}) and Monarch's names in "
+        "monarch_nb.config.MONARCH_SETTINGS"
+    )
+
 
 def _setting(name: str) -> Setting:
     try:
         return SETTINGS[name]
     except KeyError:
-        known = ", ".join(sorted(SETTINGS))
-        raise MeshUsageError(
-            f"unknown setting {name!r}; the settings are: {known} (see monarch_nb.config.SETTINGS)"
-        ) from None
+        raise _unknown(name) from None
 
 
 def _parse(setting: Setting, raw: str) -> Any:
@@ -222,7 +268,7 @@ def _check(setting: Setting, value: Any) -> Any:
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if not ok:
-        raise MeshUsageError(
+        raise SettingTypeError(
             f"configure({setting.name}={value!r}): expected {expected.__name__}, "
             f"got {type(value).__name__}"
         )
@@ -231,61 +277,241 @@ def _check(setting: Setting, value: Any) -> Any:
     return value
 
 
+# -- Monarch's names ------------------------------------------------------------------
+
+
+def _wrong_type(m: MonarchSetting, value: Any, expected: str) -> SettingTypeError:
+    return SettingTypeError(
+        f"configure({m.name}={value!r}): expected {expected}, got {type(value).__name__}"
+    )
+
+
+def _check_monarch(m: MonarchSetting, value: Any) -> Any:
+    """``value`` checked as Monarch checks ``m``'s kind, in the form it reads back."""
+    kind = m.kind
+    if value is None and kind.startswith("optional_"):
+        return None
+    if kind in ("duration", "optional_duration"):
+        if not isinstance(value, str):
+            raise _wrong_type(m, value, f"a duration string such as {_durations.EXAMPLES}")
+        try:
+            return _durations.format_ns(_durations.parse_ns(value))
+        except _durations.DurationFormatError as exc:
+            raise SettingTypeError(
+                f"configure({m.name}={value!r}): Invalid duration format {value!r} ({exc}); "
+                f"write numbers with units, such as {_durations.EXAMPLES}"
+            ) from None
+    if kind in ("int", "positive_int", "optional_positive_int"):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _wrong_type(m, value, "int")
+        least = 0 if kind == "int" else 1
+        if value < least:
+            raise MeshUsageError(f"configure({m.name}={value!r}): must be >= {least}")
+        return value
+    if kind == "float":
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise _wrong_type(m, value, "float")
+        return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise _wrong_type(m, value, "bool (True or False)")
+        return value
+    if kind == "str":
+        if not isinstance(value, str):
+            raise _wrong_type(m, value, "str")
+        return value
+    if kind == "encoding":
+        if not isinstance(value, Encoding):
+            raise _wrong_type(m, value, "an Encoding (monarch_nb.config.Encoding.Json...)")
+        return value
+    # port_range
+    if not isinstance(value, slice):
+        raise _wrong_type(m, value, "a port range, slice(start, stop)")
+    start, stop = value.start, value.stop
+    if not all(isinstance(p, int) and 0 <= p <= 65535 for p in (start, stop)):
+        raise _wrong_type(m, value, "slice(start, stop) of ports in [0, 65535]")
+    if value.step not in (None, 1) or start > stop:
+        raise MeshUsageError(
+            f"configure({m.name}={value!r}): give slice(start, stop), start <= stop"
+        )
+    return slice(start, stop)
+
+
+def _encode(m: MonarchSetting, value: Any) -> str:
+    if value is None:
+        return "none"
+    if m.kind == "bool":
+        return "1" if value else "0"
+    if m.kind == "encoding":
+        return str(value.name)
+    if m.kind == "port_range":
+        return f"{value.start}:{value.stop}"
+    return str(value)
+
+
+def _decode(m: MonarchSetting, raw: str) -> Any:
+    try:
+        if raw == "none" and m.kind.startswith("optional_"):
+            return None
+        if m.kind == "bool":
+            return raw.lower() in _TRUE
+        if m.kind in ("int", "positive_int", "optional_positive_int"):
+            return int(raw)
+        if m.kind == "float":
+            return float(raw)
+        if m.kind == "encoding":
+            return Encoding[raw]
+        if m.kind == "port_range":
+            start, stop = raw.split(":")
+            return slice(int(start), int(stop))
+        if m.kind in ("duration", "optional_duration"):
+            return _durations.format_ns(_durations.parse_ns(raw))
+    except (ValueError, KeyError, _durations.DurationFormatError):
+        raise MeshUsageError(f"{m.env}={raw!r} is not a valid {m.kind} for {m.name}") from None
+    return raw
+
+
+def _to_monarch(m: MonarchSetting, ours: Any) -> Any:
+    """An alias's value read from our setting, in Monarch's form."""
+    if m.kind == "duration":
+        return _durations.format_seconds(ours)
+    return ours
+
+
+def _get_monarch(m: MonarchSetting) -> Any:
+    if m.alias is not None:
+        return _to_monarch(m, get(m.alias))
+    raw = os.environ.get(m.env)
+    return m.default if raw is None else _decode(m, raw)
+
+
+# -- the store --------------------------------------------------------------------------
+
+
 def get(name: str) -> Any:
-    """The current value of one setting (from its variable, else the default)."""
+    """The current value of one setting (from its variable, else the default);
+    a Monarch name's in Monarch's form (``"30s"``)."""
+    if name in MONARCH_SETTINGS:
+        return _get_monarch(MONARCH_SETTINGS[name])
     setting = _setting(name)
     raw = os.environ.get(setting.env)
     return setting.default if raw is None else _parse(setting, raw)
 
 
 def get_global_config() -> dict[str, Any]:
-    """Every setting's current value, by name."""
-    return {name: get(name) for name in SETTINGS}
+    """Every setting's current value, by name: ours, then Monarch's names."""
+    merged = {name: get(name) for name in SETTINGS}
+    merged.update({name: _get_monarch(m) for name, m in MONARCH_SETTINGS.items()})
+    return merged
 
 
-def _apply(setting: Setting, value: Any) -> None:
-    if value is None:
-        os.environ.pop(setting.env, None)
-    elif setting.type is bool:
-        os.environ[setting.env] = "1" if value else "0"
+def get_runtime_config() -> dict[str, Any]:
+    """What ``configure`` set in this process (names and values as given, durations
+    in canonical form); not what came from the environment or the defaults."""
+    return dict(_runtime)
+
+
+def _write(env: str, raw: str | None) -> None:
+    _environment.setdefault(env, os.environ.get(env))
+    if raw is None:
+        os.environ.pop(env, None)
     else:
-        os.environ[setting.env] = str(value)
-    current = setting.default if value is None else value
+        os.environ[env] = raw
+
+
+def _refresh(setting: Setting) -> None:
+    """Copy the setting's current value into the modules that read it at import."""
+    current = get(setting.name)
     for module_name, attribute in setting.live:
         module = sys.modules.get(module_name)
         if module is not None and current is not None:
             setattr(module, attribute, current)
 
 
+def _apply(setting: Setting, value: Any) -> None:
+    if value is None:
+        _write(setting.env, None)
+    elif setting.type is bool:
+        _write(setting.env, "1" if value else "0")
+    else:
+        _write(setting.env, str(value))
+    _refresh(setting)
+
+
+def _checked(name: str, value: Any) -> tuple[Setting | MonarchSetting, Any]:
+    """Where ``name``'s value goes and the value to store there."""
+    if name in SETTINGS:
+        return SETTINGS[name], _check(SETTINGS[name], value)
+    m = MONARCH_SETTINGS.get(name)
+    if m is None:
+        raise _unknown(name)
+    if m.alias is None:
+        return m, _check_monarch(m, value)
+    ours = SETTINGS[m.alias]
+    if value is None:
+        return ours, None
+    checked = _check_monarch(m, value)
+    if m.kind == "duration":
+        return ours, _durations.parse_seconds(checked)
+    return ours, _check(ours, checked)
+
+
 def configure(**settings: Any) -> None:
-    """Set settings by name; ``None`` restores a setting's default.
+    """Set settings by name, ours or Monarch's; ``None`` restores a setting's default.
 
     All names and values are checked before any is applied::
 
         monarch_nb.config.configure(start_timeout=120, heartbeat=0.5)
+        monarch_nb.config.configure(host_spawn_ready_timeout="2m")   # Monarch's name
 
     Raises:
-        MeshUsageError: an unknown name, or a value of the wrong type.
+        SettingTypeError: a value of the wrong type, or a duration that does not
+            parse (a ``TypeError``, as Monarch's).
+        MeshUsageError: an unknown name (a ``ValueError``, as Monarch's), or a
+            value out of range.
     """
-    checked = [(s, _check(s, v)) for s, v in ((_setting(n), v) for n, v in settings.items())]
-    for setting, value in checked:
-        _apply(setting, value)
+    checked = [(name, *_checked(name, value)) for name, value in settings.items()]
+    for name, target, value in checked:
+        if isinstance(target, Setting):
+            _apply(target, value)
+        else:
+            _write(target.env, _encode(target, value))
+        _runtime.pop(name, None)
+        if value is not None or isinstance(target, MonarchSetting):
+            _runtime[name] = get(name)
+
+
+def clear_runtime_config() -> None:
+    """Undo every ``configure``: each variable it wrote gets back the value it had
+    before (from the environment, or none: the default)."""
+    restored = dict(_environment)
+    _environment.clear()
+    _runtime.clear()
+    for env, raw in restored.items():
+        if raw is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = raw
+    for setting in SETTINGS.values():
+        if setting.env in restored:
+            _refresh(setting)
 
 
 @contextlib.contextmanager
 def configured(**settings: Any) -> Iterator[dict[str, Any]]:
     """Apply settings for the body of a ``with`` block, then restore them.
 
-    Yields the whole configuration as it is inside the block.
+    Yields the whole configuration as it is inside the block. As Monarch's: on
+    exit, what ``configure`` had set before the block is set again, and nothing
+    else (a bad name or value restores it too).
     """
-    saved = {name: os.environ.get(_setting(name).env) for name in settings}
-    configure(**settings)
+    before = get_runtime_config()
     try:
+        configure(**settings)
         yield get_global_config()
     finally:
-        for name, raw in saved.items():
-            setting = SETTINGS[name]
-            _apply(setting, None if raw is None else _parse(setting, raw))
+        clear_runtime_config()
+        configure(**before)
 
 
 def table() -> str:
@@ -294,6 +520,19 @@ def table() -> str:
     for s in SETTINGS.values():
         default = "—" if s.default is None else repr(s.default)
         rows.append(f"| `{s.name}` | `{s.env}` | {s.type.__name__} | {default} | {s.doc} |")
+    return "\n".join(rows)
+
+
+def monarch_table() -> str:
+    """Monarch's names as a Markdown table: kind, Monarch's default, effect here."""
+    rows = ["| Monarch name | kind | Monarch's default | here |", "|---|---|---|---|"]
+    for m in MONARCH_SETTINGS.values():
+        if m.alias is not None:
+            rows.append(f"| `{m.name}` | {m.kind} | | `{m.alias}`: {m.note} |")
+    for m in MONARCH_SETTINGS.values():
+        if m.alias is None:
+            default = m.default.name if isinstance(m.default, Encoding) else repr(m.default)
+            rows.append(f"| `{m.name}` | {m.kind} | {default} | no effect: {m.note} |")
     return "\n".join(rows)
 
 

@@ -411,11 +411,15 @@ class EventLog:
 
 
 def print_output(event: Output) -> None:
-    """The default observer of a script's mesh: each line, prefixed by its rank."""
+    """The default observer of a script's mesh: each line, prefixed by its rank
+    unless the ``prefix_with_rank`` setting is off."""
     import sys
 
+    from .._common import _config
+
     stream = sys.stderr if event.stream == "stderr" else sys.stdout
-    stream.write(f"[{event.rank}] {event.line}{event.end}")
+    prefix = f"[{event.rank}] " if _config.get("prefix_with_rank") else ""
+    stream.write(f"{prefix}{event.line}{event.end}")
     stream.flush()
 
 

@@ -1,7 +1,8 @@
 """How a mesh prints its ranks' output: Monarch's ``logging_option``.
 
 :class:`OutputPrinter` observes a mesh's :class:`~._events.Output` events.
-By default it prints each line as it comes, prefixed by its rank. With
+By default it prints each line as it comes, prefixed by its rank (unless
+the ``prefix_with_rank`` setting was off when the mesh was made). With
 ``stream_to_client=False`` it prints nothing (the lines are still in each
 rank's log file, see ``ProcMesh.logs()``). With ``aggregate_window_sec=W``,
 lines are held for up to W seconds from the first one held, then identical
@@ -17,6 +18,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from .._common import _config
 from .._common._errors import MeshUsageError
 from .._common._fold import format_ranks
 from ._events import Output
@@ -52,6 +54,8 @@ class OutputPrinter:
         self._lock = threading.Lock()
         self.stream_to_client = True
         self.aggregate_window_sec: float | None = None
+        # Read when the mesh is made, as Monarch reads it when it wires its forwarders.
+        self.prefix_with_rank: bool = _config.get("prefix_with_rank")
         # (stream, text) -> ranks, in the order first seen, while a window is open.
         self._held: dict[tuple[str, str], list[int]] = {}
         self._timer: threading.Timer | None = None
@@ -70,7 +74,8 @@ class OutputPrinter:
         if window is None or event.end != "\n":
             if window is not None:
                 self.flush()  # keep the order of what was held before this line
-            self._write(event.stream, f"[{event.rank}] {event.line}{event.end}")
+            prefix = f"[{event.rank}] " if self.prefix_with_rank else ""
+            self._write(event.stream, f"{prefix}{event.line}{event.end}")
             return
         with self._lock:
             self._held.setdefault((event.stream, event.line), []).append(event.rank)

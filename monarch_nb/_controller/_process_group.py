@@ -92,7 +92,7 @@ HEARTBEAT_S = float(os.environ.get("MONARCH_NB_HEARTBEAT", "1.0"))
 # (or holds the GIL): named as such when a call to it times out. Read at use, as
 # config.configure(heartbeat=...) changes the beat.
 SILENT_BEATS = 3
-STOP_GRACE_S = 5.0
+STOP_GRACE_S = float(os.environ.get("MONARCH_NB_STOP_GRACE", "5"))
 KILL_WAIT_S = 10.0  # after SIGKILL: at once locally; a remote exit is reported by its agent
 _STDERR_TAIL_LINES = 20
 _FAULT_HEADER = "Fatal Python error:"  # how faulthandler's report starts
@@ -1049,8 +1049,9 @@ class ProcGroup:
 
     # -- stopping ---------------------------------------------------------------------
 
-    def stop(self, grace: float = STOP_GRACE_S) -> None:
-        """Ask every worker to exit, kill what is left after ``grace`` s (blocking).
+    def stop(self, grace: float | None = None) -> None:
+        """Ask every worker to exit, kill what is left after ``grace`` s (blocking;
+        default: the ``stop_grace`` setting, read now).
 
         Ranks still running user code are interrupted first: whoever waited for
         that work is told the mesh stopped, so finishing it would only delay
@@ -1078,9 +1079,12 @@ class ProcGroup:
         # A rank restarted meanwhile: stop its new process too.
         self.shut_down(list(self.workers), grace)
 
-    def shut_down(self, workers: list[WorkerProcess], grace: float = STOP_GRACE_S) -> None:
-        """Ask ``workers`` to exit, kill those left after ``grace`` s, and forget them
-        (blocking; the group is stopped already, so no exit reads as a crash)."""
+    def shut_down(self, workers: list[WorkerProcess], grace: float | None = None) -> None:
+        """Ask ``workers`` to exit, kill those left after ``grace`` s (default:
+        ``stop_grace``), and forget them (blocking; the group is stopped already, so
+        no exit reads as a crash)."""
+        if grace is None:
+            grace = STOP_GRACE_S
         live = tuple(w.rank for w in workers if w.returncode is None)
         if live:
             message = self.signer.encode(Shutdown())

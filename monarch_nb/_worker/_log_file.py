@@ -191,10 +191,11 @@ _installed: RankLog | None = None
 
 
 def install(mesh: str, rank: int) -> RankLog | None:
-    """Start logging this rank to its file (None if ``MONARCH_NB_LOG_FILES=0`` or the
-    directory cannot be made: a rank runs without its file rather than not at all)."""
+    """Start logging this rank to its file (None if ``MONARCH_NB_LOG_FILES=0`` without
+    ``MONARCH_NB_FORCE_FILE_LOG=1``, or if the directory cannot be made: a rank runs
+    without its file rather than not at all)."""
     global _installed
-    if not _config.get("log_files"):
+    if not (_config.get("log_files") or _config.get("force_file_log")):
         return None
     try:
         root = _logs.log_root()
