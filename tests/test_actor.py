@@ -229,6 +229,7 @@ def test_source_of_notebook_cells_reaches_remote_tracebacks(procs4):
 
 def test_a_rank_stops_being_busy_as_soon_as_it_replies(procs4):
     c = procs4.spawn("busy_ranks", Counter, 0)
+    c.initialized.get(timeout=60)  # spawning does not wait: its __init__ keeps ranks busy
     fut = c.slice(procs=[0, 1]).slow_double.call(1, delay=0.0)
     slow = c.slice(procs=2).slow_double.call_one(1, delay=1.0)
     assert fut.get(timeout=10).values() == [2, 2]

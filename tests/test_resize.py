@@ -97,6 +97,7 @@ def test_a_kept_rank_still_busy_with_a_call_given_up_on_is_waited_for(spawn, tmp
     procs = spawn(2)
     gate_file = str(tmp_path / "open")
     gates = procs.spawn("gates", Gate)
+    gates.initialized.get(timeout=60)  # else the cancel may drop the call before it runs
     held = gates.wait.call(gate_file)
     assert held.cancel()  # the ranks go on waiting at the gate; nobody counts them busy
     opener = threading.Timer(2.0, lambda: open(gate_file, "w").close())
