@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from ._private_paths import refuse_unless_private
+
 # Left out of every archive: version control, caches, notebook checkpoints.
 SKIPPED_NAMES = frozenset({".git", "__pycache__", ".ipynb_checkpoints", ".mypy_cache"})
 SKIPPED_SUFFIXES = (".pyc",)
@@ -149,19 +151,14 @@ def _member_parts(member: tarfile.TarInfo) -> list[str]:
 def _refuse_unless_private(fd: int, path: str) -> None:
     """PermissionError unless the directory open at ``fd`` is this user's and nobody
     else may write to it (it goes on the workers' PYTHONPATH: its files run as you)."""
-    info = os.fstat(fd)
-    if info.st_uid != os.geteuid():
-        raise PermissionError(
-            f"sync_workspace: destination {path!r} belongs to uid {info.st_uid}, not to you "
-            f"(uid {os.geteuid()}): its owner could put code on your workers' PYTHONPATH. "
-            "Remove it, or pass dest= a directory of yours"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(
-            f"sync_workspace: destination {path!r} is writable by group or others (mode "
-            f"{stat.S_IMODE(info.st_mode):o}): they could put code on your workers' "
-            f"PYTHONPATH. If it is yours, run: chmod go-w {path}"
-        )
+    refuse_unless_private(
+        os.fstat(fd),
+        "sync_workspace: destination",
+        path,
+        harm="put code on your workers' PYTHONPATH",
+        remedy="Remove it, or pass dest= a directory of yours",
+        yours="it is yours",
+    )
 
 
 def _open_dir(name: str, dir_fd: int | None, path: str) -> int:

@@ -25,6 +25,8 @@ import stat
 import time
 from typing import Any
 
+from .._common._private_paths import refuse_unless_private
+
 # A state file is a few kilobytes; anything far bigger was not written by us.
 _MAX_BYTES = 1 << 20
 
@@ -35,18 +37,14 @@ def _refuse_unless_ours(info: os.stat_result, path: str, what: str, *, directory
     noun = "directory" if directory else "regular file"
     if not kind_ok:
         raise PermissionError(f"{what} {path!r} is not a {noun}; remove it, or pass another path")
-    if info.st_uid != os.geteuid():
-        raise PermissionError(
-            f"{what} {path!r} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): "
-            "its owner could make it start or stop processes as you. Remove it, or pass "
-            "cached_path= a path in a directory of yours"
-        )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(
-            f"{what} {path!r} is writable by group or others "
-            f"(mode {stat.S_IMODE(info.st_mode):o}): they could make it start or stop "
-            f"processes as you. If its content is yours, run: chmod go-w {path}"
-        )
+    refuse_unless_private(
+        info,
+        what,
+        path,
+        harm="make it start or stop processes as you",
+        remedy="Remove it, or pass cached_path= a path in a directory of yours",
+        yours="its content is yours",
+    )
 
 
 def _open_dir(directory: str, *, create: bool) -> int | None:
