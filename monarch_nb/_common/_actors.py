@@ -52,6 +52,7 @@ class Actor:
 
 
 _RESPONSE_PORT_MARK = "_monarch_nb_explicit_response_port"
+_PROPAGATE_MARK = "_monarch_nb_propagate"
 _CONCURRENT_MARK = "_monarch_nb_concurrent"
 
 
@@ -67,15 +68,20 @@ def endpoint(
     ``@endpoint`` or ``@endpoint(...)``. With ``explicit_response_port=True``
     the method gets a :class:`~monarch_nb.actor.Port` after ``self`` and answers
     by ``port.send(value)`` (or ``port.exception(exc)``), from any thread and at
-    any time, instead of returning. ``propagate`` and ``instrument`` are
-    accepted for Monarch's API (the tensor engine infers shapes itself).
-    Inside the actor the method stays an ordinary method.
+    any time, instead of returning. ``propagate`` is for ``rref``: a function
+    of the endpoint's arguments (without ``self``) that returns tensors shaped as
+    the endpoint's result; ``rref`` runs it on fake tensors instead of asking a
+    rank (Monarch's ``"inspect"``, ``"cached"`` and ``"mocked"`` ask the first
+    rank). ``instrument`` is accepted for Monarch's API (calls are on the
+    timeline anyway). Inside the actor the method stays an ordinary method.
     """
 
     def mark(fn: Callable[P, R]) -> Callable[P, R]:
         setattr(fn, _ENDPOINT_MARK, True)
         if explicit_response_port:
             setattr(fn, _RESPONSE_PORT_MARK, True)
+        if propagate is not None:
+            setattr(fn, _PROPAGATE_MARK, propagate)
         return fn
 
     return mark if method is None else mark(method)
@@ -113,6 +119,16 @@ def endpoint_names(cls: type) -> list[str]:
     return sorted(
         name for name in dir(cls) if getattr(getattr(cls, name, None), _ENDPOINT_MARK, False)
     )
+
+
+def endpoint_propagators(cls: type) -> dict[str, Any]:
+    """``{endpoint name: its propagate=}`` for the endpoints of ``cls`` that have one."""
+    found = {}
+    for name in endpoint_names(cls):
+        propagate = getattr(getattr(cls, name), _PROPAGATE_MARK, None)
+        if propagate is not None:
+            found[name] = propagate
+    return found
 
 
 publish(globals())

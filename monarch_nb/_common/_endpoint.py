@@ -8,6 +8,7 @@ process (the controller's socket, or the peer node); what ``call``,
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
@@ -57,6 +58,12 @@ class EndpointBase(Generic[R]):
     def __reduce__(self):
         # The mesh travels as its reference; the endpoint is looked up again there.
         return (getattr, (self._mesh, self._name))
+
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Call on every rank and keep the tensors it returns there, as mesh tensors
+        (Monarch's ``rref``; see the tensor engine, docs/tensor.md)."""
+        # Resolved on use, as ProcMesh.activate does: the core never imports torch.
+        return importlib.import_module("monarch_nb.tensor._actors").rref(self, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise MeshUsageError(

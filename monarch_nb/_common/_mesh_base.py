@@ -68,6 +68,15 @@ class ActorMeshBase(MeshShape):
     _endpoints: list[str]
     _plain_methods: set[str]
     _endpoint_type: type[EndpointBase[Any]]
+    _propagators: dict[str, Any] = {}  # endpoint -> its propagate= (for rref), where known
+    _actor_id: int
+
+    def _proc_view(self) -> Any:
+        """The process mesh under this view: what ``rref`` runs its tensor ops on."""
+        raise NotImplementedError
+
+    def _propagator(self, endpoint: str) -> Any:
+        return self._propagators.get(endpoint)
 
     @property
     def shape(self) -> Shape:

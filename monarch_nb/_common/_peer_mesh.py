@@ -10,6 +10,7 @@ reference (a mesh passed through any number of hops).
 
 from __future__ import annotations
 
+import importlib
 import secrets
 from typing import Any, Generic, TypeVar
 
@@ -92,6 +93,7 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
         self, ref: _refs.ActorRef, shape: Shape, initialized: Future[None] | None = None
     ) -> None:
         self._ref = ref
+        self._actor_id = ref.actor_id
         self._shape = shape
         self._initialized = initialized
         self._spawned = ref.spawned.shape()
@@ -103,6 +105,9 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r} (reference)>"
+
+    def _proc_view(self) -> PeerProcMesh:
+        return PeerProcMesh(self._ref.procs, self._shape)
 
     @property
     def initialized(self) -> Future[None]:
@@ -191,6 +196,12 @@ class PeerProcMesh:
 
     def slice(self, **selection: Selector) -> PeerProcMesh:
         return PeerProcMesh(self._ref, self._shape.slice(**selection))
+
+    def activate(self) -> Any:
+        """Run torch on this mesh from inside the actor that holds it, as the
+        controller's ``procs.activate()`` does: this actor drives the ranks'
+        tensor engine itself (its own engine, apart from the controller's)."""
+        return importlib.import_module("monarch_nb.tensor").activate(self)
 
     def _view_of_rank(self, rank: int) -> PeerProcMesh:
         return PeerProcMesh(self._ref, Shape([], [], [rank]))

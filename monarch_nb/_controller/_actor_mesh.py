@@ -25,7 +25,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._common import _refs
-from .._common._actors import Actor, endpoint_names
+from .._common._actors import Actor, endpoint_names, endpoint_propagators
 from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshFailure, MeshUsageError
 from .._common._future import Future, completed, done_as_none
@@ -80,11 +80,15 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         self._cls_name = cls.__name__
         self._endpoints = endpoint_names(cls)
         self._plain_methods = {n for n in dir(cls) if callable(getattr(cls, n, None))}
+        self._propagators = endpoint_propagators(cls)
         self._generation = generation
         self.__class__ = endpoints_over_methods(type(self), self._endpoints)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r}>"
+
+    def _proc_view(self) -> ProcMesh:
+        return self._procs._new_with_shape(self._shape)
 
     @property
     def initialized(self) -> Future[None]:
@@ -212,11 +216,6 @@ class Endpoint(EndpointBase[R]):
         except Exception as exc:
             raise unpicklable_argument(self.label, args, kwargs, exc) from exc
         group.controller.send(group, mesh._shape.ranks, encoded)
-
-    def rref(self, *args: Any, **kwargs: Any) -> Any:
-        """Call on every rank and keep the tensors it returns there, as mesh tensors
-        (Monarch's ``rref``; see the tensor engine)."""
-        return self._mesh._procs._tensor_engine("._actors").rref(self, args, kwargs)
 
     def _send(self, shape: Shape, collect: str, args: tuple, kwargs: dict) -> PendingCall:
         mesh = self._mesh

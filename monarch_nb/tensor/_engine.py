@@ -25,6 +25,7 @@ import torch
 
 from .._common._errors import MeshFailure, MeshUsageError
 from .._common._future import Future
+from .._common._peer_mesh import PeerProcMesh
 from .._common._shape import Shape
 from .._common._value_mesh import ValueMesh
 from .._controller._proc_mesh import ProcMesh
@@ -36,7 +37,11 @@ if TYPE_CHECKING:
 
 FLUSH_EVERY = 256
 
+# The controller's engines, one per process group (held weakly: a forgotten
+# mesh takes its engine along), and an actor's, one per process group it
+# drives (by the group's id and generation: a reference has no object to key on).
 _engines: weakref.WeakKeyDictionary[Any, Engine] = weakref.WeakKeyDictionary()
+_peer_engines: dict[tuple[str, int], Engine] = {}
 
 # Frames of these files are machinery; the first frame outside them is the
 # user's line that issued an op (autograd and optimizers included).
@@ -56,12 +61,56 @@ def source_line() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+class Owner:
+    """Who drives the ranks: the controller (a ProcGroup it started) or an actor
+    (a reference to a process mesh it holds). The engine needs only these four."""
+
+    name: str
+
+    def generation(self) -> int:
+        raise NotImplementedError
+
+    def flat(self) -> Any:
+        """The whole group as a one-dimensional mesh ``rank``, to spawn on."""
+        raise NotImplementedError
+
+
+class GroupOwner(Owner):
+    def __init__(self, group: ProcGroup) -> None:
+        self.group = group
+        self.name = group.name
+
+    def generation(self) -> int:
+        return self.group.generation
+
+    def flat(self) -> ProcMesh:
+        ranks = self.group.shape.ranks
+        return ProcMesh(self.group, Shape(["rank"], [len(ranks)], ranks))
+
+
+class PeerOwner(Owner):
+    """A process mesh driven from inside an actor. A restart of that mesh gives
+    new inboxes, so calls to the old ones fail on their own: no generation to
+    compare."""
+
+    def __init__(self, procs: PeerProcMesh) -> None:
+        self.ref = procs._ref
+        self.name = self.ref.name
+
+    def generation(self) -> int:
+        return self.ref.generation
+
+    def flat(self) -> PeerProcMesh:
+        ranks = self.ref.world.shape().ranks
+        return PeerProcMesh(self.ref, Shape(["rank"], [len(ranks)], ranks))
+
+
 class View:
     """A mesh view that tensors live on: its shape, and its DeviceMesh once made."""
 
     __slots__ = ("__weakref__", "engine", "mesh_id", "procs", "shape")
 
-    def __init__(self, engine: Engine, procs: ProcMesh) -> None:
+    def __init__(self, engine: Engine, procs: Any) -> None:
         self.engine = engine
         self.procs = procs
         self.shape: Shape = procs.shape
@@ -78,11 +127,11 @@ class View:
 class Engine:
     """Batches, ref ids and the rank-side actors of one process group."""
 
-    def __init__(self, group: ProcGroup) -> None:
-        self.group = group
-        self.generation = group.generation
-        ranks = group.shape.ranks
-        flat = ProcMesh(group, Shape(["rank"], [len(ranks)], ranks))
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
+        self.generation = owner.generation()
+        flat = owner.flat()
+        ranks = flat.shape.ranks
         self.token = secrets.token_hex(8)  # names this engine to its rank-side actors
         self.actors = flat.spawn("tensor_engine", TensorWorker, self.token)
         self.device = torch.device(self.actors.device_name.call().get().values()[0])
@@ -97,7 +146,7 @@ class Engine:
 
     # -- views and ids --------------------------------------------------------------
 
-    def view(self, procs: ProcMesh) -> View:
+    def view(self, procs: Any) -> View:
         view = self._views.get(procs.shape)
         if view is None:
             view = self._views[procs.shape] = View(self, procs)
@@ -125,9 +174,9 @@ class Engine:
     # -- sending ----------------------------------------------------------------------
 
     def check(self) -> None:
-        if self.group.generation != self.generation:
+        if self.owner.generation() != self.generation:
             raise MeshFailure(
-                f"process mesh {self.group.name!r} restarted: its mesh tensors are gone; "
+                f"process mesh {self.owner.name!r} restarted: its mesh tensors are gone; "
                 "make them again"
             )
 
@@ -209,13 +258,20 @@ def then(future: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
     return result
 
 
-def engine_for(procs: ProcMesh) -> Engine:
+def engine_for(procs: Any) -> Engine:
     """The engine of ``procs``'s process group (started on first use, and again
-    after a restart)."""
-    if not isinstance(procs, ProcMesh):
-        raise MeshUsageError(f"expected a ProcMesh (procs.activate(), ...), got {procs!r}")
-    group = procs._group
-    engine = _engines.get(group)
-    if engine is None or engine.generation != group.generation:
-        engine = _engines[group] = Engine(group)
-    return engine
+    after a restart): the controller's, or, for a process mesh an actor holds,
+    that actor's process's own, so the actor drives the ranks itself."""
+    if isinstance(procs, ProcMesh):
+        group = procs._group
+        engine = _engines.get(group)
+        if engine is None or engine.generation != group.generation:
+            engine = _engines[group] = Engine(GroupOwner(group))
+        return engine
+    if isinstance(procs, PeerProcMesh):
+        key = (procs._ref.group, procs._ref.generation)
+        engine = _peer_engines.get(key)
+        if engine is None:
+            engine = _peer_engines[key] = Engine(PeerOwner(procs))
+        return engine
+    raise MeshUsageError(f"expected a ProcMesh (procs.activate(), ...), got {procs!r}")

@@ -37,6 +37,7 @@ from .._common._endpoint import EndpointBase, unpicklable_argument
 from .._common._errors import MeshUsageError
 from .._common._future import Future, failed
 from .._common._messages import Call
+from .._common._peer_mesh import PeerActorMesh
 from .._common._pending import PendingCall
 from .._common._public import publish
 from .._common._serialize import _by_reference
@@ -149,6 +150,8 @@ class Remote(EndpointBase[R], Generic[P, R]):
         engine, wire = self._wire(shape, args, kwargs)
         engine.flush()  # the ops issued before run first: same ranks, same order
         actors = engine.actors
+        if isinstance(actors, PeerActorMesh):  # driven from inside an actor
+            return actors.call_function._send(shape, collect, (self._target(), *wire), {})
         sent_to = actors._sent_to(shape)
         return send_call(
             actors._group,

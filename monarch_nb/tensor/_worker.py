@@ -27,6 +27,7 @@ This module imports nothing from the controller side.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import traceback
@@ -79,11 +80,26 @@ class SizeExpr:
         return f"SizeExpr({self.expr!r})"
 
 
+def _rank_side(method: Any) -> Any:
+    """Run an endpoint with torch local: where an actor in this process drives a
+    tensor engine itself, its ``activate()`` dispatch mode is on this thread's
+    stack while its async endpoint awaits, and must not turn this rank's own
+    ops into mesh tensors."""
+
+    @functools.wraps(method)
+    def run(self: TensorWorker, *args: Any, **kwargs: Any) -> Any:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class TensorWorker(Actor):
     """Holds this rank's tensors (``refs``) and runs the ops the controller sends."""
 
     def __init__(self, token: str = "") -> None:
-        global _local
         import torch
         import torch.distributed as dist
 
@@ -118,15 +134,20 @@ class TensorWorker(Actor):
         self.fused = 0  # reductions that shared a collective with the one before
         self.overlapped = 0  # reductions started on a side stream, finished when read
         self.token = token  # names the controller's engine: mesh tensors it pickled resolve here
-        _local = self
+        _by_token[token] = self
+
+    def __cleanup__(self, exc: BaseException | None) -> None:
+        _by_token.pop(self.token, None)
 
     # -- endpoints --------------------------------------------------------------------
 
     @endpoint
+    @_rank_side
     def device_name(self) -> str:
         return str(self.device)
 
     @endpoint
+    @_rank_side
     def run(self, batch: list[tuple]) -> None:
         with self.torch.no_grad():
             i = 0
@@ -152,6 +173,7 @@ class TensorWorker(Actor):
             self._release_read_buffers()
 
     @endpoint
+    @_rank_side
     def read(self, refs: int | list[int], value_rank: int | None) -> tuple[str, Any]:
         """``("err", DeferredError)`` or ``("ok", value)`` (value only on ``value_rank``);
         for a list of refs, ``("ok", [value, ...])``."""
@@ -182,6 +204,7 @@ class TensorWorker(Actor):
         return value.detach().cpu().clone()
 
     @endpoint
+    @_rank_side
     def stats(self) -> dict[str, int]:
         return {
             "refs": len(self.refs),
@@ -192,6 +215,7 @@ class TensorWorker(Actor):
         }
 
     @endpoint
+    @_rank_side
     def call_function(self, fn: Any, args: tuple, kwargs: dict) -> Any:
         """A ``@remote`` function called with an adverb (``fn.call()``, ``send(fn, ...)``):
         run it here, after every op sent before, and reply with its whole result
@@ -301,6 +325,7 @@ class TensorWorker(Actor):
         self.refs[out] = result
 
     @endpoint
+    @_rank_side
     def describe(self, ref: int) -> tuple[str, Any]:
         """The structure of the value under ``ref``, each tensor replaced by its
         TensorMeta: what the controller needs to make mesh tensors of it."""
@@ -731,7 +756,9 @@ class TensorWorker(Actor):
 
 
 _MISSING = object()
-_local: TensorWorker | None = None  # this process's TensorWorker, once spawned
+# This process's TensorWorkers by their engine's token: the controller's, and
+# one for each actor that drives this mesh's tensor engine itself.
+_by_token: dict[str, TensorWorker] = {}
 
 
 class TensorMeta:
@@ -749,12 +776,15 @@ class TensorMeta:
 def local_tensor(token: str, ref: int, ranks: tuple[int, ...]) -> Any:
     """Unpickles a mesh tensor on a rank (an actor endpoint's argument): the tensor
     this rank holds for it."""
-    if _local is None:
-        raise ValueError(
-            "a mesh tensor was sent to a process that runs no tensor engine; mesh tensors "
-            "reach actors only on the processes that hold them"
-        )
-    return _local.local_value(token, ref, ranks)
+    worker = _by_token.get(token)
+    if worker is None:
+        if not _by_token:
+            raise ValueError(
+                "a mesh tensor was sent to a process that runs no tensor engine; mesh "
+                "tensors reach actors only on the processes that hold them"
+            )
+        worker = next(iter(_by_token.values()))  # says "another process mesh"
+    return worker.local_value(token, ref, ranks)
 
 
 def _import_function(path: str) -> Any:
