@@ -48,6 +48,10 @@ class Gate(Actor):
         raise ValueError("failed after the gate opened")
 
     @endpoint
+    async def sleep_forever(self) -> None:
+        await asyncio.sleep(3600)
+
+    @endpoint
     async def block(self) -> None:
         await asyncio.sleep(0)
         time.sleep(300)  # noqa: ASYNC251  (blocks the loop: only an interrupt ends it)
@@ -250,10 +254,33 @@ def test_the_stacks_say_where_each_async_call_awaits(procs2):
     stack = rank0.stacks(timeout=T)[0]
     assert "async endpoint calls awaiting (1):\n  Gate.wait awaits at " in stack
     assert "in wait: await self.opened.wait()" in stack
-    assert "rank 0 idle" in str(rank0.diagnose(timeout=T))  # %mesh why: no call runs
+    why = str(rank0.diagnose(timeout=T))  # %mesh why
+    assert "rank 0 waiting at an await in 1 async endpoint call(s): Gate.wait awaits at" in why
+    assert "rank 0 has async endpoint calls waiting at an await" in why
+    assert rank0.busy_ranks() == [0]
     gate.open.call_one().get(timeout=T)
     assert waiting.get(timeout=T) == "opened"
     assert "awaiting" not in rank0.stacks(timeout=T)[0]
+    assert "rank 0 idle" in str(rank0.diagnose(timeout=T))
+
+
+def test_interrupting_the_ranks_cancels_calls_waiting_at_an_await(procs2):
+    gates = procs2.spawn("gates", Gate)
+    waiting = gates.wait.call()
+    also = gates.sleep_forever.call()
+    read_until(
+        lambda: str(procs2.diagnose(timeout=T)),
+        lambda why: why.count("2 async endpoint call(s)") == 1 and "ranks 0-1" in why,
+        T,
+        "both calls waiting on both ranks",
+    )
+    assert procs2.interrupt() == [0, 1]  # no call named: whatever runs or waits
+    for future in (waiting, also):
+        error = future.exception(timeout=T)
+        assert isinstance(error, RemoteError)
+        assert "KeyboardInterrupt" in str(error)
+    read_until(procs2.busy_ranks, lambda busy: busy == [], T, "both ranks idle again")
+    assert gates.open.call().get(timeout=T).values() == ["open", "open"]  # the actors live on
 
 
 class Unwinds(Actor):

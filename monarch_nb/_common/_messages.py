@@ -322,6 +322,9 @@ class Heartbeat(Message):
     metrics: tuple[tuple[float, str, float, int | None], ...] = ()
 
 
+AWAITING_HEADING = "async endpoint calls awaiting ("
+
+
 @_message
 @dataclass(frozen=True, slots=True)
 class StatusReply(Message):
@@ -329,7 +332,9 @@ class StatusReply(Message):
     query_id: int
     work: str
     work_seconds: float
-    stack: str  # the main thread's Python stack, innermost last
+    # The main thread's Python stack, innermost last; then, after AWAITING_HEADING,
+    # one line per async endpoint call waiting at an await, and where.
+    stack: str
     # torch.distributed collectives the default process group has issued (its
     # sequence number), or -1 when torch.distributed is not in use.
     collectives: int = -1

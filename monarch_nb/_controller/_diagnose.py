@@ -11,13 +11,14 @@ source.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._common import _py_spy
 from .._common._fold import fold, format_ranks
-from .._common._messages import StatusReply
+from .._common._messages import AWAITING_HEADING, StatusReply
 from .._common._public import publish
 from ._stacks import query, run_py_spy
 
@@ -76,6 +77,16 @@ _PY_FRAME = re.compile(r'^  File "(.*)", line (\d+), in (.*)$')
 _SPY_FRAME = re.compile(r"^\s+(\S.*) \((.+):(\d+)\)$")
 
 
+def split_awaiting(text: str) -> tuple[str, tuple[str, ...]]:
+    """A status's stack text as (the main thread's stack, one line per async endpoint
+    call waiting at an await: ``Gen.generate awaits at gen.py:12 in generate: ...``)."""
+    at = text.find(AWAITING_HEADING)
+    if at < 0:
+        return text, ()
+    lines = text[at:].splitlines()[1:]
+    return text[:at], tuple(line.strip() for line in lines if line.strip())
+
+
 def parse_python_stack(text: str) -> list[Frame]:
     """Frames of a ``traceback.format_stack`` text, outermost first."""
     frames: list[Frame] = []
@@ -127,21 +138,32 @@ class RankPlace:
     note: str = ""
     stuck: bool = False  # it could not answer: read from outside with py-spy
     collectives: int = -1  # collectives its default process group issued, if known
+    awaiting: tuple[str, ...] = ()  # async endpoint calls waiting at an await, and where
 
     @property
     def idle(self) -> bool:
-        return not (self.work or self.collective or self.note or self.stuck)
+        """Running nothing, and no async endpoint call waiting either."""
+        return not (self.work or self.collective or self.note or self.stuck or self.awaiting)
 
     def where(self) -> str:
         if self.note:
             return self.note
         if self.idle:
             return "idle (running no call or cell)"
+        awaiting = ""
+        if self.awaiting:
+            awaiting = (
+                f"waiting at an await in {len(self.awaiting)} async endpoint call(s): "
+                + "; ".join(self.awaiting)
+            )
+        if not (self.work or self.collective or self.stuck):
+            return awaiting
         place = f"in {self.frame}" if self.frame is not None else "in monarch_nb's own code"
         issued = f"; {self.collectives} collective(s) issued" if self.collectives >= 0 else ""
+        also = f"; also {awaiting}" if awaiting else ""
         if self.stuck:
-            return f"{place}, stuck in C holding the GIL (read with py-spy){issued}"
-        return f"{place}, running {self.work} for {self.seconds:.1f} s{issued}"
+            return f"{place}, stuck in C holding the GIL (read with py-spy){issued}{also}"
+        return f"{place}, running {self.work} for {self.seconds:.1f} s{issued}{also}"
 
     def collective_label(self) -> str:
         """``all_reduce #41``: its name and, where known, which of the group's
@@ -229,6 +251,15 @@ class Diagnosis:
                 "→ every rank is in the collective: it is slow or stuck in the backend "
                 "(network, a peer's timeout), not waiting for a missing rank"
             )
+        awaiting = [p.rank for p in self.places if p.awaiting]
+        if awaiting:
+            return (
+                "→ no rank is in a torch.distributed collective; "
+                f"{_label(awaiting)} {'has' if len(awaiting) == 1 else 'have'} async "
+                "endpoint calls waiting at an await (for an event, a lock or another "
+                "call that has not come): see where each waits above; interrupting the "
+                "ranks (procs.interrupt(), the stop button) cancels them"
+            )
         return "→ no rank is in a torch.distributed collective"
 
     def _repr_pretty_(self, printer: object, cycle: bool) -> None:
@@ -261,16 +292,15 @@ def diagnose(
     places = []
     for rank, answer in answers.items():
         if isinstance(answer, StatusReply):
-            frames = parse_python_stack(answer.stack)
-            places.append(
-                classify(
-                    rank,
-                    frames,
-                    answer.work,
-                    answer.work_seconds,
-                    collectives=answer.collectives,
-                )
+            stack, awaiting = split_awaiting(answer.stack)
+            place = classify(
+                rank,
+                parse_python_stack(stack),
+                answer.work,
+                answer.work_seconds,
+                collectives=answer.collectives,
             )
+            places.append(dataclasses.replace(place, awaiting=awaiting))
             continue
         note = answer.removeprefix("<no stack: ").removesuffix(">")
         dump = dumps.get(rank)

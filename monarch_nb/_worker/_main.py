@@ -48,6 +48,7 @@ from .._common._errors import (
 from .._common._fd_limits import raise_fd_limit
 from .._common._future import set_wait_pump
 from .._common._messages import (
+    AWAITING_HEADING,
     BroadcastFailure,
     Call,
     Failure,
@@ -372,6 +373,9 @@ class Worker:
                 self._skip.add(ticket)
             elif ticket[1] == 0 or ticket == self._running:
                 self._interrupted = self._running
+                if ticket[1] == 0:  # whatever runs: async calls waiting at an await too
+                    for waiting in list(self._task_calls.values()):
+                        self._interrupt_task(waiting)
                 call = self._task_calls.get(ticket) if ticket[1] else None
                 if call is not None:  # a step of an async call runs: should the
                     # signal land after the step, the cancel stops it at its await
@@ -982,7 +986,7 @@ class Worker:
                 lines.append(f"  {call.label} awaits at {place}" if place else f"  {call.label}")
         if not lines:
             return ""
-        return f"async endpoint calls awaiting ({len(lines)}):\n" + "\n".join(sorted(lines)) + "\n"
+        return f"{AWAITING_HEADING}{len(lines)}):\n" + "\n".join(sorted(lines)) + "\n"
 
     def _cancelled(self, call: TaskCall, exc: BaseException) -> RemoteFailure:
         """The failure an async call reports when its task was cancelled."""
