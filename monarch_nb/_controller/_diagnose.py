@@ -258,7 +258,7 @@ class Diagnosis:
                 f"{_label(awaiting)} {'has' if len(awaiting) == 1 else 'have'} async "
                 "endpoint calls waiting at an await (for an event, a lock or another "
                 "call that has not come): see where each waits above; interrupting the "
-                "ranks (procs.interrupt(), the stop button) cancels them"
+                "ranks (procs.interrupt(), the panel's interrupt) cancels them"
             )
         return "→ no rank is in a torch.distributed collective"
 
