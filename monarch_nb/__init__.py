@@ -25,6 +25,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._common import _tensor_link
+
 if TYPE_CHECKING:
     from . import events, fetch
     from ._common._actors import Actor, concurrent_endpoint, endpoint
@@ -154,6 +156,14 @@ _DEFINED_IN = {
     "this_proc": "_common._local_actors",
     "to_mesh": "tensor._api",
 }
+
+
+def _load_tensor_engine(module: str) -> Any:
+    return importlib.import_module(f"{__name__}.tensor{module}")
+
+
+# The core reaches the tensor engine (above it) only through this loader.
+_tensor_link.install(_load_tensor_engine)
 
 
 def __getattr__(name: str) -> Any:

@@ -8,7 +8,6 @@ process (the controller's socket, or the peer node); what ``call``,
 
 from __future__ import annotations
 
-import importlib
 import itertools
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
@@ -18,6 +17,7 @@ from ._errors import EndpointError, MeshUsageError, SerializationError
 from ._future import Future, failed
 from ._pending import PendingCall, ReplyStream
 from ._shape import Shape
+from ._tensor_link import tensor_engine
 from ._value_mesh import ValueMesh
 
 R = TypeVar("R")
@@ -62,8 +62,7 @@ class EndpointBase(Generic[R]):
     def rref(self, *args: Any, **kwargs: Any) -> Any:
         """Call on every rank and keep the tensors it returns there, as mesh tensors
         (Monarch's ``rref``; see the tensor engine, docs/tensor.md)."""
-        # Resolved on use, as ProcMesh.activate does: the core never imports torch.
-        return importlib.import_module("monarch_nb.tensor._actors").rref(self, args, kwargs)
+        return tensor_engine("._actors").rref(self, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise MeshUsageError(

@@ -10,7 +10,6 @@ reference (a mesh passed through any number of hops).
 
 from __future__ import annotations
 
-import importlib
 import secrets
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +23,7 @@ from ._messages import Call, Spawn, StopActor
 from ._peer import local_node
 from ._pending import CallFuture, PendingCall
 from ._shape import Selector, Shape
+from ._tensor_link import tensor_engine
 
 A = TypeVar("A", bound=Actor)
 R = TypeVar("R")
@@ -201,7 +201,7 @@ class PeerProcMesh:
         """Run torch on this mesh from inside the actor that holds it, as the
         controller's ``procs.activate()`` does: this actor drives the ranks'
         tensor engine itself (its own engine, apart from the controller's)."""
-        return importlib.import_module("monarch_nb.tensor").activate(self)
+        return tensor_engine().activate(self)
 
     def _view_of_rank(self, rank: int) -> PeerProcMesh:
         return PeerProcMesh(self._ref, Shape([], [], [rank]))

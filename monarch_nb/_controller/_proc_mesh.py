@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
 import itertools
 import logging
 import os
@@ -24,6 +23,7 @@ from .._common._future import Future, completed, done_as_none
 from .._common._messages import ReadLogs, Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
+from .._common._tensor_link import tensor_engine
 from .._common._value_mesh import ValueMesh
 from . import _cells, _data_parallel, _diagnose, _rsync, _stacks, _telemetry
 from ._actor_mesh import ActorMesh, unpicklable_argument
@@ -91,13 +91,7 @@ class ProcMesh(MeshShape):
         :class:`~monarch_nb.MeshTensor` handles (see :mod:`monarch_nb.tensor`).
         """
         self._check_current("activate")
-        return self._tensor_engine().activate(self)
-
-    @staticmethod
-    def _tensor_engine(module: str = "") -> Any:
-        # The one way from the core into the tensor engine (activate(), Endpoint.rref),
-        # resolved on use (as monarch_nb.breakpoint is), so the core never imports torch.
-        return importlib.import_module("monarch_nb.tensor" + module)
+        return tensor_engine().activate(self)
 
     def point_of_rank(self, rank: int) -> Point:
         return self._shape.point_of_rank(rank)
