@@ -88,7 +88,7 @@ class ProcMesh(MeshShape):
     def activate(self) -> Any:
         """Run torch on this mesh: inside ``with procs.activate():`` factory functions
         and ops on mesh tensors run on every rank, and return
-        :class:`~monarch_nb.MeshTensor` handles (see :mod:`monarch_nb.tensor`).
+        :class:`~monarch_nb.MeshTensor` handles (see docs/tensor.md).
         """
         self._check_current("activate")
         return tensor_engine().activate(self)
