@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._common import _refs
 from .._common._actors import Actor, endpoint_names, endpoint_propagators
@@ -37,7 +37,6 @@ from .._common._shape import Shape
 from ._calls import send_call
 
 if TYPE_CHECKING:
-    from ._proc_mesh import ProcMesh
     from ._process_group import ProcGroup
 
 R = TypeVar("R")
@@ -48,6 +47,15 @@ __all__ = ["ActorMesh", "Endpoint", "unpicklable_argument"]
 
 # How long passing an actor mesh on waits for its ranks' __init__ (see _wait_for_spawn).
 SPAWN_WAIT_S = 600.0
+
+
+class SpawnedOn(Protocol):
+    """What an actor mesh needs of the process mesh it was spawned on (a ProcMesh is
+    one): its processes, and views of it (what ``rref`` runs tensor ops on)."""
+
+    _group: ProcGroup
+
+    def _new_with_shape(self, shape: Shape) -> SpawnedOn: ...
 
 
 class ActorMesh(ActorMeshBase, Generic[A]):
@@ -61,7 +69,7 @@ class ActorMesh(ActorMeshBase, Generic[A]):
 
     def __init__(
         self,
-        procs: ProcMesh,
+        procs: SpawnedOn,
         shape: Shape,
         *,
         actor_id: int,
@@ -87,7 +95,7 @@ class ActorMesh(ActorMeshBase, Generic[A]):
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._cls_name} {self._shape!r}>"
 
-    def _proc_view(self) -> ProcMesh:
+    def _proc_view(self) -> SpawnedOn:
         return self._procs._new_with_shape(self._shape)
 
     @property

@@ -11,7 +11,7 @@ Nothing here imports IPython: magics/ translates between this and a notebook.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._common._cell_source import cache_source, compile_cell, next_cell_name
 from .._common._errors import CellError
@@ -20,11 +20,22 @@ from . import _interrupt
 from ._calls import CallFuture, send_call
 
 if TYPE_CHECKING:
-    from ._proc_mesh import ProcMesh
+    from .._common._shape import Shape
+    from ._process_group import ProcGroup
+
+
+class CellTarget(Protocol):
+    """What running a cell needs of a process mesh (a ProcMesh is one): its
+    processes, and the view of them to run on."""
+
+    _group: ProcGroup
+
+    @property
+    def shape(self) -> Shape: ...
 
 
 def run_cell(
-    procs: ProcMesh,
+    procs: CellTarget,
     source: str,
     *,
     name: str | None = None,
@@ -62,7 +73,7 @@ def run_cell(
     return future
 
 
-def push(procs: ProcMesh, values: Mapping[str, Any], *, record: bool = True) -> CallFuture:
+def push(procs: CellTarget, values: Mapping[str, Any], *, record: bool = True) -> CallFuture:
     """Set names in every rank's namespace (the values are pickled once)."""
     values = dict(values)
     future = send_call(procs._group, procs.shape, Push, values, actor="push").future
@@ -74,7 +85,7 @@ def push(procs: ProcMesh, values: Mapping[str, Any], *, record: bool = True) -> 
     return future
 
 
-def pull(procs: ProcMesh, name: str) -> CallFuture:
+def pull(procs: CellTarget, name: str) -> CallFuture:
     """A future of a ValueMesh of ``name`` in every rank's namespace."""
     return send_call(
         procs._group,

@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from .._common._actors import Actor
 from .._common._balance import IN_FLIGHT, Map, MapFuture, split_bounds
 from .._common._errors import MeshUsageError
 from .._common._messages import Push
@@ -28,11 +29,24 @@ from ._interrupt import wait_for
 
 if TYPE_CHECKING:
     from ._actor_mesh import ActorMesh
-    from ._proc_mesh import ProcMesh
     from ._process_group import ProcGroup
 
+A = TypeVar("A", bound=Actor)
 
-def scatter(procs: ProcMesh, name: str, seq: Any) -> None:
+
+class DataProcs(Protocol):
+    """What scatter, gather and map need of a process mesh (a ProcMesh is one): its
+    processes, the view of them to use, and spawning an actor on it."""
+
+    _group: ProcGroup
+
+    @property
+    def shape(self) -> Shape: ...
+
+    def spawn(self, name: str, actor_class: type[A], *args: Any, **kwargs: Any) -> ActorMesh[A]: ...
+
+
+def scatter(procs: DataProcs, name: str, seq: Any) -> None:
     """Set ``name`` on each rank of ``procs`` to its contiguous chunk of ``seq``.
 
     Rank ``i`` (in the view's rank order) gets ``seq[start:stop]``; the first
@@ -63,7 +77,7 @@ def scatter(procs: ProcMesh, name: str, seq: Any) -> None:
         wait_for(future)
 
 
-def gather(procs: ProcMesh, name: str) -> Any:
+def gather(procs: DataProcs, name: str) -> Any:
     """``name`` from every rank of ``procs``, concatenated in rank order.
 
     Lists, tuples and strings are joined; tensors and arrays are concatenated
@@ -102,7 +116,7 @@ _mappers: weakref.WeakKeyDictionary[ProcGroup, dict[tuple[int, ...], ActorMesh[M
 )
 
 
-def _mapper(procs: ProcMesh) -> ActorMesh[Map]:
+def _mapper(procs: DataProcs) -> ActorMesh[Map]:
     group = procs._group
     by_ranks = _mappers.setdefault(group, {})
     mapper = by_ranks.get(procs.shape.ranks)
@@ -113,7 +127,7 @@ def _mapper(procs: ProcMesh) -> ActorMesh[Map]:
 
 
 def map_items(
-    procs: ProcMesh,
+    procs: DataProcs,
     fn: Callable[[Any], Any],
     items: Iterable[Any],
     *,

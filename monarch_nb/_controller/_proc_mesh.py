@@ -605,7 +605,8 @@ class ProcMesh(MeshShape):
         from ._resize import resize
 
         self._check_current("resize")
-        return resize(self, procs)
+        new = resize(self._group, procs)
+        return ProcMesh(new, new.shape)
 
     def grow(self, count: int) -> ProcMesh:
         """A new mesh of this one's live ranks followed by ``count`` new processes
@@ -615,7 +616,8 @@ class ProcMesh(MeshShape):
         from ._resize import grow
 
         self._check_current("grow")
-        return grow(self, count)
+        new = grow(self._group, count)
+        return ProcMesh(new, new.shape)
 
     def _check_current(self, method: str) -> None:
         resized_into = self._group.resized_into

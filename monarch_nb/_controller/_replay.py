@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from .._common._errors import ReplayError
 from .._common._fold import format_ranks
@@ -13,10 +13,22 @@ from ._history import Step
 from ._interrupt import wait_for
 
 if TYPE_CHECKING:
-    from ._proc_mesh import ProcMesh
+    from ._process_group import ProcGroup
 
 
-def replay(procs: ProcMesh, ranks: tuple[int, ...], *, spawns: bool) -> tuple[str, ...]:
+class Replayable(Protocol):
+    """What a replay needs of a process mesh (a ProcMesh is one): its processes, its
+    name for errors, and views of it to send each step to."""
+
+    _group: ProcGroup
+
+    @property
+    def name(self) -> str: ...
+
+    def _new_with_shape(self, shape: Shape) -> _cells.CellTarget: ...
+
+
+def replay(procs: Replayable, ranks: tuple[int, ...], *, spawns: bool) -> tuple[str, ...]:
     """Send the replayable steps of ``procs``' history to ``ranks`` (just restarted),
     in order, each to the part of its view on ``ranks``; wait for each. Spawns
     are sent only if ``spawns`` (a partial restart spawned its actors again
@@ -61,7 +73,7 @@ def _on_ranks(shape: Shape, ranks: tuple[int, ...]) -> Shape:
     return Shape(("ranks",), (len(chosen),), chosen)
 
 
-def _send(procs: ProcMesh, step: Step, shape: Shape) -> None:
+def _send(procs: Replayable, step: Step, shape: Shape) -> None:
     view = procs._new_with_shape(shape)
     match step.kind:
         case "cell":

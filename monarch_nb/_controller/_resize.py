@@ -15,8 +15,9 @@ to the actor meshes on it, say to use the new mesh. Actors do not follow a
 renumbering: the old mesh's actors are stopped.
 
 Meshes are values: the old :class:`~._proc_mesh.ProcMesh` is not changed
-into the new one. Only meshes on this host can be resized (a multi-host
-mesh's processes are started by agents that number them by host).
+into the new one; ``resize`` and ``grow`` return the new group, which the
+caller wraps in a mesh. Only meshes on this host can be resized (a
+multi-host mesh's processes are started by agents that number them by host).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import functools
 import secrets
 import time
-from typing import TYPE_CHECKING
 
 from .._common._config import COLLECTIVE_TIMEOUT_S, collective_timeout
 from .._common._dist import STORE_ENV, fresh_store_path
@@ -45,14 +45,10 @@ from ._process_group import (
     _describe_ranks,
 )
 
-if TYPE_CHECKING:
-    from ._proc_mesh import ProcMesh
 
-
-def resize(mesh: ProcMesh, procs: int) -> ProcMesh:
-    """A new mesh of ``procs`` ranks over the first ``procs`` live ranks of ``mesh``'s
+def resize(group: ProcGroup, procs: int) -> ProcGroup:
+    """A new group of ``procs`` ranks over the first ``procs`` live ranks of ``group``'s
     processes (the others are stopped); see :meth:`ProcMesh.resize`."""
-    group = mesh._group
     call = f"resize(procs={procs!r})"
     _check_count(call, procs, 1)
     live = _check_resizable(group, call)
@@ -65,10 +61,9 @@ def resize(mesh: ProcMesh, procs: int) -> ProcMesh:
     return _reshape(group, live[:procs], 0)
 
 
-def grow(mesh: ProcMesh, count: int) -> ProcMesh:
-    """A new mesh of ``mesh``'s live ranks and ``count`` new processes after them;
+def grow(group: ProcGroup, count: int) -> ProcGroup:
+    """A new group of ``group``'s live ranks and ``count`` new processes after them;
     see :meth:`ProcMesh.grow`."""
-    group = mesh._group
     call = f"grow({count!r})"
     _check_count(call, count, 1)
     live = _check_resizable(group, call)
@@ -115,9 +110,7 @@ def _check_resizable(group: ProcGroup, call: str) -> tuple[int, ...]:
     return live
 
 
-def _reshape(old: ProcGroup, keep: tuple[int, ...], add: int) -> ProcMesh:
-    from ._proc_mesh import ProcMesh
-
+def _reshape(old: ProcGroup, keep: tuple[int, ...], add: int) -> ProcGroup:
     size = len(keep) + add
     label = old.shape.labels[0] if len(old.shape.labels) == 1 else "procs"
     controller = old.controller
@@ -178,7 +171,7 @@ def _reshape(old: ProcGroup, keep: tuple[int, ...], add: int) -> ProcMesh:
         raise
     for worker in lost:  # died while moving: dead in the new mesh, as any rank that dies
         controller.run(functools.partial(new.worker_exited, worker))
-    return ProcMesh(new, new.shape)
+    return new
 
 
 def _adopt(old: ProcGroup, new: ProcGroup, keep: tuple[int, ...]) -> list[WorkerProcess]:
