@@ -78,12 +78,13 @@ from typing import Any
 import zmq
 
 from ._extensions import load_extension
+from ._link_connection import is_immutable
 from ._messages import BUILDABLE, Message, UnknownMessage, from_wire, to_wire
 from ._serialize import dumps
 from ._sockets import ASK_PYZMQ as _ASK_PYZMQ
 from ._sockets import DRAINED as _DRAINED
 from ._sockets import send_copied, send_each_copied, socket_events, take
-from ._unix_link import is_immutable, is_link
+from ._unix_link import is_link
 
 _fastwire = load_extension("_fastwire")
 
@@ -529,7 +530,7 @@ class Signer:
 
         Call under the lock that orders this sender's sends, and the one that
         orders the socket's writes, with nothing of an earlier message waiting to
-        be written (a rank's reply: see ``_unix_link._Connection.send_small``).
+        be written (a rank's reply: see ``_link_connection.Connection.send_small``).
         """
         if _fastwire is None:
             return None
