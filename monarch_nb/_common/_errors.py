@@ -26,13 +26,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ._fold import MAX_GROUPS_SHOWN, fold, fold_lines, format_ranks, more, value_text
 from ._public import publish
 
-if TYPE_CHECKING:
-    from ._value_mesh import ValueMesh
+
+class _Ranks(Protocol):
+    ranks: Sequence[int]
+
+
+class SucceededValues(Protocol):
+    """What a RemoteError keeps of the ranks that succeeded: a ValueMesh (which
+    sits above the errors, since its checks raise them)."""
+
+    @property
+    def shape(self) -> _Ranks: ...
+
+    def __len__(self) -> int: ...
+
+    def values(self) -> list[Any]: ...
 
 
 # How IPython shows our errors (``_render_traceback_``): the plain lines, unless
@@ -127,7 +140,7 @@ class RemoteError(MonarchNbError):
         *,
         actor: str = "",
         endpoint: str = "",
-        values: ValueMesh[Any] | None = None,
+        values: SucceededValues | None = None,
     ) -> None:
         self.failures = tuple(sorted(failures, key=lambda f: f.rank))
         self.actor, self.endpoint = actor, endpoint
