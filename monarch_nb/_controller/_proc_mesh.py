@@ -3,56 +3,46 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import itertools
-import logging
 import os
-import shutil
 import socket
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._common import _checks, _context, _logs, _refs, _workspace
+from .._common import _checks, _context, _refs
 from .._common._actors import Actor
 from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
-from .._common._fold import format_ranks
 from .._common._future import Future, completed, done_as_none
-from .._common._messages import ReadLogs, Spawn
+from .._common._messages import Spawn
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._tensor_link import tensor_engine
 from .._common._value_mesh import ValueMesh
-from . import _cells, _data_parallel, _diagnose, _rsync, _stacks, _telemetry
+from . import _cells, _data_parallel, _workspace_sync
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
-from ._diagnose import Diagnosis
 from ._events import EventStream, Output, RankState
 from ._history import History
 from ._interrupt import wait_for
-from ._log_stream import OutputPrinter, check_option
+from ._log_stream import OutputPrinter
+from ._observation import MeshObservation
 from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
 from ._recovery import RestartPolicy
-from ._stacks import Profile, Stacks
-from ._status import MeshState, MeshStatus, RestartRecord
-from ._telemetry import TelemetrySample
-from ._timeline import Timeline
+from ._status import MeshState, RestartRecord
+from ._workspace_sync import WorkspaceCopy
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
 
 A = TypeVar("A", bound=Actor)
-_log = logging.getLogger("monarch_nb")
 _actor_ids = itertools.count(1)
 # A sanity limit on processes per host: far beyond it is a typo, not a plan.
 MAX_PROCS_PER_CPU = 64
-LOG_READ_TIMEOUT_S = 60.0  # for the hosts of a multi-host mesh to send their log lines
 
 
-class ProcMesh(MeshShape):
+class ProcMesh(MeshObservation, MeshShape):
     """A mesh of worker processes. Views made by :meth:`slice` share the processes.
 
     Start one with ``this_host().spawn_procs(per_host={"procs": 4})``; use it as
@@ -60,6 +50,8 @@ class ProcMesh(MeshShape):
 
     Its shape reads as every mesh's: ``extent``, ``size(dim)``, ``sizes``,
     ``to_table()``; ``slice``, ``flatten``, ``split`` and ``rename`` make views.
+    What it tells about its ranks (``status``, ``stacks``, ``diagnose``,
+    ``timeline``, ``telemetry``, ``logs``, ...) comes from :class:`MeshObservation`.
     """
 
     def __init__(self, group: ProcGroup, shape: Shape) -> None:
@@ -147,239 +139,6 @@ class ProcMesh(MeshShape):
     def events(self) -> EventStream:
         """The mesh's event stream (shared by every view): ``procs.events.subscribe(fn)``."""
         return self._group.events
-
-    def status(self) -> MeshStatus:
-        """A snapshot of this view's ranks: state, current work, resources, heartbeats.
-        A mesh that was resized answers for the whole mesh it was resized into."""
-        group = self._group
-        while group.successor is not None:
-            group = group.successor
-        if group is not self._group:
-            return group.status(group.shape.ranks)
-        return group.status(self._shape.ranks)
-
-    def stacks(self, timeout: float = 5.0, *, native: bool = False) -> Stacks:
-        """Each rank's stack, as a dict ``{rank: text}`` whose ``str()`` (and notebook
-        display) shows identical stacks once, labelled with their ranks.
-
-        By default the main thread's Python stack, answered by each rank's wire
-        thread even while it is busy (and on a failed mesh's survivors). A rank
-        that does not answer within ``timeout`` s (dead, stopped, or its Python
-        held by C code) is listed with why there is no stack.
-
-        ``native=True`` reads every thread's Python and native (C/C++) frames
-        from outside with py-spy (``pip install py-spy``), so a rank spinning in C
-        shows where; on a multi-host mesh each host's agent runs it. Raises
-        :class:`~monarch_nb.ProfilerUnavailable` saying what to do if py-spy is
-        missing (here or on a rank's host) or the OS refuses it (ptrace).
-        """
-        timeout = _checks.bounded_timeout(timeout, "stacks")
-        ranks = self._shape.ranks
-        if native:
-            return _stacks.native_stacks(self._group, ranks, max(timeout, 1.0))
-        return _stacks.python_stacks(self._group, ranks, timeout)
-
-    def profile(
-        self,
-        seconds: float = 5.0,
-        *,
-        format: str = "flamegraph",
-        native: bool = False,
-        rate: int = 100,
-    ) -> Profile:
-        """Sample every rank with py-spy for ``seconds`` (at once) and return a flame
-        graph per rank: shown in the cell in a notebook, ``.save(dir)`` anywhere.
-
-        ``format="speedscope"`` records speedscope JSON instead of SVG;
-        ``native=True`` adds C/C++ frames; ``rate`` is samples per second. Raises
-        :class:`~monarch_nb.ProfilerUnavailable` as :meth:`stacks` does.
-        """
-        return _stacks.profile(
-            self._group, self._shape.ranks, seconds, format=format, native=native, rate=rate
-        )
-
-    def diagnose(self, timeout: float = 5.0) -> Diagnosis:
-        """Why is it hanging? Which ranks wait in which torch.distributed collective,
-        and where the ranks that have not entered it are instead (``%mesh why``).
-
-        ``str()`` of the result reads as ``ranks 0,2-3 waiting in all_reduce #41,
-        called from `dist.all_reduce(g)` at train.py:40 ...; rank 1 not in it:
-        in `loss.backward()` at train.py:88 ...``; ``.missing()`` and
-        ``.collectives()`` are the data. Ranks stuck in C holding the GIL are
-        read with py-spy where it is installed.
-        """
-        timeout = _checks.bounded_timeout(timeout, "diagnose")
-        return _diagnose.diagnose(self._group, self._shape.ranks, timeout)
-
-    def timeline(self, minutes: float = 10.0) -> Timeline:
-        """Who ran which call or cell when, per rank, over the last ``minutes``
-        (``%mesh timeline``): a chart in a notebook, a text chart when printed.
-
-        ``.spans`` has one Span per rank and call (label, start, end, outcome:
-        ok, error, interrupted, died, cancelled or running); ``.stragglers()``
-        the ranks that took more than 1.5x the median rank of the same call.
-        The newest 5,000 calls are kept (at most 50,000 rank-calls); a resized
-        mesh starts a new timeline.
-        """
-        if minutes <= 0:
-            raise ValueError(f"timeline(minutes={minutes!r}): give a positive number of minutes")
-        return self._group.timeline.timeline(self._shape.ranks, time.time() - 60.0 * minutes)
-
-    @overload
-    def telemetry(
-        self,
-        minutes: float = ...,
-        *,
-        metrics: Iterable[str] | None = ...,
-        records: Literal[False] = ...,
-    ) -> Any: ...
-    @overload
-    def telemetry(
-        self, minutes: float = ..., *, metrics: Iterable[str] | None = ..., records: Literal[True]
-    ) -> list[TelemetrySample]: ...
-    def telemetry(
-        self, minutes: float = 10.0, *, metrics: Iterable[str] | None = None, records: bool = False
-    ) -> Any:
-        """Each rank's resources and reported metrics over the last ``minutes``, a row
-        per value: a pandas DataFrame with columns time (UTC), rank, metric, value,
-        step (``records=True``: a list of TelemetrySample, no pandas needed).
-
-        Resources come with every heartbeat (each second): ``cpu_percent``,
-        ``rss_bytes``, and ``gpu_memory_allocated`` / ``gpu_utilization`` on ranks
-        that use a GPU. A rank adds its own with ``monarch_nb.log_metric("loss",
-        v, step=i)``; they arrive with its next heartbeat. ``metrics`` keeps only
-        those names. The window is ``MONARCH_NB_TELEMETRY_MINUTES`` (10) at most;
-        rows stay across ``restart()`` and after a rank died, and a resized mesh
-        starts afresh.
-        """
-        if minutes <= 0:
-            raise ValueError(f"telemetry(minutes={minutes!r}): give a positive number of minutes")
-        if isinstance(metrics, str):
-            metrics = [metrics]
-        rows = self._group.telemetry.samples(
-            self._shape.ranks, time.time() - 60.0 * minutes, metrics
-        )
-        return rows if records else _telemetry.as_dataframe(rows)
-
-    def telemetry_series(
-        self, metric: str, points: int = 24, *, ranks: Iterable[int] | None = None
-    ) -> dict[int, list[TelemetrySample]]:
-        """The last ``points`` values of ``metric`` of each rank (of ``ranks``, mesh
-        ranks, if given), oldest first.
-
-        Cheap enough to poll every second on hundreds of ranks (it reads each
-        rank's newest rows only): what the dashboard's sparklines and chart draw.
-        """
-        if points <= 0:
-            raise ValueError(f"telemetry_series(points={points!r}): give a positive count")
-        history = self._group.telemetry
-        wanted = self._shape.ranks if ranks is None else list(ranks)
-        unknown = sorted(set(wanted) - set(self._shape.ranks))
-        if unknown:
-            raise ValueError(
-                f"telemetry_series(ranks=...): {unknown} not in this mesh "
-                f"(its ranks: {format_ranks(self._shape.ranks)})"
-            )
-        return {rank: history.recent(rank, metric, points) for rank in wanted}
-
-    def telemetry_metrics(self) -> list[str]:
-        """The metric names some rank has reported: resources first, then the ones
-        ranks logged with ``monarch_nb.log_metric``."""
-        return self._group.telemetry.metric_names()
-
-    def output_tail(self, rank: int) -> list[Output]:
-        """The last lines ``rank`` wrote, oldest first (a bounded buffer per rank)."""
-        self._shape.index_of_rank(rank)  # raises for a rank outside this view
-        return self._group.output_tail(rank)
-
-    def logs(
-        self,
-        ranks: Iterable[int] | None = None,
-        *,
-        grep: str | None = None,
-        since: float | str | dt.datetime | dt.timedelta | None = None,
-        level: int | str | None = None,
-        tail: int | None = None,
-        runs: str = "this",
-    ) -> list[_logs.LogLine]:
-        """What ranks wrote to their log files, oldest first: every line they printed
-        and every ``logging`` record they made, with its level, kept across
-        :meth:`restart` and after a rank died.
-
-        ``ranks`` (default: this view's), ``grep`` (a regular expression),
-        ``since`` (seconds ago, ``"5m"``, ``"2h"``, a datetime), ``level``
-        (``"WARNING"``: records at that level or above) and ``tail`` (the last
-        N matches) narrow it down. Meshes of the same name (every unnamed mesh is
-        ``procs``) write to the same files: ``runs="this"`` (the default) reads
-        the lines written since this mesh started (its restarts included),
-        ``runs="all"`` those of earlier runs too. Each :class:`~monarch_nb.LogLine` prints as
-        ``[rank] time text``. Files live in ``MONARCH_NB_LOG_DIR/<mesh name>/``
-        (default ``~/.monarch_nb/logs``); see docs/logs.md.
-
-        On a mesh of several hosts, each host's agent reads its ranks' files
-        (within ``LOG_READ_TIMEOUT_S``).
-        """
-        selected = tuple(self._shape.ranks if ranks is None else ranks)
-        for rank in selected:
-            self._shape.index_of_rank(rank)  # raises for a rank outside this view
-        group = self._group
-        since = _logs.since_for_runs(since, runs, group.run_started)
-        root = group.extra_env.get("MONARCH_NB_LOG_DIR")
-        if group.agents is None:
-            return _logs.read(
-                self.name, selected, grep=grep, since=since, level=level, tail=tail, root=root
-            )
-        _, after, minimum = _logs.check_filters(grep, since, level, tail)
-        request = ReadLogs(
-            0,
-            self.name,
-            (),
-            root or os.environ.get("MONARCH_NB_LOG_DIR", ""),
-            grep,
-            None if after is None else after.timestamp(),
-            minimum,
-            tail,
-        )
-        rows = group.agents.read_logs(group, selected, request, LOG_READ_TIMEOUT_S)
-        lines = [
-            _logs.LogLine(rank, dt.datetime.fromisoformat(time), stream, text)
-            for rank, time, stream, text in rows
-        ]
-        return _logs.in_order(lines, tail)
-
-    def logging_option(
-        self,
-        stream_to_client: bool = True,
-        aggregate_window_sec: float | None = None,
-        level: int = logging.INFO,
-    ) -> Future[None]:
-        """How ranks' output prints here (Monarch's call): ``stream_to_client=False``
-        prints nothing (it stays in the log files, :meth:`logs`);
-        ``aggregate_window_sec=W`` holds lines up to W seconds and prints identical
-        ones once with their rank set, ``[0-7] epoch 3 done``.
-
-        Applies to every view of the mesh, in a script and in a notebook (there
-        to the cells run after it). Returns a done future (``await`` works as in
-        Monarch). Monarch's ``level`` is accepted at its default only: every
-        record is kept in the log files with its level instead.
-        """
-        if level != logging.INFO:
-            raise MeshUsageError(
-                f"logging_option(level={level!r}): only the default (logging.INFO) is "
-                "supported; set the ranks' own level in their code "
-                "(logging.getLogger().setLevel(...)), and filter what was kept with "
-                "procs.logs(level='WARNING')"
-            )
-        option = check_option(stream_to_client, aggregate_window_sec)
-        self._group.output_option = option
-        if self._group.printer is not None:
-            self._group.printer.configure(*option)
-        return completed(None)
-
-    @property
-    def output_option(self) -> tuple[bool, float | None]:
-        """``(stream_to_client, aggregate_window_sec)`` as :meth:`logging_option` set them."""
-        return self._group.output_option
 
     def busy_ranks(self) -> list[int]:
         """Ranks of this view running something: calls or cells in flight, or (by
@@ -665,17 +424,6 @@ class ProcMesh(MeshShape):
         return (_refs.rebuild_procs, (ref, _refs.ViewRef.of(self._shape)))
 
 
-@dataclass(frozen=True)
-class WorkspaceCopy:
-    """Where :meth:`HostMesh.sync_workspace` put the files on one host."""
-
-    host: str
-    path: str
-    files: int  # sent this time (rsync sends only what changed)
-    nbytes: int
-    transport: str = "agent"  # "agent" (the archive over its link) or "rsync"
-
-
 class HostMesh:
     """The hosts processes can be started on: ``this_host()``, or a multi-host mesh
     from :func:`~monarch_nb.ssh_hosts`, :func:`~monarch_nb.slurm_hosts` or
@@ -845,70 +593,15 @@ class HostMesh:
         the agent otherwise or where rsync fails (e.g. a host without it). On ``this_host()``
         there is nothing to copy: returns ``[]``.
         """
-        timeout = _checks.bounded_timeout(timeout, "sync_workspace")
-        if transport not in ("auto", "rsync", "agent"):
-            raise MeshUsageError(
-                f"sync_workspace(transport={transport!r}): use 'auto', 'rsync' or 'agent'"
-            )
-        if self._agents is None:
-            return []
-        if isinstance(paths, str):
-            paths = [paths]
-        paths = list(paths) if paths is not None else [os.getcwd()]
-        if not paths:
-            raise MeshUsageError("sync_workspace(paths=[]): name at least one file or directory")
-        target = dest or _workspace.default_dest(paths)
-        ssh = self._agents.ssh_command
-        if transport == "rsync" and (ssh is None or shutil.which("rsync") is None):
-            raise MeshUsageError(
-                "sync_workspace(transport='rsync') needs hosts started by ssh_hosts() and "
-                "rsync installed here; transport='agent' needs neither"
-            )
-        if transport != "agent" and ssh is not None and shutil.which("rsync") is not None:
-            copies = self._rsync_workspace(ssh, paths, target, on_path, transport, timeout)
-            if copies is not None:
-                return copies
-        packed = _workspace.pack(paths, compress=compress)
-        answers = self._agents.sync_workspace(packed.archive, target, on_path, timeout)
-        return [
-            WorkspaceCopy(host, answer.path, answer.files, answer.nbytes)
-            for host, answer in answers
-        ]
-
-    def _rsync_workspace(
-        self,
-        ssh: list[str],
-        paths: list[str],
-        target: str,
-        on_path: bool,
-        transport: str,
-        timeout: float,
-    ) -> list[WorkspaceCopy] | None:
-        """rsync to every host, then tell each agent where the files are (an empty
-        archive); None where "auto" should fall back to the agent."""
-        assert self._agents is not None
-        hosts = [agent.label for agent in self._agents.agents]
-        copied = _rsync.copy_to_hosts(ssh, hosts, paths, target, timeout)
-        failed = [c for c in copied if c.returncode]
-        if failed and transport == "auto":
-            # No rsync on a host, an ssh that cannot carry it: the agents' link
-            # always can (and says what is wrong if the copy itself cannot be made).
-            _log.info(
-                "sync_workspace: rsync failed (%s); sending the archive through the agents",
-                "; ".join(f"{c.host}: {c.error}" for c in failed),
-            )
-            return None
-        if failed:
-            raise OSError(
-                "sync_workspace failed on "
-                + "; ".join(f"{c.host}: rsync exited {c.returncode}: {c.error}" for c in failed)
-            )
-        empty = _workspace.pack([]).archive
-        answers = self._agents.sync_workspace(empty, target, on_path, timeout)
-        return [
-            WorkspaceCopy(host, answer.path, c.files, c.nbytes, "rsync")
-            for (host, answer), c in zip(answers, copied, strict=True)
-        ]
+        return _workspace_sync.sync_workspace(
+            self._agents,
+            paths,
+            dest=dest,
+            on_path=on_path,
+            compress=compress,
+            transport=transport,
+            timeout=timeout,
+        )
 
     def shutdown(self) -> Future[None]:
         """Stop the agents (a multi-host mesh) and every process they run.
