@@ -26,6 +26,7 @@ from monarch_nb import (
     this_host,
 )
 from monarch_nb._common import _refs
+from monarch_nb._common._peer_mesh import rebuild_actors
 from monarch_nb._common._shape import Shape
 
 
@@ -273,7 +274,7 @@ def test_a_reference_is_small_however_large_the_mesh():
     )
     ref = _refs.ActorRef(procs, 7, "trainers", "Trainer", ("step", "load"), _refs.ViewRef.of(shape))
     sliced = _refs.ViewRef.of(shape.slice(gpus=0))
-    size = len(pickle.dumps((_refs.rebuild_actors, (ref, sliced))))
+    size = len(pickle.dumps((rebuild_actors, (ref, sliced))))
     assert size < 1024, size
     assert sliced.shape() == shape.slice(gpus=0)
 

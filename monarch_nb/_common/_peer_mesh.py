@@ -137,7 +137,7 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
         return done_as_none(call.future)
 
     def __reduce__(self):
-        return (_refs.rebuild_actors, (self._ref, _refs.ViewRef.of(self._shape)))
+        return (rebuild_actors, (self._ref, _refs.ViewRef.of(self._shape)))
 
 
 class PeerEndpoint(EndpointBase[R]):
@@ -264,7 +264,22 @@ class PeerProcMesh:
         return result
 
     def __reduce__(self):
-        return (_refs.rebuild_procs, (self._ref, _refs.ViewRef.of(self._shape)))
+        return (rebuild_procs, (self._ref, _refs.ViewRef.of(self._shape)))
 
 
 PeerActorMesh._endpoint_type = PeerEndpoint
+
+
+def rebuild_procs(ref: _refs.ProcsRef, view: _refs.ViewRef) -> Any:
+    """What a pickled process mesh becomes: this process's own mesh if it owns it,
+    else a peer mesh that reaches its ranks directly."""
+    shape = view.shape()
+    local = _refs.local_procs(ref, shape)
+    return local if local is not None else PeerProcMesh(ref, shape)
+
+
+def rebuild_actors(ref: _refs.ActorRef, view: _refs.ViewRef) -> Any:
+    """What a pickled actor mesh becomes (see :func:`rebuild_procs`)."""
+    shape = view.shape()
+    local = _refs.local_actors(ref, shape)
+    return local if local is not None else PeerActorMesh(ref, shape)

@@ -7,8 +7,9 @@ dimension), and a rank's inbox address is the mesh's address prefix plus the
 rank (``ipc://<run dir>/<group>-<generation>-<rank>``, see :mod:`._peer`).
 
 Unpickled where the mesh lives (the process that spawned it), a reference
-becomes that process's own mesh object again; anywhere else, a peer mesh
-(:mod:`._peer_mesh`) that sends straight to the ranks' processes.
+becomes that process's own mesh object again (the registry here); anywhere
+else, a peer mesh that sends straight to the ranks' processes (the rebuild
+functions pickles name live in :mod:`._peer_mesh`, above this module).
 """
 
 from __future__ import annotations
@@ -208,25 +209,16 @@ def _forget(table: dict, key: Any, make: Any) -> None:
             del table[key]
 
 
-def rebuild_procs(ref: ProcsRef, view: ViewRef) -> Any:
-    shape = view.shape()
+def local_procs(ref: ProcsRef, shape: Shape) -> Any:
+    """This process's own process mesh view of ``shape`` if it owns ``ref``, else None
+    (the caller, :mod:`._peer_mesh`, then makes a peer mesh)."""
     with _local_lock:
         make = _local_procs.get((ref.group, ref.generation))
-    local = make(shape) if make is not None else None
-    if local is not None:
-        return local
-    from ._peer_mesh import PeerProcMesh
-
-    return PeerProcMesh(ref, shape)
+    return make(shape) if make is not None else None
 
 
-def rebuild_actors(ref: ActorRef, view: ViewRef) -> Any:
-    shape = view.shape()
+def local_actors(ref: ActorRef, shape: Shape) -> Any:
+    """This process's own actor mesh view of ``shape`` if it owns ``ref``, else None."""
     with _local_lock:
         make = _local_actors.get((ref.procs.group, ref.procs.generation, ref.actor_id))
-    local = make(shape) if make is not None else None
-    if local is not None:
-        return local
-    from ._peer_mesh import PeerActorMesh
-
-    return PeerActorMesh(ref, shape)
+    return make(shape) if make is not None else None

@@ -31,6 +31,7 @@ from .._common._errors import MeshFailure, MeshUsageError
 from .._common._future import Future, completed, done_as_none
 from .._common._mesh_base import ActorMeshBase, endpoints_over_methods
 from .._common._messages import Call, StopActor
+from .._common._peer_mesh import rebuild_actors
 from .._common._pending import PendingCall
 from .._common._public import publish
 from .._common._shape import Shape
@@ -200,7 +201,7 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         )
         # Sent away and come back (returned by an actor): this same mesh again.
         _refs.register_actors(ref, self, ActorMesh._new_with_shape)
-        return (_refs.rebuild_actors, (ref, _refs.ViewRef.of(self._shape)))
+        return (rebuild_actors, (ref, _refs.ViewRef.of(self._shape)))
 
 
 class Endpoint(EndpointBase[R]):

@@ -15,6 +15,7 @@ from .._common._balance import MapFuture
 from .._common._errors import MeshFailure, MeshUsageError, SpawnError
 from .._common._future import Future, completed, done_as_none
 from .._common._messages import Spawn
+from .._common._peer_mesh import rebuild_procs
 from .._common._public import publish
 from .._common._shape import MeshShape, Point, Shape
 from .._common._tensor_link import tensor_engine
@@ -421,7 +422,7 @@ class ProcMesh(MeshObservation, MeshShape):
                 "controller"
             )
         _refs.register_procs(ref, self._group, ProcMesh)
-        return (_refs.rebuild_procs, (ref, _refs.ViewRef.of(self._shape)))
+        return (rebuild_procs, (ref, _refs.ViewRef.of(self._shape)))
 
 
 class HostMesh:
