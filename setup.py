@@ -190,11 +190,17 @@ setup(
             # _cuda.c opens the CUDA runtime at run time (dlopen): no CUDA to build.
             sources=[
                 "monarch_nb/native/_memory.c",
+                "monarch_nb/native/_memory_protocol.c",
+                "monarch_nb/native/_memory_registry.c",
+                "monarch_nb/native/_memory_server.c",
+                "monarch_nb/native/_memory_client.c",
+                "monarch_nb/native/_memory_lease.c",
                 "monarch_nb/native/_cuda.c",
                 "monarch_nb/native/_sha256.c",
                 "monarch_nb/native/_seal.c",
             ],
             depends=[
+                "monarch_nb/native/_memory.h",
                 "monarch_nb/native/_cuda.h",
                 "monarch_nb/native/_sha256.h",
                 "monarch_nb/native/_seal.h",

@@ -10,8 +10,10 @@ from monarch_nb.native._errors import RDMAUnavailableError
 _module: ModuleType | None = None
 _import_error: BaseException | None = None
 
+# The extension by its own name, not as an attribute of the package: this module
+# is imported while the package's __init__ runs, and needs only the extension.
 try:
-    from monarch_nb.native import _memory as _module
+    import monarch_nb.native._memory as _module
 except ImportError as exc:  # no compiler at install time, wrong platform, ...
     _import_error = exc
 

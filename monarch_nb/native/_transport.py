@@ -121,7 +121,7 @@ def start_server(host: str | None = None, port: int | None = None) -> tuple[str,
         advertise = os.environ.get(ENV_ADVERTISE) or (
             socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "") else host
         )
-        sock.setblocking(False)  # the native accept loop polls; see _memory.c
+        sock.setblocking(False)  # the native accept loop polls; see _memory_server.c
         if not _sealing.available():  # serve plain requests only: sealed ones get ST_NO_SEAL
             log.debug("no libcrypto: this buffer server cannot seal copies")
         local = _unix_listener()
