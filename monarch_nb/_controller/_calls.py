@@ -13,13 +13,13 @@ from .._common._shape import Shape
 from ._interrupt import GRACE_S, stop_call
 
 if TYPE_CHECKING:
-    from ._process_group import ProcGroup
+    from ._group_protocol import SendingGroup
 
 __all__ = ["CallFuture", "PendingCall", "ReplyStream", "send_call", "set_wait_hook"]
 
 
 def send_call(
-    group: ProcGroup,
+    group: SendingGroup,
     shape: Shape,
     message_for: Callable[[int], Message],
     payload: Any,

@@ -33,13 +33,11 @@ embedders may make their own and pass it to :func:`~monarch_nb.this_host`.
 
 from __future__ import annotations
 
-import _signal
 import atexit
 import itertools
 import logging
 import os
 import secrets
-import select
 import threading
 import time
 import weakref
@@ -51,9 +49,8 @@ import zmq
 
 from .._common import _config, _rundir
 from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure
-from .._common._eventfd import clear_eventfd
 from .._common._fd_limits import raise_fd_limit
-from .._common._future import Future, deferred_callbacks, pumps_here, set_before_wait
+from .._common._future import set_before_wait
 from .._common._handshake_guard import HandshakeGuard
 from .._common._messages import Failure, Message, UnknownMessage, Value
 from .._common._sockets import socket_events
@@ -64,39 +61,24 @@ from .._common._wire import (
     RELAY,
     Encoded,
     Receiver,
-    ReplayWindow,
     WireStats,
     decode_payload,
-    sender_tag,
 )
 from ._calls import PendingCall
+from ._client_receive import HANDLING_FAILED, CallerReceiver, Peer, Verified
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
 from ._io_loop import IOLoop
+from ._lifecycle import Failed, Stopped
 
 if TYPE_CHECKING:
-    from ._process_group import ProcGroup
+    from ._group_protocol import ClientGroup
 
 _POLLIN = int(zmq.POLLIN)
 # While a caller receives, the I/O thread looks at the workers' socket again
 # after this long (work for nobody waits at most this much).
 _REWATCH_S = 0.02
-# A receiving caller's poll, in slices: Python runs a signal handler (Ctrl-C)
-# between them.
-_RECEIVE_SLICE_MS = 250
-_SIGINT = _signal.SIGINT
-# Python runs signal handlers on this thread only, so only it defers Ctrl-C.
-_MAIN_THREAD = threading.main_thread().ident
 _log = logging.getLogger("monarch_nb")
 T = TypeVar("T")
-
-
-class _Peer:
-    __slots__ = ("group", "rank", "tag", "via", "window")
-
-    def __init__(self, identity: bytes, group: ProcGroup, rank: int, via: bytes | None) -> None:
-        self.group, self.rank, self.window = group, rank, ReplayWindow()
-        self.tag = sender_tag(identity)  # what its messages must be sealed by
-        self.via = via  # the agent that relays for it, or None
 
 
 class AgentPeer(Protocol):
@@ -105,7 +87,7 @@ class AgentPeer(Protocol):
     def on_message(self, frames: list[Any]) -> None: ...
 
 
-class Controller:
+class Controller(CallerReceiver):
     """The client of every mesh one process started (see the module docstring)."""
 
     _default: Controller | None = None
@@ -131,7 +113,7 @@ class Controller:
         self.bind_host = bind_host or os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
         self.stats = WireStats()
         self.loop = IOLoop()
-        self._peers: dict[bytes, _Peer] = {}
+        self._peers: dict[bytes, Peer] = {}
         self._agents: dict[bytes, AgentPeer] = {}  # identity -> a host agent (multi-host)
         self._calls: dict[int, PendingCall] = {}
         self._call_ids = itertools.count(1)
@@ -140,30 +122,20 @@ class Controller:
         # kept: a Counter's missing key and its del each ran Python per rank per call.
         self.outstanding: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
-        self.groups: weakref.WeakSet[ProcGroup] = weakref.WeakSet()
+        self.groups: weakref.WeakSet[ClientGroup] = weakref.WeakSet()
         self.host_meshes: weakref.WeakSet[Any] = weakref.WeakSet()  # _hosts.HostAgents
         self._receivers: dict[zmq.Socket, Receiver] = {}  # per socket, under _dispatch_lock
         # Who receives from the local workers (see the module docstring):
         # Re-entrant: a handler on the I/O thread may restart or stop a mesh, which
         # changes the peer table (under this lock) from the same thread.
         self._dispatch_lock = threading.RLock()
-        self._receive_slot = threading.Lock()  # held by the caller receiving now
-        self.caller_receiving = False
-        self._caller_wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._caller_poller: select.poll | None = None
+        self._init_caller_receive()
         self._router_watched = True  # the I/O thread polls the router (I/O thread only)
         self._rewatch_due = False  # a _rewatch is scheduled (I/O thread only)
         # Verified messages a caller received, for the I/O thread to handle in order.
-        self._handoff: deque[tuple[_Peer, Message, list[Any]]] = deque()
+        self._handoff: deque[Verified] = deque()
         self._handoff_scheduled = False  # under _dispatch_lock
-        self._receiver_ident = 0  # the receiving caller's thread
-        self._sigint: tuple[Any] | None = None  # a Ctrl-C the receiving main thread deferred
         self._closed = False  # the sockets are closed (shutdown)
-        # On a Unix link, per caller thread: sends since it last waited on a
-        # future, and whether it sent several before its last wait (a burst).
-        # They say which sends are written behind (see _write_behind).
-        self._sends_unwaited: dict[int, int] = {}
-        self._bursting: set[int] = set()
         self._guards: list[HandshakeGuard] = []  # on the endpoints the network reaches
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
@@ -272,7 +244,7 @@ class Controller:
 
     def send(
         self,
-        group: ProcGroup,
+        group: ClientGroup,
         ranks: Iterable[int],
         message: Encoded,
         call: PendingCall | None = None,
@@ -346,48 +318,14 @@ class Controller:
             if self._hosts_router is not None:
                 self.loop.call_soon(self._on_hosts_readable)
 
-    def _write_behind(self) -> bool:
-        """Whether this send waits behind (under ``_lock``, on a Unix link).
-
-        A caller's second send before it waits for anything does, and so does
-        its first where it sent several before its last wait (it sends in
-        bursts: a gather of several calls, a pipeline); they wait until the
-        caller waits on a future (:func:`_callers_wait`), or for the link's short
-        timer, and each worker gets them in one write: a worker of a gather
-        wakes once, not once a call (on two cores with 128 processes a wake-up
-        costs more than the call). A caller of one call at a time sends at
-        once, so its round trip is as before. Never on the I/O thread: nothing
-        there waits on a future to write them."""
-        if self.loop.in_loop_thread:
-            return False
-        ident = threading.get_ident()
-        sent = self._sends_unwaited.get(ident, 0)
-        self._sends_unwaited[ident] = sent + 1
-        return sent > 0 or ident in self._bursting
-
-    def caller_waits(self) -> None:
-        """This thread is about to wait for a reply: write what waits behind."""
-        if self._sends_unwaited:
-            ident = threading.get_ident()
-            sent = self._sends_unwaited.pop(ident, 0)
-            if sent > 1:
-                self._bursting.add(ident)
-            elif sent == 1:
-                self._bursting.discard(ident)
-        link = self._link
-        if link is not None and link._behind:
-            link.flush_behind()
-
     def end_group(
-        self, group: ProcGroup, state: Any, error: MeshFailure, *, unless_ended: bool = False
+        self, group: ClientGroup, state: Any, error: MeshFailure, *, unless_ended: bool = False
     ) -> int | None:
         """Move ``group`` to a final ``state``, failing its calls in flight with ``error``.
 
         Any thread. Returns how many calls were failed, or None if ``unless_ended``
         and the group had already failed or stopped (a crash racing a stop).
         """
-        from ._process_group import Failed, Stopped
-
         with self._lock:
             if unless_ended and isinstance(group.state, Failed | Stopped):
                 return None
@@ -398,7 +336,7 @@ class Controller:
         return len(calls)
 
     def end_ranks(
-        self, group: ProcGroup, ranks: Iterable[int], error: MeshFailure, mark: Callable[[], None]
+        self, group: ClientGroup, ranks: Iterable[int], error: MeshFailure, mark: Callable[[], None]
     ) -> list[PendingCall]:
         """Some ranks of ``group`` are gone: ``mark()`` records it (under the lock, so
         no call to them slips in after), then every call in flight still waiting on
@@ -416,7 +354,7 @@ class Controller:
             call.fail(error)
         return calls
 
-    def calls_waiting_on(self, group: ProcGroup, rank: int) -> list[str]:
+    def calls_waiting_on(self, group: ClientGroup, rank: int) -> list[str]:
         """Labels of the calls in flight that still wait for ``rank``, oldest first."""
         with self._lock:
             calls = [c for c in self._calls.values() if c.group is group]
@@ -497,12 +435,12 @@ class Controller:
     # -- I/O thread ---------------------------------------------------------------------
 
     def add_peer(
-        self, identity: bytes, group: ProcGroup, rank: int, via: bytes | None = None
+        self, identity: bytes, group: ClientGroup, rank: int, via: bytes | None = None
     ) -> None:
         with self._dispatch_lock:  # a caller may be dispatching (see the docstring)
-            self._peers[identity] = _Peer(identity, group, rank, via)
+            self._peers[identity] = Peer(identity, group, rank, via)
 
-    def move_peer(self, identity: bytes, group: ProcGroup, rank: int) -> None:
+    def move_peer(self, identity: bytes, group: ClientGroup, rank: int) -> None:
         """A worker now answers as ``rank`` of ``group`` (a resize); its replay
         window goes with it, since it keeps numbering its messages."""
         with self._dispatch_lock:
@@ -669,7 +607,7 @@ class Controller:
         self,
         router: zmq.Socket,
         from_hosts: bool,
-        handle: Callable[[tuple[_Peer, Message, list[Any]]], None],
+        handle: Callable[[Verified], None],
     ) -> None:
         """Take what ``router`` holds and ``handle`` each verified message
         (under _dispatch_lock)."""
@@ -689,7 +627,7 @@ class Controller:
             if not more:
                 return
 
-    def _hand_off(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
+    def _hand_off(self, verified: Verified) -> None:
         """Queue a message a caller received for the I/O thread (lock held)."""
         self._handoff.append(verified)
         if not self._handoff_scheduled:
@@ -709,158 +647,17 @@ class Controller:
         while handoff:
             self._handle_safely(handoff.popleft())
 
-    def _handle_safely(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
+    def _handle_safely(self, verified: Verified) -> None:
         # One bad message (or a done-callback that raises) must not stop the
         # messages after it, nor surface in an unrelated caller's get().
         try:
             self._handle(*verified)
         except Exception:
-            _log.exception(_HANDLING_FAILED)
-
-    # -- a caller receives (see the module docstring) -----------------------------------
-
-    def receive_until_done(
-        self,
-        future: Future[Any],
-        deadline: float | None,
-        stop: Callable[[], bool] | None = None,
-    ) -> None:
-        """Receive the workers' replies on this thread until ``future`` completes,
-        ``deadline`` (monotonic) passes, or ``stop()`` is true (checked after each
-        batch and each :meth:`wake_receiver`). Returns at once where it cannot
-        help: on the I/O thread, after shutdown, or while another caller receives
-        (whose replies complete this future too; the caller then waits as before)."""
-        if future.done() or self._closed or self.loop.in_loop_thread:
-            return
-        if not self._receive_slot.acquire(blocking=False):
-            return
-        interrupt = self._defer_sigint()
-        try:
-            poller = self._caller_poller
-            if poller is None:
-                poller = self._caller_poller = select.poll()
-                poller.register(self._router_fd, select.POLLIN)
-                poller.register(self._caller_wake, select.POLLIN)
-            self._receiver_ident = threading.get_ident()
-            future.add_done_callback(self._poke_caller)  # completed on another thread
-            self.caller_receiving = True
-            while True:
-                self._receive_on_caller()
-                if future.done() or self._closed or self._sigint is not None:
-                    return
-                if stop is not None and stop():
-                    return
-                wait_ms = _RECEIVE_SLICE_MS
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    wait_ms = min(wait_ms, int(left * 1000) + 1)
-                for fd, _ in poller.poll(wait_ms):
-                    if fd == self._caller_wake:
-                        clear_eventfd(fd)
-        finally:
-            self.caller_receiving = False
-            self._receiver_ident = 0
-            self._receive_slot.release()
-            if self._calls or self._handoff:
-                # Other calls wait for replies: the I/O thread takes the socket back
-                # now, not at its timer.
-                try:
-                    self.loop.call_soon(self._rewatch)
-                except RuntimeError:
-                    pass  # shut down
-            if interrupt is not None:
-                self._restore_sigint(interrupt)  # raises a deferred KeyboardInterrupt
-
-    def wake_receiver(self) -> None:
-        """Make the receiving caller, if any, look up (at its ``stop``) now."""
-        os.eventfd_write(self._caller_wake, 1)
-
-    def _defer_sigint(self) -> Callable[..., Any] | None:
-        """On the main thread, hold Ctrl-C while this caller receives: raised in the
-        middle of a batch it would lose replies taken off the socket (other
-        threads' too). The wait's poll wakes for it, and :meth:`_restore_sigint`
-        raises it on the way out, by the handler that was installed. Returns that
-        handler; None where there is nothing to hold (another thread, or SIGINT
-        not handled in Python).
-
-        Through ``_signal``, the C module: ``signal.signal`` and ``getsignal``
-        look every handler up as an enum member first, which cost more than the
-        rest of a no-op call's receive (about 10 us a call on a quiet machine)."""
-        if threading.get_ident() != _MAIN_THREAD:
-            return None
-        previous = _signal.getsignal(_SIGINT)
-        if not callable(previous):
-            return None
-        self._sigint = None
-        _signal.signal(_SIGINT, self._hold_sigint)
-        return previous
-
-    def _hold_sigint(self, signum: int, frame: Any) -> None:
-        self._sigint = (frame,)
-        os.eventfd_write(self._caller_wake, 1)
-
-    def _restore_sigint(self, previous: Callable[..., Any]) -> None:
-        """Put back the handler :meth:`_defer_sigint` replaced, and raise through it
-        a Ctrl-C that came meanwhile."""
-        _signal.signal(_SIGINT, previous)
-        came, self._sigint = self._sigint, None
-        if came is not None:
-            previous(_SIGINT, came[0])
-
-    def _input_pending(self) -> None:
-        """A send saw input waiting, and its check took the fd's notice of it:
-        receive it on this thread if nobody receives now (most often this caller
-        is about to wait for the reply anyway), else wake who does."""
-        if (
-            not self.loop.in_loop_thread
-            and not pumps_here()
-            and self._receive_slot.acquire(blocking=False)
-        ):
-            interrupt = self._defer_sigint()
-            try:
-                self._receive_on_caller()
-            finally:
-                self._receive_slot.release()
-                if interrupt is not None:
-                    self._restore_sigint(interrupt)
-            return
-        if self.caller_receiving:
-            os.eventfd_write(self._caller_wake, 1)
-        try:
-            self.loop.call_soon(self._on_readable)  # and the I/O thread, to be sure
-        except RuntimeError:
-            pass  # shut down
-
-    def _poke_caller(self, _future: Future[Any]) -> None:
-        if threading.get_ident() != self._receiver_ident:  # it completed its own: awake
-            os.eventfd_write(self._caller_wake, 1)
-
-    def _receive_on_caller(self) -> None:
-        """Take what the workers' socket holds: replies are handled here, anything
-        else (and all after it) goes to the I/O thread, in order. Done-callbacks
-        of the futures completed here run after the lock is released: one may
-        need the I/O thread, which may be waiting for the lock."""
-        with deferred_callbacks(), self._dispatch_lock:
-            self._take_all(self.router, False, self._handle_on_caller)
-
-    def _handle_on_caller(self, verified: tuple[_Peer, Message, list[Any]]) -> None:
-        peer, message, body = verified
-        if self._handoff or type(message) is not Value:
-            self._hand_off(verified)  # in order: behind whatever went before it
-            return
-        self.stats.replies_to_callers += 1
-        try:  # what _handle_safely and _handle do for a Value, two calls fewer per reply
-            self._on_value(message.call_id, peer.rank, body)
-        except Exception:
-            _log.exception(_HANDLING_FAILED)
+            _log.exception(HANDLING_FAILED)
 
     # -- handling what workers send (under _dispatch_lock) ------------------------------
 
-    def _verify(
-        self, frames: list[Any], from_hosts: bool
-    ) -> tuple[_Peer, Message, list[Any]] | None:
+    def _verify(self, frames: list[Any], from_hosts: bool) -> Verified | None:
         """Who sent ``frames`` and what, once every check passed; None otherwise
         (counted), or once an agent's own message was handed to it."""
         sender = frames[0]
@@ -893,7 +690,7 @@ class Controller:
             return None
         return peer, message, body
 
-    def _handle(self, peer: _Peer, message: Message, body: list[Any]) -> None:
+    def _handle(self, peer: Peer, message: Message, body: list[Any]) -> None:
         group = peer.group
         match message:
             case Value(call_id):
@@ -928,9 +725,6 @@ class Controller:
             )
             return
         call.add_value(rank, value)
-
-
-_HANDLING_FAILED = "monarch_nb: handling a message from a worker failed"
 
 
 # Controllers of this process on a Unix link (most often one): a thread about to

@@ -23,7 +23,7 @@ from .._common._public import publish
 from ._stacks import query, run_py_spy
 
 if TYPE_CHECKING:
-    from ._process_group import ProcGroup
+    from ._group_protocol import StackedGroup
 
 # The collectives of torch.distributed (distributed_c10d.py): the outermost such
 # frame is what user code called (all_gather_object calls all_gather inside).
@@ -270,7 +270,7 @@ def _label(ranks: tuple[int, ...] | list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
-def _dump_or_why(group: ProcGroup, rank: int) -> list[Frame] | str:
+def _dump_or_why(group: StackedGroup, rank: int) -> list[Frame] | str:
     """The main thread's frames of ``rank`` read by py-spy, or why it could not."""
     try:
         return parse_py_spy_main_thread(
@@ -281,7 +281,7 @@ def _dump_or_why(group: ProcGroup, rank: int) -> list[Frame] | str:
 
 
 def diagnose(
-    group: ProcGroup, ranks: tuple[int, ...], timeout: float, *, py_spy: bool = True
+    group: StackedGroup, ranks: tuple[int, ...], timeout: float, *, py_spy: bool = True
 ) -> Diagnosis:
     """Place every rank of ``ranks``; ``py_spy``: read a rank that cannot answer from
     outside with py-spy (up to 30 s), where py-spy is installed."""

@@ -58,10 +58,10 @@ from .._common._messages import (
 )
 from .._common._wire import CONTROLLER, ReplayWindow, Signer, sender_tag
 from ._client import Controller
-from ._process_group import HEARTBEAT_S, START_TIMEOUT_S, WorkerProcess
+from ._workers import HEARTBEAT_S, START_TIMEOUT_S, WorkerProcess
 
 if TYPE_CHECKING:
-    from ._process_group import ProcGroup
+    from ._group_protocol import HostedGroup
 
 _log = logging.getLogger("monarch_nb")
 _host_mesh_ids = itertools.count(1)
@@ -145,7 +145,7 @@ class AgentLink:
         self.lost: str | None = None
         self.launcher: LauncherProcess | None = None
         self.connected_to: str | None = None  # the address we connected to (attach)
-        self.workers: dict[bytes, tuple[ProcGroup, RemoteWorker]] = {}
+        self.workers: dict[bytes, tuple[HostedGroup, RemoteWorker]] = {}
 
     def on_message(self, frames: list[Any]) -> None:
         self.hosts.on_agent_message(self, frames)
@@ -301,13 +301,15 @@ class HostAgents:
 
     # -- process meshes on these hosts --------------------------------------------
 
-    def route_of_rank(self, group: ProcGroup, rank: int) -> bytes:
+    def route_of_rank(self, group: HostedGroup, rank: int) -> bytes:
         return self._agent_of_rank(group, rank).identity
 
-    def _agent_of_rank(self, group: ProcGroup, rank: int) -> AgentLink:
+    def _agent_of_rank(self, group: HostedGroup, rank: int) -> AgentLink:
         return self.agents[rank // (len(group.shape) // len(self.agents))]
 
-    def launch(self, group: ProcGroup, identities: list[bytes], bootstrap: dict[str, Any]) -> None:
+    def launch(
+        self, group: HostedGroup, identities: list[bytes], bootstrap: dict[str, Any]
+    ) -> None:
         """Start ``group``'s workers through the agents: one message per host (I/O thread)."""
         lost = [a for a in self.agents if a.lost is not None]
         if lost:
@@ -360,7 +362,7 @@ class HostAgents:
     # -- any thread -------------------------------------------------------------------
 
     def read_logs(
-        self, group: ProcGroup, ranks: Sequence[int], request: ReadLogs, timeout: float
+        self, group: HostedGroup, ranks: Sequence[int], request: ReadLogs, timeout: float
     ) -> list[tuple[int, str, str, str]]:
         """``(rank, ISO time, stream, text)`` of ``ranks``' log lines, from the host of
         each (``request`` says what to read; its ranks and id are set per host)."""
@@ -506,9 +508,9 @@ class HostAgents:
 
     # -- I/O thread -------------------------------------------------------------------
 
-    def _groups(self) -> list[ProcGroup]:
+    def _groups(self) -> list[HostedGroup]:
         """The process meshes with live workers on these hosts."""
-        found: dict[int, ProcGroup] = {}
+        found: dict[int, HostedGroup] = {}
         for agent in self.agents:
             for group, _ in agent.workers.values():
                 found[group.id] = group
@@ -602,7 +604,7 @@ class HostAgents:
         for request_id, (synced, asked) in list(self._syncs.items()):
             if asked is agent and not synced.done():
                 synced.set_result(WorkspaceSynced(request_id, "", 0, 0, f"the host {why}"))
-        by_group: dict[int, tuple[ProcGroup, list[WorkerProcess]]] = {}
+        by_group: dict[int, tuple[HostedGroup, list[WorkerProcess]]] = {}
         for group, worker in agent.workers.values():
             by_group.setdefault(group.id, (group, []))[1].append(worker)
             worker.exited.set()

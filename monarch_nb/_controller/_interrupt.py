@@ -32,7 +32,7 @@ from ._diagnose import diagnose
 
 if TYPE_CHECKING:
     from .._common._pending import CallFuture, PendingCall
-    from ._process_group import ProcGroup
+    from ._group_protocol import InterruptibleGroup
 
 GRACE_S = float(os.environ.get("MONARCH_NB_INTERRUPT_GRACE", "3"))
 _AFTER_KILL_S = 10.0  # the pidfd reports a SIGKILLed rank at once; this is a safety net
@@ -108,7 +108,7 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
     ) from error
 
 
-def _where_stuck(group: ProcGroup, ranks: list[int]) -> str:
+def _where_stuck(group: InterruptibleGroup, ranks: list[int]) -> str:
     """The hang diagnosis of ``ranks`` as a paragraph of an error message, or ""."""
     try:
         report = diagnose(group, tuple(sorted(ranks)), timeout=1.0, py_spy=False)

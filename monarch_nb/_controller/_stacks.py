@@ -22,7 +22,7 @@ from .._common._public import publish
 from ._status import describe_exit
 
 if TYPE_CHECKING:
-    from ._process_group import ProcGroup
+    from ._group_protocol import StackedGroup
 
 
 def _label(ranks: Iterable[int]) -> str:
@@ -94,7 +94,9 @@ def _group_key(text: str) -> str:
     return _STATUS.sub(r"\1", text)
 
 
-def query(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> dict[int, StatusReply | str]:
+def query(
+    group: StackedGroup, ranks: tuple[int, ...], timeout: float
+) -> dict[int, StatusReply | str]:
     """Each rank's :class:`StatusReply` (its work and main-thread stack), or why there
     is none: its wire thread answers even while user code runs."""
     future = group.query(ranks)
@@ -112,7 +114,7 @@ def query(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> dict[int,
     return answers
 
 
-def _why_silent(group: ProcGroup, rank: int, timeout: float) -> str:
+def _why_silent(group: StackedGroup, rank: int, timeout: float) -> str:
     worker = group.workers[rank]
     if worker.returncode is not None:
         return f"the process {describe_exit(worker.returncode)}"
@@ -122,12 +124,12 @@ def _why_silent(group: ProcGroup, rank: int, timeout: float) -> str:
     )
 
 
-def python_stacks(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> Stacks:
+def python_stacks(group: StackedGroup, ranks: tuple[int, ...], timeout: float) -> Stacks:
     answers = query(group, ranks, timeout)
     return Stacks({r: a.stack if isinstance(a, StatusReply) else a for r, a in answers.items()})
 
 
-def run_py_spy(group: ProcGroup, rank: int, **options: Any) -> _py_spy.Outcome:
+def run_py_spy(group: StackedGroup, rank: int, **options: Any) -> _py_spy.Outcome:
     """py-spy on ``rank``, run on its host (here, or by its host's agent); raises
     ProfilerUnavailable or PySpyFailed (see ``_py_spy.check``)."""
     worker = group.workers[rank]
@@ -137,13 +139,13 @@ def run_py_spy(group: ProcGroup, rank: int, **options: Any) -> _py_spy.Outcome:
     return _py_spy.check(outcome, rank=rank, pid=worker.pid, host=host)
 
 
-def _check_here(group: ProcGroup, ranks: tuple[int, ...]) -> None:
+def _check_here(group: StackedGroup, ranks: tuple[int, ...]) -> None:
     """Fail once, up front, if py-spy is missing here and some rank runs here."""
     if any(group.workers[r].route is None for r in ranks):
         _py_spy.executable()
 
 
-def native_stacks(group: ProcGroup, ranks: tuple[int, ...], timeout: float) -> Stacks:
+def native_stacks(group: StackedGroup, ranks: tuple[int, ...], timeout: float) -> Stacks:
     """py-spy dumps (Python and native frames of every thread), in parallel."""
     _check_here(group, ranks)
 
@@ -217,7 +219,7 @@ _FORMATS = ("flamegraph", "speedscope")
 
 
 def profile(
-    group: ProcGroup,
+    group: StackedGroup,
     ranks: tuple[int, ...],
     seconds: float,
     *,
