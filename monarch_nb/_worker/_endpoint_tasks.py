@@ -24,6 +24,8 @@ from .._common._context import Context
 # A call as this rank knows it: (its sender, b"" for the controller; its call id
 # there, 0 for a broadcast).
 Ticket = tuple[bytes, int]
+# No call: none runs, or one with nobody waiting for its answer.
+NO_TICKET: Ticket = (b"", 0)
 
 
 class TaskCall:
@@ -35,6 +37,7 @@ class TaskCall:
         "coro",
         "interrupted",
         "label",
+        "loop",
         "since",
         "started",
         "stopping",
@@ -43,13 +46,20 @@ class TaskCall:
     )
 
     def __init__(
-        self, ticket: Ticket, actor_id: int, label: str, context: Context, since: float
+        self,
+        ticket: Ticket,
+        actor_id: int,
+        label: str,
+        context: Context,
+        since: float,
+        loop: Any,
     ) -> None:
         self.ticket = ticket
         self.actor_id = actor_id
         self.label = label  # "Generator.generate"
         self.context = context
         self.since = since  # time.monotonic() when its message was taken
+        self.loop = loop  # the actors' event loop its task runs on
         self.task: Any = None  # its asyncio.Task, once made
         self.coro: Any = None  # the endpoint's coroutine, once its task began
         self.started = False  # its first step began: a cancel reaches its body

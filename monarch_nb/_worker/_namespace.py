@@ -15,15 +15,29 @@ import base64
 import inspect
 import io
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from .._common._cell_source import CO_COROUTINE, cache_source, compile_cell
 from .._common._context import Context
-from .._common._messages import Display
+from .._common._messages import Display, Message
+from .._common._shape import Shape
 from . import _comms, _rich
 
-if TYPE_CHECKING:
-    from ._main import Worker
+
+class Worker(Protocol):
+    """The worker, as a namespace names it: where the rank sits in its mesh (a
+    resize changes it), and how to reach the controller (comms use ``wire`` and
+    ``post`` too)."""
+
+    rank: int
+    shape: Shape
+    mesh_name: str
+    wire: Any
+
+    def send(self, message: Message, payload: Any = None) -> None: ...
+
+    def post(self, task: Callable[[], None]) -> None: ...
 
 
 class RankNamespace:

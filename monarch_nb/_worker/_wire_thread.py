@@ -69,6 +69,7 @@ from .._common._sockets import send_one, socket_events
 from .._common._unix_link import LinkDealer
 from .._common._wire import CONTROLLER, Receiver, ReplayWindow, Signer
 from . import _resources
+from ._frames import DISPATCH_FILES
 
 _POLLIN = int(zmq.POLLIN)
 # Messages a drain takes off the socket at a time (control messages are handled
@@ -78,9 +79,7 @@ _WATCH_INTERVAL_S = 0.2  # how often the controller's liveness is checked
 # A status's stack waits at most this long for the main thread to leave these
 # files (the worker's dispatch) for the work it has begun.
 _INTO_WORK_S = 0.5
-_DISPATCH_FILES = frozenset(
-    os.path.join(os.path.dirname(__file__), name) for name in ("_main.py", "_wire_thread.py")
-)
+_DISPATCH_FILES = DISPATCH_FILES | {os.path.join(os.path.dirname(__file__), "_wire_thread.py")}
 
 
 class WireThread:
