@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from monarch_nb._common import _sockets, _unix_link, _wire
+from monarch_nb._common import _link_connection, _sockets, _unix_link, _wire
 from monarch_nb._common._messages import Value
 from monarch_nb._common._unix_link import LinkDealer, LinkRouter, is_link
 from monarch_nb._common._wire import Receiver, WireStats
@@ -50,10 +50,10 @@ def _stream_of(messages: list[list[bytes]]) -> bytes:
 def test_messages_come_out_whole_however_the_stream_is_cut(monkeypatch, in_c):
     """Random messages (empty frames, small ones, ones of 64 KiB and more), the
     stream cut at random places: the same messages come out, C parser or not."""
-    if in_c and _unix_link._fastlink is None:
+    if in_c and _link_connection._fastlink is None:
         pytest.skip("monarch_nb._common._fastlink was not built")
     if not in_c:
-        monkeypatch.setattr(_unix_link, "_fastlink", None)
+        monkeypatch.setattr(_link_connection, "_fastlink", None)
     rng = random.Random(7)
     sizes = [0, 1, 57, 4096, (64 << 10) - 1, 64 << 10, 300_000]
     messages = [
@@ -235,7 +235,7 @@ def test_a_message_of_more_frames_than_one_write_takes_arrives_whole(
     """3,000 frames (a list of tensors each in a frame of its own): more buffers
     than one ``sendmsg`` takes, so the rest goes after; both ways, C or not."""
     if not in_c:
-        monkeypatch.setattr(_unix_link, "_fastlink", None)
+        monkeypatch.setattr(_link_connection, "_fastlink", None)
     frames = [str(i).encode() * (i % 7) for i in range(3000)]
     _sockets.send_copied(worker, frames)
     assert take_until(Receiver(router, WireStats()), 1) == [[b"w", *frames]]
@@ -255,7 +255,7 @@ def test_a_batch_the_kernel_takes_in_part_arrives_whole_as_it_was_sent(
     socket's buffer does not take arrives after, in order, and a frame of the
     caller's own memory arrives as it was at the send, changed or not since."""
     if not in_c:
-        monkeypatch.setattr(_unix_link, "_fastlink", None)
+        monkeypatch.setattr(_link_connection, "_fastlink", None)
     monkeypatch.setattr(_unix_link, "_WRITE_BEHIND_S", 60.0)  # no timer in this test
     held = [os.urandom(2 << 20) for _ in range(3)]
     mine = bytearray(os.urandom(2 << 20))  # 8 MiB in all: twice the socket's buffer
@@ -278,7 +278,7 @@ def test_a_batch_written_as_the_reader_finds_the_peer_gone_leaves_it_gone(
 ):
     """The reader marks a connection ended without the send lock; a batch write
     that succeeds meanwhile must not mark it alive again (it would stay in use)."""
-    fastlink = _unix_link._fastlink
+    fastlink = _link_connection._fastlink
     if fastlink is None:
         pytest.skip("monarch_nb._common._fastlink was not built")
     conn = worker_conn(router, b"w")
@@ -288,7 +288,7 @@ def test_a_batch_written_as_the_reader_finds_the_peer_gone_leaves_it_gone(
         return fastlink.send_many(fd, messages)
 
     monkeypatch.setattr(
-        _unix_link,
+        _link_connection,
         "_fastlink",
         type("FastLink", (), {"send_many": staticmethod(send_many_as_the_reader_ends_it)}),
     )
@@ -299,7 +299,7 @@ def test_a_batch_written_as_the_reader_finds_the_peer_gone_leaves_it_gone(
 def test_the_c_batch_write_declines_what_it_does_not_take(router, worker):
     """``send_many`` in C leaves to Python what is not a list of lists of at
     most 16 buffers each, and more buffers than one write takes."""
-    fastlink = _unix_link._fastlink
+    fastlink = _link_connection._fastlink
     if fastlink is None:
         pytest.skip("monarch_nb._common._fastlink was not built")
     fd = worker_conn(router, b"w").fd

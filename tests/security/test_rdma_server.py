@@ -21,8 +21,8 @@ from monarch_nb.native import RDMAAccessError, RDMABuffer, RDMATransferError, _m
 from monarch_nb.native._transport import REPLY_FORMAT, read_hello, sign_request
 
 FLOOD = 300
-PER_PEER = 16  # MAX_UNVERIFIED_PER_PEER in _memory.c
-PREAUTH_TIMEOUT_S = 10  # _memory.c
+PER_PEER = 16  # MAX_UNVERIFIED_PER_PEER in _memory.h
+PREAUTH_TIMEOUT_S = 10  # _memory.h
 
 
 def connect_from(source: str, server: tuple[str, int]) -> socket.socket:
