@@ -43,7 +43,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
@@ -64,6 +64,7 @@ from .._common._wire import (
     WireStats,
     decode_payload,
 )
+from ._agent_links import AgentLinks, close_guard, watch_guard
 from ._calls import PendingCall
 from ._client_receive import HANDLING_FAILED, CallerReceiver, Peer, Verified
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
@@ -79,12 +80,6 @@ _POLLIN = int(zmq.POLLIN)
 _REWATCH_S = 0.02
 _log = logging.getLogger("monarch_nb")
 T = TypeVar("T")
-
-
-class AgentPeer(Protocol):
-    """What the controller needs of a host agent (see :mod:`._hosts`)."""
-
-    def on_message(self, frames: list[Any]) -> None: ...
 
 
 class Controller(CallerReceiver):
@@ -114,7 +109,6 @@ class Controller(CallerReceiver):
         self.stats = WireStats()
         self.loop = IOLoop()
         self._peers: dict[bytes, Peer] = {}
-        self._agents: dict[bytes, AgentPeer] = {}  # identity -> a host agent (multi-host)
         self._calls: dict[int, PendingCall] = {}
         self._call_ids = itertools.count(1)
         # Calls in flight per (group id, rank), counted as they are sent, so
@@ -136,7 +130,9 @@ class Controller(CallerReceiver):
         self._handoff: deque[Verified] = deque()
         self._handoff_scheduled = False  # under _dispatch_lock
         self._closed = False  # the sockets are closed (shutdown)
-        self._guards: list[HandshakeGuard] = []  # on the endpoints the network reaches
+        self._guard: HandshakeGuard | None = None  # where the network reaches the workers' socket
+        # Host agents' links: a socket of their own, made when a host mesh needs one.
+        self.agent_links = AgentLinks(self.loop, self._lock, self._drain_hosts, self._is_closed)
         atexit.register(self.shutdown)
         self.router: zmq.Socket = self.run(self._bind)
         self._link = self.router if isinstance(self.router, LinkRouter) else None
@@ -144,34 +140,11 @@ class Controller(CallerReceiver):
             _link_controllers.append(self)
             set_before_wait(_callers_wait)
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
-        # Host agents' CURVE links have a socket of their own, made when a host
-        # mesh first needs one: nothing from the network shares a socket (or a
-        # routing-id table) with local workers, and its frames are always capped.
-        self._hosts_router: zmq.Socket | None = None
-        self._hosts_guard: HandshakeGuard | None = None
 
     def _bind(self) -> zmq.Socket:
-        router = self.loop.context.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.SNDHWM, 0)
-        router.setsockopt(zmq.RCVHWM, 0)
-        # Local workers reach us over a Unix socket in the tree's private (0700)
-        # run directory: no other user can connect to it at all (a loopback port
-        # would take anyone's frames), and it is faster than TCP.
-        if "MONARCH_NB_BIND" in os.environ:  # asked for: a TCP port on that interface
-            # Anyone who reaches it connects (no CURVE): frames are capped, and a
-            # connection may bring 64 KiB until we have answered its signed hello.
-            router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-            self._guards.append(self._guard(router, "null"))
-            router.bind_to_random_port(f"tcp://{self.bind_host}")
-        elif self._link_kind == "unix":
-            # Without libzmq (see _unix_link): the thread that sends writes, the
-            # thread that receives reads, no hand-off to an I/O thread of its own.
-            router.close()
-            path = _rundir.socket_path(f"controller-{secrets.token_hex(8)}")
-            router = LinkRouter(path[len("ipc://") :])  # type: ignore[assignment]
-        else:
-            router.bind(_rundir.socket_path(f"controller-{secrets.token_hex(8)}"))
+        router, self._guard = _workers_socket(
+            self.loop, self._link_kind, self.bind_host, self._is_closed
+        )
         self.router = router
         self._router_fd = int(router.getsockopt(zmq.FD))
         self.loop.add_fd(self._router_fd, self._on_readable)
@@ -181,24 +154,19 @@ class Controller(CallerReceiver):
 
     def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` on the I/O thread and return its result (blocking)."""
-        if self.loop.in_loop_thread:
-            return fn()
-        box: list[Any] = []
-        done = threading.Event()
+        return self.loop.run(fn)
 
-        def task() -> None:
-            try:
-                box.append((True, fn()))
-            except BaseException as exc:
-                box.append((False, exc))
-            done.set()
+    def _is_closed(self) -> bool:
+        return self._closed
 
-        self.loop.call_soon(task)
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+    # The agents' links own these; kept here for the tests that reach them so.
+    def bind_curve(self, host: str, server_public: str, server_secret: str) -> str:
+        """Listen for agents on ``host`` too (:meth:`AgentLinks.bind_curve`)."""
+        return self.agent_links.bind_curve(host, server_public, server_secret)
+
+    @property
+    def _hosts_guard(self) -> HandshakeGuard | None:
+        return self.agent_links.guard
 
     def shutdown(self) -> None:
         """Kill every worker this controller started (at interpreter exit)."""
@@ -222,13 +190,11 @@ class Controller(CallerReceiver):
             with self._lock:
                 self._closed = True  # a receiving caller stops at its next look
             os.eventfd_write(self._caller_wake, 1)
-            for guard in self._guards:
-                self.loop.remove_fd(int(guard.monitor.getsockopt(zmq.FD)))
-                guard.close()
-            for sock in (self.router, self._hosts_router):
-                if sock is not None:
-                    self.loop.remove_fd(int(sock.getsockopt(zmq.FD)))
-                    sock.close(0)
+            if self._guard is not None:
+                close_guard(self.loop, self._guard)
+            self.loop.remove_fd(int(self.router.getsockopt(zmq.FD)))
+            self.router.close(0)
+            self.agent_links.close()
 
         self.run(close)
         self.loop.stop()
@@ -303,7 +269,7 @@ class Controller(CallerReceiver):
                             if behind:
                                 router.write_behind = False
                     else:  # once per host: its agent relays to each
-                        router = self._hosts()
+                        router = self.agent_links.socket()
                         message.send(router, via, frames, RELAY + b"\n".join(identities))
                 self.stats.sent += len(ranks)
                 pending_input = socket_events(router) & _POLLIN
@@ -315,8 +281,8 @@ class Controller(CallerReceiver):
             group.events.flush_soon()
         if pending_input:
             self._input_pending()
-            if self._hosts_router is not None:
-                self.loop.call_soon(self._on_hosts_readable)
+            if self.agent_links.router is not None:
+                self.loop.call_soon(self.agent_links.readable)
 
     def end_group(
         self, group: ClientGroup, state: Any, error: MeshFailure, *, unless_ended: bool = False
@@ -451,116 +417,6 @@ class Controller(CallerReceiver):
         with self._dispatch_lock:
             self._peers.pop(identity, None)
 
-    def add_agent(self, identity: bytes, agent: AgentPeer) -> None:
-        self._agents[identity] = agent
-
-    def remove_agent(self, identity: bytes) -> None:
-        self._agents.pop(identity, None)
-
-    def send_to_agent(self, identity: bytes, message: Encoded) -> None:
-        """Send an agent's own message (any thread)."""
-        with self._lock:
-            router = self._hosts()
-            message.send(router, identity, None, OWN)
-            pending_input = socket_events(router) & _POLLIN
-        if pending_input:
-            self.loop.call_soon(self._on_hosts_readable)
-
-    def _hosts(self) -> zmq.Socket:
-        """The socket of the agents' links, made on first use (lock held, or the
-        I/O thread)."""
-        router = self._hosts_router
-        if router is None:
-            router = self.loop.context.socket(zmq.ROUTER)
-            router.setsockopt(zmq.LINGER, 0)
-            router.setsockopt(zmq.SNDHWM, 0)
-            router.setsockopt(zmq.RCVHWM, 0)
-            # Frames from the network are capped before CURVE has judged the peer;
-            # connections in their handshake, and what each brings meanwhile, too.
-            router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-            self._hosts_guard = self._guard(router, "curve")
-            self._guards.append(self._hosts_guard)
-            self._hosts_router = router
-            fd = int(router.getsockopt(zmq.FD))
-
-            def watch() -> None:  # edge-triggered: look once, for what came before
-                self.loop.add_fd(fd, self._on_hosts_readable)
-                self._on_hosts_readable()
-
-            self.loop.call_soon(watch)
-        return router
-
-    def bind_curve(self, host: str, server_public: str, server_secret: str) -> str:
-        """Listen on ``host`` too, CURVE-encrypted with this server key pair (for
-        agents on other hosts); returns the endpoint. I/O thread."""
-        with self._lock:
-            router = self._hosts()
-            # Options are copied into each endpoint when it is made: set, bind, unset.
-            router.curve_server = True
-            router.curve_publickey = server_public.encode()
-            router.curve_secretkey = server_secret.encode()
-            try:
-                port = router.bind_to_random_port(f"tcp://{host}")
-            finally:
-                router.curve_server = False
-        return f"tcp://{host}:{port}"
-
-    def connect_curve(
-        self, address: str, identity: bytes, server_public: str, public: str, secret: str
-    ) -> None:
-        """Connect to an agent listening at ``address`` as a CURVE client. I/O thread."""
-        with self._lock:
-            router = self._hosts()
-            router.setsockopt(zmq.CONNECT_ROUTING_ID, identity)
-            router.curve_serverkey = server_public.encode()
-            router.curve_publickey = public.encode()
-            router.curve_secretkey = secret.encode()
-            router.connect(address)
-
-    def watch_handshakes(self, on_failure: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``on_failure(endpoint)`` (I/O thread) each time a CURVE handshake on
-        one of the router's connections fails: the peer refused our keys, or is
-        not ours. Returns the function that stops watching. I/O thread.
-
-        Only while a host mesh is being reached: the monitor (the handshake
-        guard's: a socket has one) sees every connection of the socket, and
-        strangers can make handshakes fail at will."""
-        with self._lock:
-            self._hosts()
-        assert self._hosts_guard is not None
-        return self._hosts_guard.on_handshake_failed(on_failure)
-
-    def _guard(self, router: zmq.Socket, mechanism: Literal["curve", "null"]) -> HandshakeGuard:
-        """Cap ``router``'s connections in their handshake, and what each brings
-        before it is proven (before any bind). Any thread; the I/O thread
-        handles the guard's monitor."""
-        guard = HandshakeGuard(router, logger=_log, who="the controller", mechanism=mechanism)
-        fd = int(guard.monitor.getsockopt(zmq.FD))
-
-        def readable() -> None:  # edge-triggered: readable() reads until none is left
-            if self._closed:
-                return
-            if guard.readable():  # a budget spent: the rest after other work
-                self.loop.call_soon(readable)
-
-        def watch() -> None:
-            self.loop.add_fd(fd, readable)
-            readable()
-
-        if self.loop.in_loop_thread:
-            watch()
-        else:
-            self.loop.call_soon(watch)
-        return guard
-
-    def disconnect(self, address: str) -> None:
-        """Close the connection :meth:`connect_curve` made. I/O thread."""
-        try:
-            with self._lock:
-                self._hosts().disconnect(address)
-        except zmq.ZMQError:
-            pass  # never connected, or already gone
-
     def _on_readable(self) -> None:
         if self.caller_receiving:
             # A caller waits in get() and takes the replies itself: leave it the
@@ -569,10 +425,6 @@ class Controller(CallerReceiver):
             os.eventfd_write(self._caller_wake, 1)
             return
         self._drain(self.router, from_hosts=False)
-
-    def _on_hosts_readable(self) -> None:
-        if self._hosts_router is not None:
-            self._drain(self._hosts_router, from_hosts=True)
 
     def _unwatch_router(self) -> None:
         """Stop polling the workers' socket while a caller receives; look again at
@@ -627,6 +479,9 @@ class Controller(CallerReceiver):
             if not more:
                 return
 
+    def _drain_hosts(self, router: zmq.Socket) -> None:
+        self._drain(router, from_hosts=True)
+
     def _hand_off(self, verified: Verified) -> None:
         """Queue a message a caller received for the I/O thread (lock held)."""
         self._handoff.append(verified)
@@ -667,7 +522,7 @@ class Controller(CallerReceiver):
         # claimed on the other socket is nobody's.
         peer = None if from_hosts else self._peers.get(sender)
         if peer is None:
-            agent = self._agents.get(sender) if from_hosts else None
+            agent = self.agent_links.agents.get(sender) if from_hosts else None
             if agent is None or len(frames) < 2:
                 self.stats.dropped_unknown_peer += 1
                 return None
@@ -725,6 +580,36 @@ class Controller(CallerReceiver):
             )
             return
         call.add_value(rank, value)
+
+
+def _workers_socket(
+    loop: IOLoop, link_kind: str, bind_host: str, closed: Callable[[], bool]
+) -> tuple[zmq.Socket, HandshakeGuard | None]:
+    """The socket local workers connect to, bound, and its guard where the network
+    reaches it (I/O thread)."""
+    router = loop.context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.SNDHWM, 0)
+    router.setsockopt(zmq.RCVHWM, 0)
+    guard = None
+    # Local workers reach us over a Unix socket in the tree's private (0700)
+    # run directory: no other user can connect to it at all (a loopback port
+    # would take anyone's frames), and it is faster than TCP.
+    if "MONARCH_NB_BIND" in os.environ:  # asked for: a TCP port on that interface
+        # Anyone who reaches it connects (no CURVE): frames are capped, and a
+        # connection may bring 64 KiB until we have answered its signed hello.
+        router.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        guard = watch_guard(loop, router, "null", closed)
+        router.bind_to_random_port(f"tcp://{bind_host}")
+    elif link_kind == "unix":
+        # Without libzmq (see _unix_link): the thread that sends writes, the
+        # thread that receives reads, no hand-off to an I/O thread of its own.
+        router.close()
+        path = _rundir.socket_path(f"controller-{secrets.token_hex(8)}")
+        router = LinkRouter(path[len("ipc://") :])  # type: ignore[assignment]
+    else:
+        router.bind(_rundir.socket_path(f"controller-{secrets.token_hex(8)}"))
+    return router, guard
 
 
 # Controllers of this process on a Unix link (most often one): a thread about to

@@ -205,7 +205,7 @@ class HostAgents:
         self.py_spy_requests: dict[int, Future[_py_spy.Outcome]] = {}
         controller.host_meshes.add(self)
         for agent in self.agents:
-            controller.add_agent(agent.identity, agent)
+            controller.agent_links.add(agent.identity, agent)
 
     # -- starting (caller thread unless said) -------------------------------------
 
@@ -242,7 +242,7 @@ class HostAgents:
         curve = self.keys["curve"]
         _keys.allow_only(self.controller.loop.context, curve["client_public"])
         self.endpoint = self.controller.run(
-            lambda: self.controller.bind_curve(
+            lambda: self.controller.agent_links.bind_curve(
                 bind_host, curve["server_public"], curve["server_secret"]
             )
         )
@@ -410,7 +410,7 @@ class HostAgents:
                 self._log_reads.pop(request_id, None)
 
     def send(self, agent: AgentLink, message: Message) -> None:
-        self.controller.send_to_agent(agent.identity, self.signer.encode(message))
+        self.controller.agent_links.send(agent.identity, self.signer.encode(message))
 
     def sync_workspace(
         self, archive: bytes, dest: str, on_path: bool, timeout: float
@@ -500,9 +500,9 @@ class HostAgents:
 
         def forget() -> None:
             for agent in self.agents:
-                self.controller.remove_agent(agent.identity)
+                self.controller.agent_links.remove(agent.identity)
                 if agent.connected_to is not None:  # attach(): free the agent for the next
-                    self.controller.disconnect(agent.connected_to)
+                    self.controller.agent_links.disconnect(agent.connected_to)
 
         self.controller.run(forget)
 

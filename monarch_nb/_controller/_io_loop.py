@@ -21,12 +21,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import zmq
 
 from .._common._eventfd import clear_eventfd
 
 Callback = Callable[[], None]
+T = TypeVar("T")
 _log = logging.getLogger("monarch_nb")
 # How long a batched callback (call_soon_batched) may wait for the others.
 BATCH_S = 0.02
@@ -67,6 +69,27 @@ class IOLoop:
         return threading.get_ident() == self._ident  # every send asks: no current_thread()
 
     # -- thread-safe entry points --------------------------------------------
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the loop thread and return its result (blocking)."""
+        if self.in_loop_thread:
+            return fn()
+        box: list[Any] = []
+        done = threading.Event()
+
+        def task() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as exc:
+                box.append((False, exc))
+            done.set()
+
+        self.call_soon(task)
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
 
     def call_soon(self, callback: Callback) -> None:
         """Run ``callback()`` on the I/O thread as soon as possible.

@@ -218,7 +218,7 @@ def attach(
             host = socket.gethostbyname(urlsplit(agent.label).hostname or "")
 
             def connect(agent=agent) -> None:
-                controller.connect_curve(
+                controller.agent_links.connect_curve(
                     agent.label,
                     agent.identity,
                     curve["server_public"],
@@ -230,7 +230,9 @@ def attach(
             agent.connected_to = agent.label
             agents.send(agent, AgentAttach(host, agent.identity.decode()))
 
-    stop_watching = controller.run(lambda: controller.watch_handshakes(handshake_failed))
+    stop_watching = controller.run(
+        lambda: controller.agent_links.watch_handshakes(handshake_failed)
+    )
     try:
         return _started(agents, start, timeout)
     finally:

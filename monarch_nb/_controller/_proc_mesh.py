@@ -25,11 +25,13 @@ from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call
 from ._client import Controller
 from ._events import EventStream, Output, RankState
+from ._group_status import mesh_state
 from ._history import History
 from ._interrupt import wait_for
+from ._lifecycle import Failed, SpawnRecord
 from ._log_stream import OutputPrinter
 from ._observation import MeshObservation
-from ._process_group import Failed, ProcGroup, SpawnRecord, check_gpus
+from ._process_group import ProcGroup, check_gpus
 from ._recovery import RestartPolicy
 from ._status import MeshState, RestartRecord
 from ._workspace_sync import WorkspaceCopy
@@ -99,7 +101,7 @@ class ProcMesh(MeshObservation, MeshShape):
         """``starting``, ``running``, ``failed`` or ``stopped`` (a str enum), for the
         ranks of this view: failed if one of them is dead, while a view without the
         dead ranks is still running."""
-        return self._group._mesh_state(self._shape.ranks)[0]
+        return mesh_state(self._group, self._shape.ranks)[0]
 
     @property
     def failure(self) -> MeshFailure | None:
@@ -107,7 +109,7 @@ class ProcMesh(MeshObservation, MeshShape):
         state = self._group.state
         if isinstance(state, Failed):
             return state.error
-        return self._group._rank_failure(self._shape.ranks)
+        return self._group.rank_failure(self._shape.ranks)
 
     def healthy(self) -> ProcMesh:
         """The view of this one's ranks that are alive (neither dead nor restarting).

@@ -39,34 +39,20 @@ from .._common._wire import Encoded, Signer
 from . import _events as ev
 from ._calls import CallFuture
 from ._client import Controller
-from ._group_status import mesh_state, mesh_status
+from ._group_status import mesh_status
 from ._history import History
 from ._launcher import Launcher
-from ._lifecycle import Failed as Failed
-from ._lifecycle import Running as Running
-from ._lifecycle import SpawnRecord as SpawnRecord
-from ._lifecycle import Starting as Starting
-from ._lifecycle import State as State
-from ._lifecycle import Stopped as Stopped
-from ._lifecycle import describe_ranks
-from ._lifecycle import describe_ranks as _describe_ranks  # noqa: F401  (._resize names it)
-from ._liveness import SILENT_BEATS as SILENT_BEATS
+from ._lifecycle import Failed, SpawnRecord, Starting, State, Stopped, describe_ranks
 from ._liveness import Liveness
 from ._log_stream import OutputPrinter
 from ._rank_output import RankOutput
 from ._recovery import RestartBudget, RestartPolicy
 from ._restarts import Restarter
-from ._status import MeshState, MeshStatus, RestartRecord
-from ._status import describe_exit as describe_exit
+from ._status import MeshStatus, RestartRecord
 from ._telemetry import TelemetryHistory
 from ._timeline import TimelineRecorder
-from ._worker_messages import NO_DEBUGGER as NO_DEBUGGER
 from ._worker_messages import WorkerMessages
-from ._workers import HEARTBEAT_S, START_TIMEOUT_S, STOP_GRACE_S
-from ._workers import KILL_WAIT_S as KILL_WAIT_S
-from ._workers import OUTPUT_TAIL_LINES as OUTPUT_TAIL_LINES
-from ._workers import LocalWorker as LocalWorker
-from ._workers import WorkerProcess as WorkerProcess
+from ._workers import HEARTBEAT_S, START_TIMEOUT_S, STOP_GRACE_S, LocalWorker, WorkerProcess
 
 if TYPE_CHECKING:
     from ._hosts import HostAgents
@@ -326,17 +312,11 @@ class ProcGroup:
         beat = worker.heartbeat
         return bool(worker.work) and beat is not None and beat[0] > self.idle_since.get(rank, 0.0)
 
-    _rank_failure = rank_failure  # ._proc_mesh's name for it
-
     # -- status (any thread) -----------------------------------------------------------
 
     def status(self, ranks: tuple[int, ...]) -> MeshStatus:
         """A snapshot of ``ranks`` (any thread; see :mod:`._status`)."""
         return mesh_status(self, ranks)
-
-    def _mesh_state(self, ranks: tuple[int, ...] | None = None) -> tuple[MeshState, str | None]:
-        """The state of the view over ``ranks`` (default: every rank)."""
-        return mesh_state(self, ranks)
 
     def output_tail(self, rank: int) -> list[ev.Output]:
         """The last lines ``rank`` wrote (up to ``OUTPUT_TAIL_LINES``), oldest first."""
@@ -353,20 +333,13 @@ class ProcGroup:
         rank on another host has not said where it listens."""
         return self.launcher.ref()
 
-    def _local_ref(self) -> _refs.ProcsRef:
-        return self.launcher.local_ref()
-
     def launch(
         self, rank: int, identity: bytes, key: bytes, base_env: dict[str, str]
     ) -> LocalWorker:
         return self.launcher.launch(rank, identity, key, base_env)
 
-    _launch = launch  # ._resize's name for it
-
     def watch_one(self, w: LocalWorker) -> None:
         self.launcher.watch_one(w)
-
-    _watch_one = watch_one  # ._resize's name for it
 
     # -- worker messages and relays (._worker_messages) ----------------------------------
 
@@ -474,8 +447,6 @@ class ProcGroup:
     def notify_restart(self) -> None:
         self.restarter.notify()
 
-    _notify_restart = notify_restart  # ._resize's name for it
-
     def schedule_restart(self, ranks: tuple[int, ...], cause: str) -> None:
         self.restarter.schedule(ranks, cause)
 
@@ -494,19 +465,6 @@ class ProcGroup:
     @property
     def restarts(self) -> deque[RestartRecord]:
         return self.restarter.records
-
-    # ._resize's names for the restart state it waits on.
-    @property
-    def _restarting(self) -> set[int]:
-        return self.restarting
-
-    @property
-    def _restart_failed(self) -> dict[int, str]:
-        return self.restarter.restart_failed
-
-    @property
-    def _ready_changed(self) -> threading.Condition:
-        return self.restarter.ready_changed
 
 
 def check_gpus(count: int, available: int | None = None, host: str = "this host") -> bool:

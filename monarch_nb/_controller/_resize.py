@@ -33,17 +33,9 @@ from .._common._messages import Renumber
 from .._common._network import free_port
 from .._common._shape import Shape
 from ._calls import send_call
-from ._process_group import (
-    START_TIMEOUT_S,
-    Failed,
-    LocalWorker,
-    ProcGroup,
-    Running,
-    Starting,
-    Stopped,
-    WorkerProcess,
-    _describe_ranks,
-)
+from ._lifecycle import Failed, Running, Starting, Stopped, describe_ranks
+from ._process_group import START_TIMEOUT_S, ProcGroup
+from ._workers import LocalWorker, WorkerProcess
 
 
 def resize(group: ProcGroup, procs: int) -> ProcGroup:
@@ -55,7 +47,7 @@ def resize(group: ProcGroup, procs: int) -> ProcGroup:
     if procs > len(live):
         raise MeshUsageError(
             f"{call}: process mesh {group.name!r} has {len(live)} live rank(s) "
-            f"({_describe_ranks(live)}); resize() keeps running processes and starts none: "
+            f"({describe_ranks(live)}); resize() keeps running processes and starts none: "
             f"use grow({procs - len(live)}) to add ranks"
         )
     return _reshape(group, live[:procs], 0)
@@ -97,9 +89,9 @@ def _check_resizable(group: ProcGroup, call: str) -> tuple[int, ...]:
             )
         case Starting():
             raise MeshUsageError(f"{call}: process mesh {group.name!r} is starting; wait for it")
-    if group._restarting:
+    if group.restarting:
         raise MeshUsageError(
-            f"{call}: rank(s) {_describe_ranks(tuple(sorted(group._restarting)))} of process "
+            f"{call}: rank(s) {describe_ranks(tuple(sorted(group.restarting)))} of process "
             f"mesh {group.name!r} are restarting; call again once the restart is done"
         )
     live = tuple(
@@ -136,7 +128,7 @@ def _reshape(old: ProcGroup, keep: tuple[int, ...], add: int) -> ProcGroup:
     )
     if STORE_ENV in new._env:  # a new process group meets in a new file (one host)
         new._env[STORE_ENV] = fresh_store_path()
-    old_ref = old._local_ref()
+    old_ref = old.launcher.local_ref()
     new.inboxes = {i: old_ref.address(r) for i, r in enumerate(keep)}
     new.hosts = {i: old.hosts[r] for i, r in enumerate(keep) if r in old.hosts}
     new.after_restart = list(old.after_restart)
@@ -155,7 +147,7 @@ def _reshape(old: ProcGroup, keep: tuple[int, ...], add: int) -> ProcGroup:
         Stopped(),
         MeshFailure(f"process mesh {old.name!r} was resized into {described}", ranks=keep),
     )
-    old._notify_restart()
+    old.notify_restart()
     controller.groups.discard(old)
     if busy:
         old.interrupt(busy)
@@ -193,13 +185,13 @@ def _adopt(old: ProcGroup, new: ProcGroup, keep: tuple[int, ...]) -> list[Worker
         if worker.pidfd < 0:
             lost.append(worker)
             continue
-        new._watch_one(worker)
+        new.watch_one(worker)
     return lost
 
 
 def _renumber(new: ProcGroup, ranks: range) -> None:
     """Tell each adopted rank its new place, and wait until each took it."""
-    ref = new._local_ref()
+    ref = new.launcher.local_ref()
     keys = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", STORE_ENV)
     env = {k: new._env[k] for k in keys if k in new._env}
     futures = []
@@ -235,32 +227,32 @@ def _renumber(new: ProcGroup, ranks: range) -> None:
 def _start_added(new: ProcGroup, ranks: range) -> None:
     """Start processes for ``ranks`` (the ranks ``grow`` adds); wait for their hello."""
     added = tuple(ranks)
-    new._restarting.update(added)  # until they said hello: calls to them say so
+    new.restarting.update(added)  # until they said hello: calls to them say so
 
     def launch() -> None:
         for rank in added:
             identity = f"w{secrets.token_hex(16)}.{rank}".encode()
             new.controller.add_peer(identity, new, rank, None)
-            worker = new._launch(rank, identity, new._key, new._env)
+            worker = new.launch(rank, identity, new._key, new._env)
             new.workers.append(worker)
-            new._watch_one(worker)
+            new.watch_one(worker)
 
     new.controller.run(launch)
 
     def settled() -> bool:
-        return all(r in new.ready_ranks or r in new._restart_failed for r in added)
+        return all(r in new.ready_ranks or r in new.restart_failed for r in added)
 
-    with new._ready_changed:
-        new._ready_changed.wait_for(settled, START_TIMEOUT_S)
-    new._restarting.difference_update(added)
-    failed = {r: new._restart_failed.get(r) for r in added if r not in new.ready_ranks}
+    with new.restarter.ready_changed:
+        new.restarter.ready_changed.wait_for(settled, START_TIMEOUT_S)
+    new.restarting.difference_update(added)
+    failed = {r: new.restart_failed.get(r) for r in added if r not in new.ready_ranks}
     if failed:
         why = "; ".join(
             f"rank {r}: {text or f'no hello within {START_TIMEOUT_S} s'}"
             for r, text in failed.items()
         )
         raise MeshFailure(
-            f"grow(): could not start rank(s) {_describe_ranks(tuple(failed))} of process mesh "
+            f"grow(): could not start rank(s) {describe_ranks(tuple(failed))} of process mesh "
             f"{new.name!r} ({why}); the mesh was stopped",
             ranks=tuple(failed),
         )

@@ -22,7 +22,8 @@ from .._controller._events import (
     RankFailed,
     RanksRestarted,
 )
-from .._controller._process_group import ProcGroup, describe_exit
+from .._controller._process_group import ProcGroup
+from .._controller._status import describe_exit
 
 _sessions_lock = threading.Lock()
 
