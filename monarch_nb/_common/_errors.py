@@ -33,7 +33,8 @@ from ._public import publish
 
 
 class _Ranks(Protocol):
-    ranks: Sequence[int]
+    @property
+    def ranks(self) -> Sequence[int]: ...
 
 
 class SucceededValues(Protocol):
