@@ -3,7 +3,7 @@
 The C extensions are optional: if one cannot be compiled (no C compiler, not
 Linux), installation still succeeds; ``monarch_nb.native.RDMABuffer`` then raises
 an error that says why the native data plane is unavailable, and the wire's
-fast paths (``_common/_fast*.c``) run in Python instead, with the same bytes.
+fast paths (``_wire/_fast*.c``) run in Python instead, with the same bytes.
 
 The JupyterLab "Mesh" panel (``labextension/``) is optional too: when Node.js
 and npm are on PATH, building a wheel or an sdist (``pip install .``, ``pip
@@ -39,13 +39,13 @@ class OptionalBuildExt(build_ext):
     # What each extension gives; without it, monarch_nb still installs and runs.
     PURPOSE = {
         "monarch_nb.native._memory": "the native data plane (RDMABuffer)",
-        "monarch_nb._common._fastwire": "signing small control messages in C "
+        "monarch_nb._wire._fastwire": "signing small control messages in C "
         "(without it, the same in Python, slower)",
-        "monarch_nb._common._fastzmq": "the wire's socket operations on libzmq "
+        "monarch_nb._wire._fastzmq": "the wire's socket operations on libzmq "
         "(without it, through pyzmq, slower)",
-        "monarch_nb._common._fastlink": "the Unix link's sends and parsing in C "
+        "monarch_nb._wire._fastlink": "the Unix link's sends and parsing in C "
         "(without it, the same in Python, slower)",
-        "monarch_nb._common._fastpickle": "finding large bytes to send out of band in C "
+        "monarch_nb._wire._fastpickle": "finding large bytes to send out of band in C "
         "(without it, the same in Python, slower for large containers)",
     }
 
@@ -196,13 +196,13 @@ setup(
                 "monarch_nb/native/_memory_client.c",
                 "monarch_nb/native/_memory_lease.c",
                 "monarch_nb/native/_cuda.c",
-                "monarch_nb/native/_sha256.c",
+                "monarch_nb/_wire/_sha256.c",
                 "monarch_nb/native/_seal.c",
             ],
             depends=[
                 "monarch_nb/native/_memory.h",
                 "monarch_nb/native/_cuda.h",
-                "monarch_nb/native/_sha256.h",
+                "monarch_nb/_wire/_sha256.h",
                 "monarch_nb/native/_seal.h",
             ],
             extra_compile_args=C_FLAGS,
@@ -210,37 +210,37 @@ setup(
             optional=True,
         ),
         Extension(
-            "monarch_nb._common._fastwire",
-            # Signing and checking small control messages; _wire.py falls back to
+            "monarch_nb._wire._fastwire",
+            # Signing and checking small control messages; _signed.py falls back to
             # hashlib (same bytes on the wire) when it is missing.
-            sources=["monarch_nb/_common/_fastwire.c", "monarch_nb/native/_sha256.c"],
-            depends=["monarch_nb/native/_sha256.h", "monarch_nb/_common/_link_send.h"],
+            sources=["monarch_nb/_wire/_fastwire.c", "monarch_nb/_wire/_sha256.c"],
+            depends=["monarch_nb/_wire/_sha256.h", "monarch_nb/_wire/_link_send.h"],
             extra_compile_args=C_FLAGS,
             optional=True,
         ),
         Extension(
-            "monarch_nb._common._fastzmq",
+            "monarch_nb._wire._fastzmq",
             # The wire's per-message socket operations on the libzmq pyzmq loaded
             # (dlopen at run time: no libzmq headers to build); pyzmq without it.
-            sources=["monarch_nb/_common/_fastzmq.c"],
+            sources=["monarch_nb/_wire/_fastzmq.c"],
             extra_compile_args=C_FLAGS,
             extra_link_args=["-ldl"],
             optional=True,
         ),
         Extension(
-            "monarch_nb._common._fastlink",
+            "monarch_nb._wire._fastlink",
             # The Unix link's sends and parsing (the local workers' link); the same in
             # Python without it.
-            sources=["monarch_nb/_common/_fastlink.c"],
-            depends=["monarch_nb/_common/_link_send.h"],
+            sources=["monarch_nb/_wire/_fastlink.c"],
+            depends=["monarch_nb/_wire/_link_send.h"],
             extra_compile_args=C_FLAGS,
             optional=True,
         ),
         Extension(
-            "monarch_nb._common._fastpickle",
+            "monarch_nb._wire._fastpickle",
             # What _serialize.dumps looks for before pickling (large bytes to send
             # out of band); the same look in Python without it.
-            sources=["monarch_nb/_common/_fastpickle.c"],
+            sources=["monarch_nb/_wire/_fastpickle.c"],
             extra_compile_args=C_FLAGS,
             optional=True,
         ),

@@ -1,23 +1,23 @@
 """monarch_nb: a Jupyter-first, single-controller distributed environment for PyTorch.
 
-Layering (each layer imports only those below it)::
+Layering, lowest last (each layer imports only those below it; the three
+processes never import one another; tests/test_layering.py holds it)::
 
-    magics/, widgets/, debug/    notebook side: IPython and ipywidgets live here only
-    _controller/                 the controller: its I/O thread, process meshes,
-                                 actor meshes and endpoints, calls in flight,
-                                 interrupts, the event stream and status snapshots
-    _worker/                     a worker process: the main loop that runs actors
-                                 and cells, the wire thread, rank namespaces
-    _common/                     both sides: signed wire and typed messages,
-                                 pickling, shapes, per-rank values, errors,
-                                 the one Future type
-    native/                      the one-sided tensor data plane (C extension)
-    tensor/                      the tensor engine (imports torch): mesh tensors,
-                                 reached from the core only by ProcMesh.activate()
+    the face         monarch_nb, .actor, .rdma, .job, .config, .spmd, .fetch, .events
+    magics/          %mesh, %%mesh, the panel's comm (IPython lives here)
+    debug/ widgets/  the pdb bridge and prompt; the dashboard (ipywidgets)
+    tensor/          the tensor engine (torch); the core reaches it through the
+                     loader this module installs (_runtime/_tensor_link)
+    _controller/ _worker/ _agent/     the three processes
+    _services/       logs, metrics, stacks, workspace, spmd, config, process hygiene
+    _runtime/        actors, endpoints, calls in flight, references, peers, ports
+    native/          the one-sided tensor data plane (C)
+    _wire/           sockets, links, signed and typed messages, serialisation, keys
+    _model/          shapes, ValueMesh, folding, errors, futures: no I/O
 
-``_controller`` and ``_worker`` never import each other. The runtime never
-imports IPython, ipywidgets or torch: it works from a plain Python script, and
-a worker imports torch only when user code does.
+The runtime never imports IPython, ipywidgets or torch: it works from a plain
+Python script, and a worker imports torch only when user code does
+(docs/layout.md).
 """
 
 from __future__ import annotations
@@ -25,14 +25,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._common import _tensor_link
+from ._runtime import _tensor_link
 
 if TYPE_CHECKING:
     from . import events, fetch
-    from ._common._actors import Actor, concurrent_endpoint, endpoint
-    from ._common._context import Context, context, current_rank, current_size
-    from ._common._endpoint import send
-    from ._common._errors import (
+    from ._controller._actor_mesh import ActorMesh, Endpoint
+    from ._controller._diagnose import Diagnosis
+    from ._controller._events import RankState
+    from ._controller._launchers import attach, slurm_hosts, ssh_hosts
+    from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
+    from ._controller._recovery import RestartPolicy
+    from ._controller._stacks import Profile, Stacks
+    from ._controller._status import MeshState, MeshStatus, RankStatus, RestartRecord
+    from ._controller._telemetry import TelemetrySample
+    from ._controller._timeline import Timeline
+    from ._model._errors import (
         CallCancelled,
         CallTimeout,
         CellError,
@@ -47,24 +54,17 @@ if TYPE_CHECKING:
         SerializationError,
         SpawnError,
     )
-    from ._common._future import Future
-    from ._common._local_actors import this_proc
-    from ._common._logs import LogLine
-    from ._common._metrics import log_metric
-    from ._common._pending import ReplyStream
-    from ._common._ports import Channel, Port, PortReceiver
-    from ._common._shape import Extent, Point, Shape
-    from ._common._value_mesh import ValueMesh
-    from ._controller._actor_mesh import ActorMesh, Endpoint
-    from ._controller._diagnose import Diagnosis
-    from ._controller._events import RankState
-    from ._controller._launchers import attach, slurm_hosts, ssh_hosts
-    from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
-    from ._controller._recovery import RestartPolicy
-    from ._controller._stacks import Profile, Stacks
-    from ._controller._status import MeshState, MeshStatus, RankStatus, RestartRecord
-    from ._controller._telemetry import TelemetrySample
-    from ._controller._timeline import Timeline
+    from ._model._future import Future
+    from ._model._shape import Extent, Point, Shape
+    from ._model._value_mesh import ValueMesh
+    from ._runtime._actors import Actor, concurrent_endpoint, endpoint
+    from ._runtime._context import Context, context, current_rank, current_size
+    from ._runtime._endpoint import send
+    from ._runtime._local_actors import this_proc
+    from ._runtime._pending import ReplyStream
+    from ._runtime._ports import Channel, Port, PortReceiver
+    from ._services._logs import LogLine
+    from ._services._metrics import log_metric
     from .debug._remote import breakpoint
     from .tensor._active import get_active_mesh, no_mesh
     from .tensor._api import (
@@ -85,75 +85,75 @@ if TYPE_CHECKING:
 # (PEP 562), so a worker process, which imports this package first, loads
 # only the modules it runs, and `import monarch_nb` stays cheap.
 _DEFINED_IN = {
-    "Actor": "_common._actors",
-    "Channel": "_common._ports",
+    "Actor": "_runtime._actors",
+    "Channel": "_runtime._ports",
     "ActorMesh": "_controller._actor_mesh",
-    "CallCancelled": "_common._errors",
-    "CallTimeout": "_common._errors",
-    "CellError": "_common._errors",
-    "Context": "_common._context",
+    "CallCancelled": "_model._errors",
+    "CallTimeout": "_model._errors",
+    "CellError": "_model._errors",
+    "Context": "_runtime._context",
     "Diagnosis": "_controller._diagnose",
     "Endpoint": "_controller._actor_mesh",
-    "EndpointError": "_common._errors",
-    "Extent": "_common._shape",
-    "Future": "_common._future",
+    "EndpointError": "_model._errors",
+    "Extent": "_model._shape",
+    "Future": "_model._future",
     "HostMesh": "_controller._proc_mesh",
-    "LogLine": "_common._logs",
-    "MeshFailure": "_common._errors",
+    "LogLine": "_services._logs",
+    "MeshFailure": "_model._errors",
     "MeshState": "_controller._status",
     "MeshStatus": "_controller._status",
     "MeshTensor": "tensor._tensor",
-    "MeshUsageError": "_common._errors",
-    "MonarchNbError": "_common._errors",
-    "Point": "_common._shape",
-    "Port": "_common._ports",
-    "PortReceiver": "_common._ports",
+    "MeshUsageError": "_model._errors",
+    "MonarchNbError": "_model._errors",
+    "Point": "_model._shape",
+    "Port": "_runtime._ports",
+    "PortReceiver": "_runtime._ports",
     "ProcMesh": "_controller._proc_mesh",
     "Profile": "_controller._stacks",
-    "ProfilerUnavailable": "_common._errors",
+    "ProfilerUnavailable": "_model._errors",
     "RankState": "_controller._events",
     "RankStatus": "_controller._status",
-    "ReplayError": "_common._errors",
-    "RemoteError": "_common._errors",
-    "RemoteFailure": "_common._errors",
-    "ReplyStream": "_common._pending",
+    "ReplayError": "_model._errors",
+    "RemoteError": "_model._errors",
+    "RemoteFailure": "_model._errors",
+    "ReplyStream": "_runtime._pending",
     "RestartPolicy": "_controller._recovery",
     "RestartRecord": "_controller._status",
-    "SerializationError": "_common._errors",
-    "Shape": "_common._shape",
-    "SpawnError": "_common._errors",
+    "SerializationError": "_model._errors",
+    "Shape": "_model._shape",
+    "SpawnError": "_model._errors",
     "TelemetrySample": "_controller._telemetry",
     "Timeline": "_controller._timeline",
     "Stacks": "_controller._stacks",
     "Stream": "tensor._streams",
-    "ValueMesh": "_common._value_mesh",
+    "ValueMesh": "_model._value_mesh",
     "attach": "_controller._launchers",
     "breakpoint": "debug._remote",
     "call_on_shard_and_fetch": "tensor._remote",
-    "concurrent_endpoint": "_common._actors",
-    "context": "_common._context",
-    "current_rank": "_common._context",
-    "current_size": "_common._context",
+    "concurrent_endpoint": "_runtime._actors",
+    "context": "_runtime._context",
+    "current_rank": "_runtime._context",
+    "current_size": "_runtime._context",
     "distribute": "tensor._api",
-    "endpoint": "_common._actors",
+    "endpoint": "_runtime._actors",
     "fetch_shard": "tensor._api",
     "get_active_mesh": "tensor._active",
     "get_active_stream": "tensor._streams",
     "grad_function": "tensor._gradient",
     "grad_generator": "tensor._gradient",
-    "log_metric": "_common._metrics",
+    "log_metric": "_services._metrics",
     "inspect": "tensor._api",
     "module_to_mesh": "tensor._api",
     "no_mesh": "tensor._active",
     "remote": "tensor._remote",
-    "send": "_common._endpoint",
+    "send": "_runtime._endpoint",
     "show": "tensor._api",
     "shutdown_context": "_controller._proc_mesh",
     "slice_mesh": "tensor._api",
     "slurm_hosts": "_controller._launchers",
     "ssh_hosts": "_controller._launchers",
     "this_host": "_controller._proc_mesh",
-    "this_proc": "_common._local_actors",
+    "this_proc": "_runtime._local_actors",
     "to_mesh": "tensor._api",
 }
 

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         demo(args.procs)
     elif args.command == "keygen":
-        from monarch_nb._common._keys import write_key_file
+        from monarch_nb._wire._keys import write_key_file
 
         try:
             write_key_file(args.path)

@@ -31,47 +31,47 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._common._actors import Actor, concurrent_endpoint, endpoint
-    from ._common._context import Context, context, current_rank, current_size
-    from ._common._endpoint import send
-    from ._common._errors import MeshFailure
-    from ._common._errors import RemoteError as ActorError
-    from ._common._future import Future
-    from ._common._local_actors import this_proc
-    from ._common._ports import Channel, Port, PortReceiver
-    from ._common._shape import Extent, Point
-    from ._common._value_mesh import ValueMesh
     from ._controller._actor_mesh import ActorMesh, Endpoint
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
+    from ._model._errors import MeshFailure
+    from ._model._errors import RemoteError as ActorError
+    from ._model._future import Future
+    from ._model._shape import Extent, Point
+    from ._model._value_mesh import ValueMesh
+    from ._runtime._actors import Actor, concurrent_endpoint, endpoint
+    from ._runtime._context import Context, context, current_rank, current_size
+    from ._runtime._endpoint import send
+    from ._runtime._local_actors import this_proc
+    from ._runtime._ports import Channel, Port, PortReceiver
 
 # Name here -> (private module, name there). Loaded on first use, so a worker
 # that imports an actor class written against this module loads no controller code.
 _DEFINED_IN = {
-    "Actor": ("_common._actors", "Actor"),
-    "ActorError": ("_common._errors", "RemoteError"),
+    "Actor": ("_runtime._actors", "Actor"),
+    "ActorError": ("_model._errors", "RemoteError"),
     "ActorMesh": ("_controller._actor_mesh", "ActorMesh"),
-    "Context": ("_common._context", "Context"),
+    "Context": ("_runtime._context", "Context"),
     "Endpoint": ("_controller._actor_mesh", "Endpoint"),
-    "Extent": ("_common._shape", "Extent"),
-    "Future": ("_common._future", "Future"),
+    "Extent": ("_model._shape", "Extent"),
+    "Future": ("_model._future", "Future"),
     "HostMesh": ("_controller._proc_mesh", "HostMesh"),
-    "MeshFailure": ("_common._errors", "MeshFailure"),
-    "Point": ("_common._shape", "Point"),
+    "MeshFailure": ("_model._errors", "MeshFailure"),
+    "Point": ("_model._shape", "Point"),
     "ProcMesh": ("_controller._proc_mesh", "ProcMesh"),
-    "ValueMesh": ("_common._value_mesh", "ValueMesh"),
-    "context": ("_common._context", "context"),
-    "current_rank": ("_common._context", "current_rank"),
-    "current_size": ("_common._context", "current_size"),
-    "endpoint": ("_common._actors", "endpoint"),
+    "ValueMesh": ("_model._value_mesh", "ValueMesh"),
+    "context": ("_runtime._context", "context"),
+    "current_rank": ("_runtime._context", "current_rank"),
+    "current_size": ("_runtime._context", "current_size"),
+    "endpoint": ("_runtime._actors", "endpoint"),
     "shutdown_context": ("_controller._proc_mesh", "shutdown_context"),
     "this_host": ("_controller._proc_mesh", "this_host"),
     # Actors that talk to actors: ports and channels, this process, send().
-    "Channel": ("_common._ports", "Channel"),
-    "Port": ("_common._ports", "Port"),
-    "PortReceiver": ("_common._ports", "PortReceiver"),
-    "concurrent_endpoint": ("_common._actors", "concurrent_endpoint"),
-    "send": ("_common._endpoint", "send"),
-    "this_proc": ("_common._local_actors", "this_proc"),
+    "Channel": ("_runtime._ports", "Channel"),
+    "Port": ("_runtime._ports", "Port"),
+    "PortReceiver": ("_runtime._ports", "PortReceiver"),
+    "concurrent_endpoint": ("_runtime._actors", "concurrent_endpoint"),
+    "send": ("_runtime._endpoint", "send"),
+    "this_proc": ("_runtime._local_actors", "this_proc"),
 }
 
 

@@ -11,7 +11,7 @@ of ours, the rest are kept and reported with no effect here.
 
 from __future__ import annotations
 
-from ._common._config import (
+from ._services._config import (
     SETTINGS,
     Setting,
     SettingTypeError,
@@ -24,8 +24,8 @@ from ._common._config import (
     monarch_table,
     table,
 )
-from ._common._config_pytest import parametrize_config, parametrize_config_pointwise
-from ._common._monarch_config import MONARCH_SETTINGS, Encoding, MonarchSetting
+from ._services._config_pytest import parametrize_config, parametrize_config_pointwise
+from ._services._monarch_config import MONARCH_SETTINGS, Encoding, MonarchSetting
 
 __all__ = [
     "MONARCH_SETTINGS",

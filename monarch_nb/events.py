@@ -4,8 +4,6 @@ See :mod:`monarch_nb._controller._events` for the list and for the thread
 observers run on. ``EventLog`` records events and waits for one (tests, scripts).
 """
 
-from ._common._messages import ResourceSample
-from ._common._public import rename
 from ._controller._events import (
     CallFinished,
     CallStarted,
@@ -24,6 +22,8 @@ from ._controller._events import (
     Subscription,
     print_output,
 )
+from ._model._public import rename
+from ._wire._messages import ResourceSample
 
 __all__ = [
     "CallFinished",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._common._spmd import (
+from ._services._spmd import (
     SPMDActor,
     run_script,
     setup_torch_elastic_env,

@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from monarch_nb._common._unix_link import SCHEME, LinkDealer
+from monarch_nb._wire._unix_link import SCHEME, LinkDealer
 
 
 class Rogue:

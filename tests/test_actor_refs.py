@@ -25,9 +25,9 @@ from monarch_nb import (
     endpoint,
     this_host,
 )
-from monarch_nb._common import _refs
-from monarch_nb._common._peer_mesh import rebuild_actors
-from monarch_nb._common._shape import Shape
+from monarch_nb._model._shape import Shape
+from monarch_nb._runtime import _refs
+from monarch_nb._runtime._peer_mesh import rebuild_actors
 
 
 class Leaf(Actor):

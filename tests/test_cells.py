@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from monarch_nb import CellError, MeshFailure, RemoteError
-from monarch_nb._common._cell_source import compile_cell
 from monarch_nb._controller._cells import pull, push, run_cell
 from monarch_nb._controller._interrupt import fail_fast
+from monarch_nb._runtime._cell_source import compile_cell
 from monarch_nb._worker._namespace import mime_bundle
 from monarch_nb.events import DisplayData, EventLog, RankFailed
 

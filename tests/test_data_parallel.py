@@ -1,4 +1,4 @@
-"""_controller/_data_parallel.py and _common/_balance.py: scatter, gather and map."""
+"""_controller/_data_parallel.py and _runtime/_balance.py: scatter, gather and map."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from monarch_nb import Actor, MeshUsageError, RemoteError, endpoint
-from monarch_nb._common._balance import split_bounds
 from monarch_nb._controller._data_parallel import concatenate
+from monarch_nb._runtime._balance import split_bounds
 
 pytestmark = pytest.mark.timeout(60)
 

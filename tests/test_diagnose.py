@@ -123,7 +123,7 @@ def test_a_timed_out_cell_stuck_in_a_collective_says_where_the_ranks_were():
 
 
 def test_a_rank_stuck_in_c_holding_the_gil_is_read_with_py_spy():
-    from monarch_nb._common import _py_spy
+    from monarch_nb._services import _py_spy
 
     if _py_spy.find() is None:
         pytest.skip("py-spy is not installed here")

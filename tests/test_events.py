@@ -226,7 +226,7 @@ def _lines_of(proc: subprocess.Popen[str]) -> queue.Queue[str]:
 
 def _stacks(proc: subprocess.Popen[str], pids: set[int]) -> str:
     """Every process's Python stacks by py-spy (where it is installed)."""
-    from monarch_nb._common import _py_spy
+    from monarch_nb._services import _py_spy
 
     py_spy = _py_spy.find()
     if py_spy is None:

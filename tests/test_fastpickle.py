@@ -1,4 +1,4 @@
-"""The C look for large bytes (monarch_nb._common._fastpickle) against the Python one.
+"""The C look for large bytes (monarch_nb._wire._fastpickle) against the Python one.
 
 ``_serialize.dumps`` wraps large bytes to send them out of band only when the
 C look says ``_wrap_large_bytes`` would find some: both must agree on every
@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monarch_nb._common import _serialize
+from monarch_nb._wire import _serialize
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("monarch_nb._common._fastpickle") is None,
-    reason="monarch_nb._common._fastpickle was not built",
+    importlib.util.find_spec("monarch_nb._wire._fastpickle") is None,
+    reason="monarch_nb._wire._fastpickle was not built",
 )
 
 THRESHOLD = 8  # small, so examples reach it: the rules do not depend on the size
@@ -158,7 +158,7 @@ def test_pickling_loads_its_c_look_without_the_socket_layer():
     # Layering: _serialize gets its extension through _extensions, not _sockets
     # (which imports zmq), so pickling needs no socket library.
     probe = (
-        "import sys; from monarch_nb._common import _serialize; "
+        "import sys; from monarch_nb._wire import _serialize; "
         "print(_serialize._is_plain is not None, 'zmq' in sys.modules)"
     )
     out = subprocess.run(

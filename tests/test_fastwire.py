@@ -1,4 +1,4 @@
-"""The C signing path (monarch_nb._common._fastwire) against the Python one.
+"""The C signing path (monarch_nb._wire._fastwire) against the Python one.
 
 Both must put the same bytes on the wire and refuse the same frames, counted
 the same way: a mesh may mix them (a host built without a C compiler), and
@@ -17,10 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monarch_nb import Actor, endpoint, this_host
-from monarch_nb._common import _wire
-from monarch_nb._common._messages import Call, Value, to_wire
-from monarch_nb._common._sockets import send_one
-from monarch_nb._common._wire import (
+from monarch_nb._wire import _signed
+from monarch_nb._wire._messages import Call, Value, to_wire
+from monarch_nb._wire._signed import (
     CONTROLLER,
     ReplayWindow,
     Signer,
@@ -30,16 +29,17 @@ from monarch_nb._common._wire import (
     sender_tag,
     socket_events,
 )
+from monarch_nb._wire._sockets import send_one
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("monarch_nb._common._fastwire") is None,
-    reason="monarch_nb._common._fastwire was not built",
+    importlib.util.find_spec("monarch_nb._wire._fastwire") is None,
+    reason="monarch_nb._wire._fastwire was not built",
 )
 
 
 def test_the_c_path_is_in_use_where_it_was_built():
     assert os.environ.get("MONARCH_NB_PURE_PYTHON_WIRE", "") in ("", "0")
-    assert _wire._fastwire is not None
+    assert _signed._fastwire is not None
 
 
 RANK = sender_tag(b"rank-0")
@@ -61,13 +61,13 @@ def signers(key: bytes, trusted: bool) -> tuple[Signer, Signer]:
     )
 
 
-FAST = _wire._fastwire
+FAST = _signed._fastwire
 
 
 def seal(python: bool, key: bytes, trusted: bool, payload, first_sequence: int = 1) -> list:
     """A Call sealed by the controller, through the Python or the C path."""
-    saved = _wire._fastwire
-    _wire._fastwire = None if python else FAST
+    saved = _signed._fastwire
+    _signed._fastwire = None if python else FAST
     try:
         signer = Signer(
             key,
@@ -81,19 +81,19 @@ def seal(python: bool, key: bytes, trusted: bool, payload, first_sequence: int =
             bytes(memoryview(f)) for f in signer.encode(Call(7, 1, "echo", True), payload).seal()
         ]
     finally:
-        _wire._fastwire = saved
+        _signed._fastwire = saved
 
 
 def verify(python: bool, key: bytes, trusted: bool, frames: list, sender=CONTROLLER):
     """What a rank makes of ``frames``, and its counters, through one path."""
-    saved = _wire._fastwire
-    _wire._fastwire = None if python else FAST
+    saved = _signed._fastwire
+    _signed._fastwire = None if python else FAST
     try:
         rank = Signer(key, WireStats(), sender=RANK, upstream=True, trusted_link=trusted)
         message = rank.verify(frames, ReplayWindow(), sender=sender)
         return message, {name: getattr(rank.stats, name) for name in COUNTERS}
     finally:
-        _wire._fastwire = saved
+        _signed._fastwire = saved
 
 
 payloads = st.one_of(
@@ -201,7 +201,7 @@ def test_c_and_python_count_each_kind_of_refusal_alike(case):
     assert sum(c_result[1].values()) == 1  # counted once, under one name
 
 
-@pytest.mark.parametrize("window_type", [ReplayWindow, _wire.PyReplayWindow])
+@pytest.mark.parametrize("window_type", [ReplayWindow, _signed.PyReplayWindow])
 def test_a_replayed_message_is_refused_on_the_c_path_too(window_type):
     key = new_key()
     controller, rank = signers(key, trusted=True)
@@ -231,7 +231,7 @@ def test_c_and_python_replay_windows_accept_the_same_numbers(steps):
     """The C Window (what ReplayWindow is with the C module) answers every
     sequence number as the pure-Python window does: ahead, far ahead (past the
     window's 1,024 bits), behind (inside and outside it), replays, the extremes."""
-    c_window, py_window = ReplayWindow(), _wire.PyReplayWindow()
+    c_window, py_window = ReplayWindow(), _signed.PyReplayWindow()
     assert type(c_window) is not type(py_window)
     highest = 0
     for kind, n in steps:
@@ -248,7 +248,7 @@ def test_c_and_python_replay_windows_accept_the_same_numbers(steps):
 def test_a_window_refuses_a_number_far_below_the_highest_without_a_huge_shift():
     """A number 2**64 below the highest is refused at once by both windows (the
     Python one once built a 2**64-bit integer for it)."""
-    for window in (ReplayWindow(), _wire.PyReplayWindow()):
+    for window in (ReplayWindow(), _signed.PyReplayWindow()):
         assert window.accept(_U64)
         assert not window.accept(1)
         assert not window.accept(_U64)
@@ -319,14 +319,14 @@ def test_a_reply_sealed_in_one_step_is_the_frame_sealed_in_several(size, sequenc
 def in_steps_sealed(signer: Signer, message, payload: bytes) -> list:
     """``message`` digested when encoded and signed when sealed, each step on
     its own (what a message too big for the one-step path goes through)."""
-    saved = _wire._SMALL_FRAME_BYTES
-    _wire._SMALL_FRAME_BYTES = 0
+    saved = _signed._SMALL_FRAME_BYTES
+    _signed._SMALL_FRAME_BYTES = 0
     try:
         encoded = signer.encode_pickled(message, payload, [])
         assert encoded.meta is None
         return encoded.seal()
     finally:
-        _wire._SMALL_FRAME_BYTES = saved
+        _signed._SMALL_FRAME_BYTES = saved
 
 
 def test_send_one_sends_a_frame_and_reports_the_events_libzmq_reports():
@@ -358,9 +358,9 @@ class Echo(Actor):
 
     @endpoint
     def wire(self) -> bool:
-        from monarch_nb._common import _wire
+        from monarch_nb._wire import _signed
 
-        return _wire._fastwire is not None
+        return _signed._fastwire is not None
 
 
 def test_a_controller_with_the_c_path_drives_ranks_without_it():
@@ -395,12 +395,12 @@ def test_a_controller_without_the_c_path_drives_a_mesh(tmp_path):
     script = tmp_path / "pure.py"
     script.write_text(
         "from monarch_nb import Actor, endpoint, this_host\n"
-        "from monarch_nb._common import _wire\n"
+        "from monarch_nb._wire import _signed\n"
         "class Echo(Actor):\n"
         "    @endpoint\n"
         "    def echo(self, x):\n"
         "        return x\n"
-        "assert _wire._fastwire is None\n"
+        "assert _signed._fastwire is None\n"
         "procs = this_host().spawn_procs(per_host={'procs': 2})\n"
         "try:\n"
         "    echo = procs.spawn('echo', Echo)\n"
@@ -420,7 +420,7 @@ def test_a_controller_without_the_c_path_drives_a_mesh(tmp_path):
 
 _DIGESTS_AGAINST_HASHLIB = """
 import hashlib, hmac, os, sys
-from monarch_nb._common import _fastwire
+from monarch_nb._wire import _fastwire
 print(_fastwire.sha_extensions())
 for n in list(range(0, 300)) + [4095, 4096, 9000, 16_000]:
     body = os.urandom(n)
@@ -460,7 +460,7 @@ def _every_kind_with_fields() -> list[tuple[type, tuple]]:
     """Each message kind the wire knows, with a value for each of its fields."""
     import dataclasses
 
-    from monarch_nb._common._messages import _BY_TAG
+    from monarch_nb._wire._messages import _BY_TAG
 
     kinds = []
     for tag, (cls, count) in sorted(_BY_TAG.items()):
@@ -478,7 +478,7 @@ def test_a_message_built_in_c_is_the_one_its_init_builds(cls, values):
     the same class, the same fields, equal, and still frozen."""
     import dataclasses
 
-    from monarch_nb._common._messages import BUILDABLE
+    from monarch_nb._wire._messages import BUILDABLE
 
     assert cls.TAG in BUILDABLE  # else it takes from_wire's path (also right, but slower)
     key = new_key()
@@ -507,19 +507,19 @@ def test_a_message_built_in_c_is_the_one_its_init_builds(cls, values):
 def test_a_signed_meta_that_names_no_message_is_an_error_counted_once(meta):
     """Signed and fresh, but unreadable: UnknownMessage (the caller reports it),
     counted as received and unknown, on the C path as on the Python one."""
-    from monarch_nb._common._messages import UnknownMessage
+    from monarch_nb._wire._messages import UnknownMessage
 
     for python in (False, True):
         key = new_key()
         controller, rank = signers(key, trusted=True)
         frame = controller.frame(controller._flags, meta, b"")
-        saved = _wire._fastwire
-        _wire._fastwire = None if python else FAST
+        saved = _signed._fastwire
+        _signed._fastwire = None if python else FAST
         try:
             with pytest.raises(UnknownMessage):
                 rank.verify([frame], ReplayWindow(), sender=CONTROLLER)
         finally:
-            _wire._fastwire = saved
+            _signed._fastwire = saved
         assert (rank.stats.received, rank.stats.unknown_messages) == (1, 1), python
 
 
@@ -542,12 +542,12 @@ def test_c_and_python_unpickle_a_payload_alike(payload, trusted):
     controller, _ = signers(key, trusted)
     frames = controller.encode(Call(1, 1, "echo", True), payload).seal()
     c_value = decode_payload(frames)
-    saved = _wire._fastwire
-    _wire._fastwire = None
+    saved = _signed._fastwire
+    _signed._fastwire = None
     try:
         python_value = decode_payload(frames)
     finally:
-        _wire._fastwire = saved
+        _signed._fastwire = saved
     assert c_value == python_value == payload
     assert type(c_value) is type(payload)
 

@@ -1,4 +1,4 @@
-"""The wire's socket operations on libzmq (monarch_nb._common._fastzmq) against pyzmq.
+"""The wire's socket operations on libzmq (monarch_nb._wire._fastzmq) against pyzmq.
 
 Whole messages taken in C must be the messages pyzmq would give, frame for
 frame (zero-copy, writable, as ``zmq.Frame``), across budgets and oversized
@@ -12,12 +12,12 @@ import pytest
 import torch
 import zmq
 
-from monarch_nb._common import _serialize, _sockets, _wire
-from monarch_nb._common._wire import Receiver, WireStats
+from monarch_nb._wire import _serialize, _signed, _sockets
+from monarch_nb._wire._signed import Receiver, WireStats
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("monarch_nb._common._fastzmq") is None,
-    reason="monarch_nb._common._fastzmq was not built",
+    importlib.util.find_spec("monarch_nb._wire._fastzmq") is None,
+    reason="monarch_nb._wire._fastzmq was not built",
 )
 
 
@@ -73,7 +73,7 @@ def test_a_tensor_rebuilt_on_a_c_frame_keeps_its_memory_alive(pair):
 
 def test_an_oversized_message_is_dropped_in_c_and_the_next_one_kept(pair, monkeypatch):
     router, dealer = pair
-    monkeypatch.setattr(_wire, "MAX_FRAMES_PER_MESSAGE", 50)
+    monkeypatch.setattr(_signed, "MAX_FRAMES_PER_MESSAGE", 50)
     dealer.send_multipart([b"x"] * 200)
     dealer.send_multipart([b"after"])
     stats = WireStats()

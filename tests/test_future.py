@@ -168,7 +168,7 @@ def test_a_forked_child_can_use_futures_while_the_parent_held_their_lock():
     # futures locked forever.
     import os
 
-    from monarch_nb._common import _future
+    from monarch_nb._model import _future
 
     held, release = threading.Event(), threading.Event()
 

@@ -36,7 +36,7 @@ class Trainer(Actor):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        from monarch_nb._common._dist import init_process_group
+        from monarch_nb._services._dist import init_process_group
 
         self.visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         torch.cuda.set_device(0)

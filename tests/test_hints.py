@@ -1,11 +1,11 @@
-"""_common/_hints.py: a script is told the method, a notebook the magic."""
+"""_model/_hints.py: a script is told the method, a notebook the magic."""
 
 from __future__ import annotations
 
 import pytest
 
 from monarch_nb import MeshFailure
-from monarch_nb._common import _hints
+from monarch_nb._model import _hints
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -153,7 +153,7 @@ def test_kubernetes_job_attaches_the_way_its_pods_listen(tmp_path):
     # rewritten to loopback: state() attaches through the same path.
     job = KubernetesJob(meshes={"trainers": 1}, image="img", port=_free_port())
     key_file = str(tmp_path / "agent.key")
-    from monarch_nb._common._keys import write_key_file
+    from monarch_nb._wire._keys import write_key_file
 
     write_key_file(key_file)
     command = job.manifest()[1]["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -192,7 +192,7 @@ def _strings(value):
 
 
 def _alive(pid: int) -> bool:
-    from monarch_nb._common._pids import pid_alive
+    from monarch_nb._wire._pids import pid_alive
 
     return pid_alive(pid)
 

@@ -1,4 +1,4 @@
-"""Rank log files (monarch_nb._common._logs, _worker._log_file) and logging_option
+"""Rank log files (monarch_nb._services._logs, _worker._log_file) and logging_option
 (_controller._log_stream): lines that outlive their rank, searched from here."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from polling import wait_until
 
 from monarch_nb import LogLine, MeshUsageError, this_host
-from monarch_nb._common import _logs
 from monarch_nb._controller._log_stream import OutputPrinter
+from monarch_nb._services import _logs
 from monarch_nb.events import EventLog, Output
 
 pytestmark = pytest.mark.timeout(180)

@@ -9,7 +9,7 @@ import pytest
 from monarch_nb import Actor, MeshUsageError, RemoteError, endpoint
 from monarch_nb.magics import CellHandle, NotebookMesh, current_mesh, start_mesh
 from monarch_nb.magics._registry import REGISTRY
-from monarch_nb.magics._render import work_text
+from monarch_nb.widgets._render import work_text
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,7 +124,7 @@ def test_start_validates_options():
 
 def test_logs_reads_the_selected_ranks_files_as_percent_mesh_logs_does(mesh):
     from monarch_nb.magics import _options
-    from monarch_nb.magics._render import LogView
+    from monarch_nb.widgets._render import LogView
 
     mesh.run("print(f'loss {rank}')\nprint('other')")
     args = _options.parse(_options.logs_options, "--ranks 1 --grep loss --since 5m --tail 5")

@@ -1,12 +1,12 @@
-"""magics/_render.py: folded values, rank prefixes, labelled displays, status tables."""
+"""widgets/_render.py: folded values, rank prefixes, labelled displays, status tables."""
 
 from __future__ import annotations
 
 import pytest
 
 from monarch_nb import MeshState, MeshStatus, RankState, RankStatus, Shape, ValueMesh
-from monarch_nb._common._wire import WireStats
-from monarch_nb.magics._render import (
+from monarch_nb._wire._signed import WireStats
+from monarch_nb.widgets._render import (
     NotebookMeshStatus,
     fold_values,
     label_bundle,

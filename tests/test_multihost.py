@@ -29,8 +29,8 @@ from monarch_nb import (
     attach,
     ssh_hosts,
 )
-from monarch_nb._common._network import free_port
-from monarch_nb._common._wire import OWN, Signer, WireStats
+from monarch_nb._wire._network import free_port
+from monarch_nb._wire._signed import OWN, Signer, WireStats
 
 # "ssh HOST COMMAND" without ssh: run COMMAND here, with a shell, as sshd would.
 LOCAL_SSH = (sys.executable, "-c", "import os,sys; os.execvp('sh', ['sh', '-c', sys.argv[2]])")
@@ -158,7 +158,7 @@ def test_a_later_mesh_gets_a_port_its_host_found_free_not_the_next_one(hosts2) -
 
 
 def test_native_stacks_and_profiles_of_remote_ranks_are_run_by_their_agent(hosts2) -> None:
-    from monarch_nb._common import _py_spy
+    from monarch_nb._services import _py_spy
 
     if _py_spy.find() is None:
         pytest.skip("py-spy is not installed here")
@@ -442,7 +442,7 @@ def test_a_shut_down_host_mesh_refuses_new_meshes() -> None:
 
 
 def _heartbeat():
-    from monarch_nb._common._messages import AgentHeartbeat
+    from monarch_nb._wire._messages import AgentHeartbeat
 
     return AgentHeartbeat()
 

@@ -16,8 +16,8 @@ import pytest
 import zmq
 from polling import wait_until
 
-from monarch_nb._common import _fd_limits, _network
-from monarch_nb._common._handshake_guard import HandshakeGuard
+from monarch_nb._wire import _fd_limits, _network
+from monarch_nb._wire._handshake_guard import HandshakeGuard
 
 
 def test_a_free_port_lies_outside_the_range_outgoing_connections_draw_from() -> None:
@@ -60,7 +60,7 @@ def test_free_port_says_when_no_fd_is_left() -> None:
     code = textwrap.dedent(
         """
         import resource, socket
-        from monarch_nb._common import _network, _fd_limits
+        from monarch_nb._wire import _network, _fd_limits
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         held = []
         try:
@@ -80,7 +80,7 @@ def test_free_port_says_when_no_fd_is_left() -> None:
 
 def test_the_soft_fd_limit_is_raised_to_the_hard_one() -> None:
     code = (
-        "import resource; from monarch_nb._common._fd_limits import raise_fd_limit; "
+        "import resource; from monarch_nb._wire._fd_limits import raise_fd_limit; "
         "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]; "
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard)); "
         "print(raise_fd_limit() == hard == resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
@@ -311,8 +311,8 @@ def test_failed_handshakes_reach_the_guards_listeners(guarded_server):
 
 
 def test_a_ranks_inbox_between_hosts_is_guarded():
-    from monarch_nb._common._peer import PeerNode
-    from monarch_nb._common._wire import new_key
+    from monarch_nb._runtime._peer import PeerNode
+    from monarch_nb._wire._signed import new_key
 
     node = PeerNode(None, new_key(), tcp_host="127.0.0.1")
     stranger = None

@@ -21,7 +21,7 @@ def test_all_is_sorted_complete_and_resolves():
 def test_public_names_read_as_monarch_nb():
     assert monarch_nb.ProcMesh.__module__ == "monarch_nb"
     assert monarch_nb.MeshFailure.__module__ == "monarch_nb"
-    from monarch_nb._common._errors import RemoteError  # renamed before first public use
+    from monarch_nb._model._errors import RemoteError  # renamed before first public use
 
     assert RemoteError.__module__ == "monarch_nb"
 
@@ -48,7 +48,7 @@ def test_each_runtime_module_imports_alone_and_the_sides_stay_apart():
     package = pathlib.Path(monarch_nb.__file__).parent
     modules = [
         f"monarch_nb.{side}.{path.stem}"
-        for side in ("_common", "_controller", "_worker", "_agent")
+        for side in ("_model", "_wire", "_runtime", "_services", "_controller", "_worker", "_agent")
         for path in sorted((package / side).glob("_*.py"))
         if path.stem != "__init__"
     ]
@@ -94,7 +94,10 @@ def test_the_tensor_engine_sits_above_the_core():
     )
     out = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    core = [package / side for side in ("_common", "_controller", "_worker")]
+    core = [
+        package / side
+        for side in ("_model", "_wire", "_runtime", "_services", "_controller", "_worker")
+    ]
     for path in [f for side in core for f in side.glob("*.py")]:
         text = path.read_text()
         assert "from ..tensor" not in text, path

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from monarch_nb._common import _rundir
+from monarch_nb._wire import _rundir
 
 pytestmark = pytest.mark.timeout(60)
 
 _HOLD = (
-    "from monarch_nb._common._rundir import run_dir\n"
+    "from monarch_nb._wire._rundir import run_dir\n"
     "import sys\n"
     "print(run_dir(), flush=True)\n"
     "sys.stdin.read()\n"  # until the test closes stdin (or kills us)

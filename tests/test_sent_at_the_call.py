@@ -21,9 +21,8 @@ import tracemalloc
 import pytest
 import zmq
 
-from monarch_nb._common._messages import Call
-from monarch_nb._common._unix_link import LinkDealer, LinkRouter
-from monarch_nb._common._wire import (
+from monarch_nb._wire._messages import Call
+from monarch_nb._wire._signed import (
     CONTROLLER,
     Receiver,
     ReplayWindow,
@@ -33,6 +32,7 @@ from monarch_nb._common._wire import (
     new_key,
     sender_tag,
 )
+from monarch_nb._wire._unix_link import LinkDealer, LinkRouter
 
 BIG = 24 << 20  # more than a Unix socket's or libzmq's buffers take at once
 RANK_NAMES = [b"rank-0", b"rank-1", b"rank-2"]

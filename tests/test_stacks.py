@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from monarch_nb import ProfilerUnavailable, Stacks, this_host
-from monarch_nb._common import _py_spy
 from monarch_nb._controller._stacks import normalize_py_spy
+from monarch_nb._services import _py_spy
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,8 +12,8 @@ import pytest
 from polling import read_until
 
 from monarch_nb import MeshUsageError, TelemetrySample, log_metric, this_host
-from monarch_nb._common._messages import ResourceSample
 from monarch_nb._controller._telemetry import TelemetryHistory
+from monarch_nb._wire._messages import ResourceSample
 
 pytestmark = pytest.mark.timeout(240)
 

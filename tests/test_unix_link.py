@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from monarch_nb._common import _link_connection, _sockets, _unix_link, _wire
-from monarch_nb._common._messages import Value
-from monarch_nb._common._unix_link import LinkDealer, LinkRouter, is_link
-from monarch_nb._common._wire import Receiver, WireStats
+from monarch_nb._wire import _link_connection, _signed, _sockets, _unix_link
+from monarch_nb._wire._messages import Value
+from monarch_nb._wire._signed import Receiver, WireStats
+from monarch_nb._wire._unix_link import LinkDealer, LinkRouter, is_link
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_messages_come_out_whole_however_the_stream_is_cut(monkeypatch, in_c):
     """Random messages (empty frames, small ones, ones of 64 KiB and more), the
     stream cut at random places: the same messages come out, C parser or not."""
     if in_c and _link_connection._fastlink is None:
-        pytest.skip("monarch_nb._common._fastlink was not built")
+        pytest.skip("monarch_nb._wire._fastlink was not built")
     if not in_c:
         monkeypatch.setattr(_link_connection, "_fastlink", None)
     rng = random.Random(7)
@@ -212,7 +212,7 @@ def test_a_message_over_the_wires_frame_cap_ends_its_connection(router, worker):
 def test_the_wires_receiver_counts_what_a_link_drops_over_its_cap(monkeypatch, router, worker):
     """The wire's receiver asks a link directly (no C wrapper between): what the
     link drops over the wire's frame cap still reaches the wire's counters."""
-    monkeypatch.setattr(_wire, "MAX_FRAMES_PER_MESSAGE", 3)
+    monkeypatch.setattr(_signed, "MAX_FRAMES_PER_MESSAGE", 3)
     stats = WireStats()
     receiver = Receiver(router, stats)
     _sockets.send_copied(worker, [b"x"] * 3)
@@ -280,7 +280,7 @@ def test_a_batch_written_as_the_reader_finds_the_peer_gone_leaves_it_gone(
     that succeeds meanwhile must not mark it alive again (it would stay in use)."""
     fastlink = _link_connection._fastlink
     if fastlink is None:
-        pytest.skip("monarch_nb._common._fastlink was not built")
+        pytest.skip("monarch_nb._wire._fastlink was not built")
     conn = worker_conn(router, b"w")
 
     def send_many_as_the_reader_ends_it(fd, messages):
@@ -301,7 +301,7 @@ def test_the_c_batch_write_declines_what_it_does_not_take(router, worker):
     most 16 buffers each, and more buffers than one write takes."""
     fastlink = _link_connection._fastlink
     if fastlink is None:
-        pytest.skip("monarch_nb._common._fastlink was not built")
+        pytest.skip("monarch_nb._wire._fastlink was not built")
     fd = worker_conn(router, b"w").fd
     assert fastlink.send_many(fd, [(b"a",)]) is None
     assert fastlink.send_many(fd, [[]]) is None
@@ -614,7 +614,7 @@ def test_a_mesh_runs_on_either_link_end_to_end(link):
             if link == "unix":
                 # After a burst the caller's next first send waits behind too,
                 # until its wait; after a lone call, a lone call goes at once.
-                from monarch_nb._common import _unix_link
+                from monarch_nb._wire import _unix_link
                 router, timer = Controller.get().router, _unix_link._WRITE_BEHIND_S
                 _unix_link._WRITE_BEHIND_S = 600.0  # no timer here
                 future = echo.echo.call(1)
@@ -652,7 +652,7 @@ def test_a_mesh_runs_on_either_link_end_to_end(link):
                 # Keyless processes of our uid: a stranger's frames are dropped
                 # unread and counted; one claiming a live rank's name is hung up
                 # on, and the rank keeps its link.
-                from monarch_nb._common._unix_link import LinkDealer
+                from monarch_nb._wire._unix_link import LinkDealer
                 address = Controller.get().address
                 before = procs.status().wire.dropped_unknown_peer
                 stranger = LinkDealer(address, os.urandom(16).hex().encode())
@@ -689,11 +689,11 @@ def test_a_reply_sealed_and_written_in_one_step_is_the_frame_sealed_in_steps_in_
     C step) arrives as the frame ``Signer.seal_small`` gives for the same number:
     written at once, or queued behind a message the kernel took in part, in
     order; one too big for a step sends nothing and uses up no number."""
-    key = _wire.new_key()
-    tag = _wire.sender_tag(b"w")
+    key = _signed.new_key()
+    tag = _signed.sender_tag(b"w")
 
-    def rank_signer() -> _wire.Signer:
-        return _wire.Signer(key, WireStats(), sender=tag, upstream=True, trusted_link=True)
+    def rank_signer() -> _signed.Signer:
+        return _signed.Signer(key, WireStats(), sender=tag, upstream=True, trusted_link=True)
 
     one_step, in_steps = rank_signer(), rank_signer()
     payload = pickle.dumps(("ok", 7), protocol=5)
@@ -710,13 +710,13 @@ def test_a_reply_sealed_and_written_in_one_step_is_the_frame_sealed_in_steps_in_
     got = take_until(Receiver(router, WireStats()), 4)
     assert [bytes(m[1]) for m in got] == [expected[0], big, *expected[1:]]
     assert all(m[0].bytes == b"w" for m in got)
-    controller = _wire.Signer(
-        key, WireStats(), sender=_wire.CONTROLLER, upstream=False, trusted_link=True
+    controller = _signed.Signer(
+        key, WireStats(), sender=_signed.CONTROLLER, upstream=False, trusted_link=True
     )
-    window = _wire.ReplayWindow()
+    window = _signed.ReplayWindow()
     replies = [controller.verify([m[1]], window, sender=tag) for m in (got[0], got[2], got[3])]
     assert replies == [Value(1), Value(2), Value(4)]
-    assert _wire.decode_payload([got[3][1]]) == ("ok", 7)
+    assert _signed.decode_payload([got[3][1]]) == ("ok", 7)
     assert one_step.stats.encoded == 3
     # Replies until the kernel's buffer is full (the last taken in part, or not
     # at all): what it did not take is written after, in order.

@@ -10,9 +10,9 @@ import dataclasses
 import pytest
 
 from monarch_nb import MeshState, MeshStatus, RankStatus
-from monarch_nb._common._messages import ResourceSample
-from monarch_nb._common._shape import Shape
-from monarch_nb._common._wire import WireStats
+from monarch_nb._model._shape import Shape
+from monarch_nb._wire._messages import ResourceSample
+from monarch_nb._wire._signed import WireStats
 from monarch_nb.events import (
     CallFinished,
     Heartbeat,
@@ -21,9 +21,9 @@ from monarch_nb.events import (
     RankState,
     RankStateChanged,
 )
-from monarch_nb.magics._render import NotebookMeshStatus, render_status
 from monarch_nb.widgets._chart import chart_ranks
 from monarch_nb.widgets._model import DashboardFeed, FailureLog, Throttle, parse_progress
+from monarch_nb.widgets._render import NotebookMeshStatus, render_status
 from monarch_nb.widgets._sparks import spark_html, sparkline
 from monarch_nb.widgets._text import failures_html, render_text, tile_html
 

@@ -14,9 +14,11 @@ import zmq
 from rogues import Rogue
 
 from monarch_nb import Actor, endpoint
-from monarch_nb._common import _config, _serialize
-from monarch_nb._common._messages import Call, Value
-from monarch_nb._common._wire import (
+from monarch_nb._controller._client import Controller
+from monarch_nb._services import _config
+from monarch_nb._wire import _serialize
+from monarch_nb._wire._messages import Call, Value
+from monarch_nb._wire._signed import (
     CONTROLLER,
     ReplayWindow,
     Signer,
@@ -25,7 +27,6 @@ from monarch_nb._common._wire import (
     new_key,
     sender_tag,
 )
-from monarch_nb._controller._client import Controller
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -219,8 +220,8 @@ def test_replay_window_accepts_each_number_once_in_any_order():
 
 
 def test_a_signed_message_of_an_unknown_kind_is_an_error_not_a_silent_drop(monkeypatch):
-    from monarch_nb._common import _messages
-    from monarch_nb._common._messages import UnknownMessage
+    from monarch_nb._wire import _messages
+    from monarch_nb._wire._messages import UnknownMessage
 
     key = new_key()
     sender, receiver = from_rank(key), from_controller(key)

@@ -82,7 +82,7 @@ def test_an_idle_rank_answers_a_call_behind_a_burst_of_control_messages(monkeypa
     # each also makes the rank look again, which would hide the wait.
     monkeypatch.setenv("MONARCH_NB_IDLE_RECHECK_MS", str(600_000))
     from monarch_nb import config
-    from monarch_nb._common._messages import Interrupt
+    from monarch_nb._wire._messages import Interrupt
 
     with config.configured(heartbeat=600), this_host().spawn_procs(per_host={"procs": 1}) as procs:
         watcher = procs.spawn("burst_watcher", WireWatcher)
@@ -242,11 +242,11 @@ def test_a_message_whose_handling_raises_does_not_lose_the_ones_taken_with_it(pr
     import os
     import signal
 
-    from monarch_nb._common._messages import CommToRank
+    from monarch_nb._wire._messages import CommToRank
 
     procs2.slice(procs=0).run(
         "from monarch_nb._worker import _comms\n"
-        "from monarch_nb._common._messages import CommToRank\n"
+        "from monarch_nb._wire._messages import CommToRank\n"
         "def _broken(message):\n"
         "    raise RuntimeError('a broken control handler')\n"
         "_comms._worker.wire.control_handlers[CommToRank] = _broken\n",

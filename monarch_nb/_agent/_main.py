@@ -59,12 +59,14 @@ from typing import Any
 
 import zmq
 
-from .._common import _config, _keys, _logs, _network, _py_spy, _rundir, _workspace
-from .._common._descendants import kill_tree
-from .._common._errors import MeshUsageError
-from .._common._fd_limits import ExhaustionWarning, exhausted, raise_fd_limit
-from .._common._handshake_guard import HandshakeGuard
-from .._common._messages import (
+from .._model._errors import MeshUsageError
+from .._services import _config, _logs, _py_spy, _workspace
+from .._services._descendants import kill_tree
+from .._services._spawn import kill_leftovers, start_worker
+from .._wire import _keys, _network, _rundir
+from .._wire._fd_limits import ExhaustionWarning, exhausted, raise_fd_limit
+from .._wire._handshake_guard import HandshakeGuard
+from .._wire._messages import (
     AgentAttach,
     AgentHeartbeat,
     AgentHello,
@@ -83,8 +85,7 @@ from .._common._messages import (
     WorkerStarted,
     WorkspaceSynced,
 )
-from .._common._spawn import kill_leftovers, start_worker
-from .._common._wire import (
+from .._wire._signed import (
     CONTROLLER,
     MAX_FRAME_BYTES,
     OWN,

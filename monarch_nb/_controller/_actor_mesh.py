@@ -24,17 +24,17 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from .._common import _refs
-from .._common._actors import Actor, endpoint_names, endpoint_propagators
-from .._common._endpoint import EndpointBase, unpicklable_argument
-from .._common._errors import MeshFailure, MeshUsageError
-from .._common._future import Future, completed, done_as_none
-from .._common._mesh_base import ActorMeshBase, endpoints_over_methods
-from .._common._messages import Call, StopActor
-from .._common._peer_mesh import rebuild_actors
-from .._common._pending import PendingCall
-from .._common._public import publish
-from .._common._shape import Shape
+from .._model._errors import MeshFailure, MeshUsageError
+from .._model._future import Future, completed, done_as_none
+from .._model._public import publish
+from .._model._shape import Shape
+from .._runtime import _refs
+from .._runtime._actors import Actor, endpoint_names, endpoint_propagators
+from .._runtime._endpoint import EndpointBase, unpicklable_argument
+from .._runtime._mesh_base import ActorMeshBase, endpoints_over_methods
+from .._runtime._peer_mesh import rebuild_actors
+from .._runtime._pending import PendingCall
+from .._wire._messages import Call, StopActor
 from ._calls import send_call
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import zmq
 
-from .._common._handshake_guard import HandshakeGuard
-from .._common._sockets import socket_events
-from .._common._wire import MAX_FRAME_BYTES, OWN, Encoded
+from .._wire._handshake_guard import HandshakeGuard
+from .._wire._signed import MAX_FRAME_BYTES, OWN, Encoded
+from .._wire._sockets import socket_events
 
 if TYPE_CHECKING:
     from ._io_loop import IOLoop

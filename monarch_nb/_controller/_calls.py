@@ -1,15 +1,15 @@
-"""The one way the controller sends a call; the call's state is :mod:`.._common._pending`."""
+"""The one way the controller sends a call; the call's state is :mod:`.._runtime._pending`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._common._errors import RemoteError, SerializationError
-from .._common._messages import Message
-from .._common._pending import CallFuture, PendingCall, ReplyStream, set_wait_hook
-from .._common._public import publish
-from .._common._shape import Shape
+from .._model._errors import RemoteError, SerializationError
+from .._model._public import publish
+from .._model._shape import Shape
+from .._runtime._pending import CallFuture, PendingCall, ReplyStream, set_wait_hook
+from .._wire._messages import Message
 from ._interrupt import GRACE_S, stop_call
 
 if TYPE_CHECKING:

@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._common._cell_source import cache_source, compile_cell, next_cell_name
-from .._common._errors import CellError
-from .._common._messages import Pull, Push, RunCell
+from .._model._errors import CellError
+from .._runtime._cell_source import cache_source, compile_cell, next_cell_name
+from .._wire._messages import Pull, Push, RunCell
 from . import _interrupt
 from ._calls import CallFuture, send_call
 
 if TYPE_CHECKING:
-    from .._common._shape import Shape
+    from .._model._shape import Shape
     from ._process_group import ProcGroup
 
 

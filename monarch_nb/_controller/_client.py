@@ -47,15 +47,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
-from .._common import _config, _rundir
-from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure
-from .._common._fd_limits import raise_fd_limit
-from .._common._future import set_before_wait
-from .._common._handshake_guard import HandshakeGuard
-from .._common._messages import Failure, Message, UnknownMessage, Value
-from .._common._sockets import socket_events
-from .._common._unix_link import LinkFrame, LinkRouter
-from .._common._wire import (
+from .._model._errors import MeshFailure, MeshUsageError, RemoteFailure
+from .._model._future import set_before_wait
+from .._services import _config
+from .._wire import _rundir
+from .._wire._fd_limits import raise_fd_limit
+from .._wire._handshake_guard import HandshakeGuard
+from .._wire._messages import Failure, Message, UnknownMessage, Value
+from .._wire._signed import (
     MAX_FRAME_BYTES,
     OWN,
     RELAY,
@@ -64,6 +63,8 @@ from .._common._wire import (
     WireStats,
     decode_payload,
 )
+from .._wire._sockets import socket_events
+from .._wire._unix_link import LinkFrame, LinkRouter
 from ._agent_links import AgentLinks, close_guard, watch_guard
 from ._calls import PendingCall
 from ._client_receive import HANDLING_FAILED, CallerReceiver, Peer, Verified

@@ -22,16 +22,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._common._eventfd import clear_eventfd
-from .._common._future import Future, deferred_callbacks, pumps_here
-from .._common._messages import Message, Value
-from .._common._wire import ReplayWindow, WireStats, sender_tag
+from .._model._future import Future, deferred_callbacks, pumps_here
+from .._wire._eventfd import clear_eventfd
+from .._wire._messages import Message, Value
+from .._wire._signed import ReplayWindow, WireStats, sender_tag
 
 if TYPE_CHECKING:
     import zmq
 
-    from .._common._pending import PendingCall
-    from .._common._unix_link import LinkRouter
+    from .._runtime._pending import PendingCall
+    from .._wire._unix_link import LinkRouter
     from ._group_protocol import ClientGroup
     from ._io_loop import IOLoop
 

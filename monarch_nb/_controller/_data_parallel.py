@@ -18,11 +18,11 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from .._common._actors import Actor
-from .._common._balance import IN_FLIGHT, Map, MapFuture, split_bounds
-from .._common._errors import MeshUsageError
-from .._common._messages import Push
-from .._common._shape import Shape
+from .._model._errors import MeshUsageError
+from .._model._shape import Shape
+from .._runtime._actors import Actor
+from .._runtime._balance import IN_FLIGHT, Map, MapFuture, split_bounds
+from .._wire._messages import Push
 from . import _cells
 from ._calls import send_call
 from ._interrupt import wait_for

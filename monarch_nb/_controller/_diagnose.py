@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._common import _py_spy
-from .._common._fold import fold, format_ranks
-from .._common._messages import AWAITING_HEADING, StatusReply
-from .._common._public import publish
+from .._model._fold import fold, format_ranks
+from .._model._public import publish
+from .._services import _py_spy
+from .._wire._messages import AWAITING_HEADING, StatusReply
 from ._stacks import query, run_py_spy
 
 if TYPE_CHECKING:

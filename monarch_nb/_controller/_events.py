@@ -42,9 +42,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._common._errors import MeshFailure
-from .._common._messages import ResourceSample
-from .._common._public import publish
+from .._model._errors import MeshFailure
+from .._model._public import publish
+from .._wire._messages import ResourceSample
 
 _log = logging.getLogger("monarch_nb")
 
@@ -415,7 +415,7 @@ def print_output(event: Output) -> None:
     unless the ``prefix_with_rank`` setting is off."""
     import sys
 
-    from .._common import _config
+    from .._services import _config
 
     stream = sys.stderr if event.stream == "stderr" else sys.stdout
     prefix = f"[{event.rank}] " if _config.get("prefix_with_rank") else ""

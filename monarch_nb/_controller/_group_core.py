@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._group_protocol import HostedGroup, SendingGroup
 
 if TYPE_CHECKING:
-    from .._common._errors import MeshFailure, SpawnError
-    from .._common._messages import Message
-    from .._common._shape import Shape
-    from .._common._wire import Encoded, Signer
+    from .._model._errors import MeshFailure, SpawnError
+    from .._model._shape import Shape
+    from .._wire._messages import Message
+    from .._wire._signed import Encoded, Signer
     from ._client import Controller
     from ._events import EventStream, RankState
     from ._hosts import HostAgents

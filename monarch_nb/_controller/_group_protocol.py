@@ -13,12 +13,12 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .._common._errors import MeshFailure
-    from .._common._future import Future
-    from .._common._messages import Message, StatusReply
-    from .._common._pending import PendingCall
-    from .._common._shape import Shape
-    from .._common._wire import Encoded, Signer
+    from .._model._errors import MeshFailure
+    from .._model._future import Future
+    from .._model._shape import Shape
+    from .._runtime._pending import PendingCall
+    from .._wire._messages import Message, StatusReply
+    from .._wire._signed import Encoded, Signer
     from ._events import EventStream
     from ._io_loop import IOLoop
     from ._lifecycle import State

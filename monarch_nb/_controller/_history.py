@@ -19,8 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._common._fold import format_ranks
-from .._common._shape import Shape
+from .._model._fold import format_ranks
+from .._model._shape import Shape
 
 StepKind = Literal["push", "cell", "spawn"]
 # Long notebooks keep their first steps: those built the state the rest relies on.

@@ -34,11 +34,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from .._common import _keys, _network, _py_spy
-from .._common._errors import CallTimeout, MeshFailure, MeshUsageError
-from .._common._fold import format_ranks
-from .._common._future import Future
-from .._common._messages import (
+from .._model._errors import CallTimeout, MeshFailure, MeshUsageError
+from .._model._fold import format_ranks
+from .._model._future import Future
+from .._services import _py_spy
+from .._wire import _keys, _network
+from .._wire._messages import (
     AgentHeartbeat,
     AgentHello,
     AgentShutdown,
@@ -56,7 +57,7 @@ from .._common._messages import (
     WorkerStarted,
     WorkspaceSynced,
 )
-from .._common._wire import CONTROLLER, ReplayWindow, Signer, sender_tag
+from .._wire._signed import CONTROLLER, ReplayWindow, Signer, sender_tag
 from ._client import Controller
 from ._workers import HEARTBEAT_S, START_TIMEOUT_S, WorkerProcess
 

@@ -20,18 +20,12 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .._common._errors import (
-    CallTimeout,
-    MeshFailure,
-    RemoteError,
-    RemoteFailure,
-    format_ranks,
-)
-from .._common._hints import restart_hint, restart_ranks_hint
+from .._model._errors import CallTimeout, MeshFailure, RemoteError, RemoteFailure, format_ranks
+from .._model._hints import restart_hint, restart_ranks_hint
 from ._diagnose import diagnose
 
 if TYPE_CHECKING:
-    from .._common._pending import CallFuture, PendingCall
+    from .._runtime._pending import CallFuture, PendingCall
     from ._group_protocol import InterruptibleGroup
 
 GRACE_S = float(os.environ.get("MONARCH_NB_INTERRUPT_GRACE", "3"))

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import zmq
 
-from .._common._eventfd import clear_eventfd
+from .._wire._eventfd import clear_eventfd
 
 Callback = Callable[[], None]
 T = TypeVar("T")

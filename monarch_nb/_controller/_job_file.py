@@ -25,7 +25,7 @@ import stat
 import time
 from typing import Any
 
-from .._common._private_paths import refuse_unless_private
+from .._wire._private_paths import refuse_unless_private
 
 # A state file is a few kilobytes; anything far bigger was not written by us.
 _MAX_BYTES = 1 << 20

@@ -32,9 +32,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._common import _config, _keys
-from .._common._errors import MeshUsageError
-from .._common._network import free_port
+from .._model._errors import MeshUsageError
+from .._services import _config
+from .._wire import _keys
+from .._wire._network import free_port
 from . import _job_file
 from ._launchers import attach, host_prelude
 from ._proc_mesh import HostMesh, this_host
@@ -411,7 +412,7 @@ class SSHJob(JobTrait):
 
     def _remote_start(self, host: str, index: int, remote_key: str) -> str:
         name = host.rpartition("@")[2]
-        free = "from monarch_nb._common._network import free_port; print(free_port())"
+        free = "from monarch_nb._wire._network import free_port; print(free_port())"
         listen = f"tcp://{name}:$PORT"
         # env_setup first: if it fails, the key (on stdin) is never written there.
         return (
@@ -514,7 +515,7 @@ def job_load(path: str = DEFAULT_JOB_PATH) -> JobTrait:
 def _key_file_for(cached_path: str | None) -> str:
     """A fresh 0600 key file beside the saved state (or in the run's private dir)."""
     if cached_path is None:
-        from .._common._rundir import run_dir
+        from .._wire._rundir import run_dir
 
         base = run_dir()
     else:

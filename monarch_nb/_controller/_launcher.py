@@ -15,13 +15,14 @@ import secrets
 import socket
 from typing import Any
 
-from .._common import _peer, _refs, _rundir
-from .._common._dist import STORE_ENV, fresh_store_path
-from .._common._errors import MeshFailure
-from .._common._network import free_port, interface_of, visible_gpus
-from .._common._spawn import start_worker
-from .._common._unix_link import SCHEME as LINK_SCHEME
-from .._common._wire import CONTROLLER, Signer, new_key
+from .._model._errors import MeshFailure
+from .._runtime import _peer, _refs
+from .._services._dist import STORE_ENV, fresh_store_path
+from .._services._spawn import start_worker
+from .._wire import _rundir
+from .._wire._network import free_port, interface_of, visible_gpus
+from .._wire._signed import CONTROLLER, Signer, new_key
+from .._wire._unix_link import SCHEME as LINK_SCHEME
 from . import _events as ev
 from ._group_core import GroupCore
 from ._lifecycle import Failed, Starting

@@ -23,10 +23,11 @@ import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-from .._common import _keys, _network, _peer
-from .._common._errors import MeshUsageError
-from .._common._messages import AgentAttach
-from .._common._public import publish
+from .._model._errors import MeshUsageError
+from .._model._public import publish
+from .._runtime import _peer
+from .._wire import _keys, _network
+from .._wire._messages import AgentAttach
 from ._client import Controller
 from ._hosts import HOST_TIMEOUT_S, HostAgents
 from ._proc_mesh import HostMesh

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .._common._errors import MeshFailure
+from .._model._errors import MeshFailure
 
 
 @dataclass(frozen=True)

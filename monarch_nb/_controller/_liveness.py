@@ -14,10 +14,10 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 
-from .._common import _context
-from .._common._errors import MeshFailure
-from .._common._hints import restart_hint, restart_ranks_hint
-from .._common._messages import Interrupt, Shutdown
+from .._model._errors import MeshFailure
+from .._model._hints import restart_hint, restart_ranks_hint
+from .._runtime import _context
+from .._wire._messages import Interrupt, Shutdown
 from . import _events as ev
 from ._group_core import GroupCore
 from ._lifecycle import Failed, Stopped, describe_ranks, plural_ranks

@@ -18,9 +18,9 @@ import sys
 import threading
 from collections.abc import Callable
 
-from .._common import _config
-from .._common._errors import MeshUsageError
-from .._common._fold import format_ranks
+from .._model._errors import MeshUsageError
+from .._model._fold import format_ranks
+from .._services import _config
 from ._events import Output
 
 

@@ -15,16 +15,17 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-from .._common import _checks, _logs
-from .._common._errors import MeshUsageError
-from .._common._fold import format_ranks
-from .._common._future import Future, completed
-from .._common._messages import ReadLogs
+from .._model import _checks
+from .._model._errors import MeshUsageError
+from .._model._fold import format_ranks
+from .._model._future import Future, completed
+from .._services import _logs
+from .._wire._messages import ReadLogs
 from . import _diagnose, _stacks, _telemetry
 from ._log_stream import check_option
 
 if TYPE_CHECKING:
-    from .._common._shape import Shape
+    from .._model._shape import Shape
     from ._diagnose import Diagnosis
     from ._events import Output
     from ._process_group import ProcGroup

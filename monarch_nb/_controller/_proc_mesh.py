@@ -9,17 +9,18 @@ import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._common import _checks, _context, _refs
-from .._common._actors import Actor
-from .._common._balance import MapFuture
-from .._common._errors import MeshFailure, MeshUsageError, SpawnError
-from .._common._future import Future, completed, done_as_none
-from .._common._messages import Spawn
-from .._common._peer_mesh import rebuild_procs
-from .._common._public import publish
-from .._common._shape import MeshShape, Point, Shape
-from .._common._tensor_link import tensor_engine
-from .._common._value_mesh import ValueMesh
+from .._model import _checks
+from .._model._errors import MeshFailure, MeshUsageError, SpawnError
+from .._model._future import Future, completed, done_as_none
+from .._model._public import publish
+from .._model._shape import MeshShape, Point, Shape
+from .._model._value_mesh import ValueMesh
+from .._runtime import _context, _refs
+from .._runtime._actors import Actor
+from .._runtime._balance import MapFuture
+from .._runtime._peer_mesh import rebuild_procs
+from .._runtime._tensor_link import tensor_engine
+from .._wire._messages import Spawn
 from . import _cells, _data_parallel, _workspace_sync
 from ._actor_mesh import ActorMesh, unpicklable_argument
 from ._calls import CallFuture, send_call

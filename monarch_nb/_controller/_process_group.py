@@ -29,13 +29,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._common import _context, _logs, _refs
-from .._common._errors import MeshFailure, MeshUsageError, SpawnError
-from .._common._future import Future
-from .._common._messages import CommToRank, DebugInput, DebugRefused, Message, StatusReply
-from .._common._network import visible_gpus
-from .._common._shape import Shape
-from .._common._wire import Encoded, Signer
+from .._model._errors import MeshFailure, MeshUsageError, SpawnError
+from .._model._future import Future
+from .._model._shape import Shape
+from .._runtime import _context, _refs
+from .._services import _logs
+from .._wire._messages import CommToRank, DebugInput, DebugRefused, Message, StatusReply
+from .._wire._network import visible_gpus
+from .._wire._signed import Encoded, Signer
 from . import _events as ev
 from ._calls import CallFuture
 from ._client import Controller

@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from .._common._errors import MeshUsageError
-from .._common._public import publish
+from .._model._errors import MeshUsageError
+from .._model._public import publish
 
 
 @dataclass(frozen=True)

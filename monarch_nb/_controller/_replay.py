@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
-from .._common._errors import ReplayError
-from .._common._fold import format_ranks
-from .._common._shape import Shape
+from .._model._errors import ReplayError
+from .._model._fold import format_ranks
+from .._model._shape import Shape
 from . import _cells
 from ._history import Step
 from ._interrupt import wait_for

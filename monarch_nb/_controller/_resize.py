@@ -7,7 +7,7 @@ identities, pipes and exit watchers move over; their signing key and
 replay windows stay), and ``grow`` starts processes for the ranks added
 after them. Each adopted rank is told its new rank, shape and environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, a fresh ``MASTER_PORT``) by a
-:class:`~.._common._messages.Renumber` call, so its namespace (``rank``,
+:class:`~.._wire._messages.Renumber` call, so its namespace (``rank``,
 ``world_size``, ``point``) and ``current_rank()`` follow; its namespace is
 kept, and it leaves its torch.distributed process group, if it had one.
 The group it left is stopped, "resized into" the new one: calls to it, and
@@ -26,12 +26,12 @@ import functools
 import secrets
 import time
 
-from .._common._config import COLLECTIVE_TIMEOUT_S, collective_timeout
-from .._common._dist import STORE_ENV, fresh_store_path
-from .._common._errors import MeshFailure, MeshUsageError
-from .._common._messages import Renumber
-from .._common._network import free_port
-from .._common._shape import Shape
+from .._model._errors import MeshFailure, MeshUsageError
+from .._model._shape import Shape
+from .._services._config import COLLECTIVE_TIMEOUT_S, collective_timeout
+from .._services._dist import STORE_ENV, fresh_store_path
+from .._wire._messages import Renumber
+from .._wire._network import free_port
 from ._calls import send_call
 from ._lifecycle import Failed, Running, Starting, Stopped, describe_ranks
 from ._process_group import START_TIMEOUT_S, ProcGroup

@@ -15,9 +15,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from .._common._errors import MeshFailure, MeshUsageError, SpawnError
-from .._common._messages import Spawn
-from .._common._shape import Shape
+from .._model._errors import MeshFailure, MeshUsageError, SpawnError
+from .._model._shape import Shape
+from .._wire._messages import Spawn
 from . import _events as ev
 from ._calls import CallFuture, send_call
 from ._group_core import GroupCore

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._common._workspace import SKIPPED_NAMES, SKIPPED_SUFFIXES, local_path
+from .._services._workspace import SKIPPED_NAMES, SKIPPED_SUFFIXES, local_path
 
 
 @dataclass(frozen=True)

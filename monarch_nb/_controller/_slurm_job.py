@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._common._errors import MeshFailure, MeshUsageError
+from .._model._errors import MeshFailure, MeshUsageError
 from ._jobs import JobTrait, _attach_when_listening, _idle_timeout_export, _meshes
 from ._launchers import host_prelude
 from ._proc_mesh import HostMesh

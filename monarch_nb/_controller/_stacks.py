@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._common import _py_spy
-from .._common._errors import MeshUsageError
-from .._common._fold import MAX_GROUPS_SHOWN, fold, format_ranks, more
-from .._common._messages import StatusReply
-from .._common._public import publish
+from .._model._errors import MeshUsageError
+from .._model._fold import MAX_GROUPS_SHOWN, fold, format_ranks, more
+from .._model._public import publish
+from .._services import _py_spy
+from .._wire._messages import StatusReply
 from ._status import describe_exit
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ import enum
 import signal
 from dataclasses import dataclass
 
-from .._common._public import publish
-from .._common._shape import Point, Shape
-from .._common._wire import WireStats
+from .._model._public import publish
+from .._model._shape import Point, Shape
+from .._wire._signed import WireStats
 from ._events import RankState
 
 

@@ -32,8 +32,8 @@ import signal
 import threading
 from collections.abc import Callable
 
-from .._common import _context
-from .._common._errors import MeshFailure
+from .._model._errors import MeshFailure
+from .._runtime import _context
 
 _log = logging.getLogger("monarch_nb")
 

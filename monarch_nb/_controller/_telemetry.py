@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from .._common import _config
-from .._common._messages import ResourceSample
+from .._services import _config
+from .._wire._messages import ResourceSample
 
 # A rank that logs thousands of points a second keeps its newest ones.
 MAX_ROWS_PER_RANK = 200_000

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .._common._fold import format_ranks
+from .._model._fold import format_ranks
 
 Outcome = Literal["ok", "error", "interrupted", "died", "cancelled", "running"]
 # The newest calls are kept: at most this many, and at most this many (call, rank)

@@ -12,10 +12,10 @@ import logging
 import time
 from typing import Any
 
-from .._common import _context
-from .._common._errors import MeshFailure, RemoteError
-from .._common._future import Future
-from .._common._messages import (
+from .._model._errors import MeshFailure, RemoteError
+from .._model._future import Future
+from .._runtime import _context
+from .._wire._messages import (
     BroadcastFailure,
     CommFromRank,
     CommToRank,
@@ -33,7 +33,7 @@ from .._common._messages import (
     StatusReply,
     Supervision,
 )
-from .._common._wire import decode_payload
+from .._wire._signed import decode_payload
 from . import _events as ev
 from ._group_core import GroupCore
 from ._lifecycle import Running, Starting

@@ -14,10 +14,10 @@ import time
 from collections import deque
 from typing import Any
 
-from .._common import _py_spy
-from .._common._descendants import kill_tree
-from .._common._messages import ResourceSample
-from .._common._spawn import kill_leftovers
+from .._services import _py_spy
+from .._services._descendants import kill_tree
+from .._services._spawn import kill_leftovers
+from .._wire._messages import ResourceSample
 from . import _events as ev
 from ._oom import OomWitness, describe_oom
 from ._status import describe_exit

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .._common import _checks, _workspace
-from .._common._errors import MeshUsageError
+from .._model import _checks
+from .._model._errors import MeshUsageError
+from .._services import _workspace
 from . import _rsync
 
 if TYPE_CHECKING:

@@ -1,1 +1,2 @@
-"""Worker-side code: the process main loop, its wire thread, rank namespaces."""
+"""The worker process: its main loop and inbox, the actors it hosts and their
+calls, cells and rank namespaces, its wire thread. Never imports ``_controller``."""

@@ -17,11 +17,12 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
-from .._common import _context, _refs
-from .._common._actors import is_concurrent, wants_response_port
-from .._common._context import Context
-from .._common._errors import MeshFailure, MeshUsageError, RemoteFailure, never_constructed
-from .._common._messages import (
+from .._model._errors import MeshFailure, MeshUsageError, RemoteFailure, never_constructed
+from .._model._shape import Shape
+from .._runtime import _context, _refs
+from .._runtime._actors import is_concurrent, wants_response_port
+from .._runtime._context import Context
+from .._wire._messages import (
     AWAITING_HEADING,
     BroadcastFailure,
     Call,
@@ -30,8 +31,7 @@ from .._common._messages import (
     Supervision,
     Value,
 )
-from .._common._shape import Shape
-from .._common._wire import decode_payload
+from .._wire._signed import decode_payload
 from ._answers import FAILED, Answers, Route
 from ._endpoint_tasks import NO_TICKET, TaskCall, stepped, where_awaiting
 from ._frames import not_user_code

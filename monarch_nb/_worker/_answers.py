@@ -12,11 +12,11 @@ import sys
 import traceback
 from typing import Any, Protocol
 
-from .._common._errors import RemoteError, RemoteFailure
-from .._common._messages import BroadcastFailure, Failure, Value
-from .._common._peer import PeerRoute
-from .._common._serialize import dumps
-from .._common._wire import Signer, decode_payload
+from .._model._errors import RemoteError, RemoteFailure
+from .._runtime._peer import PeerRoute
+from .._wire._messages import BroadcastFailure, Failure, Value
+from .._wire._serialize import dumps
+from .._wire._signed import Signer, decode_payload
 from ._frames import TRACEBACK_SKIPPED, WAIT_FILES
 from ._wire_thread import WireThread
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._common import _context
-from .._common._messages import Failure, Pull, Push, RunCell
+from .._runtime import _context
+from .._wire._messages import Failure, Pull, Push, RunCell
 from ._answers import FAILED, Answers
 from ._running import Running
 

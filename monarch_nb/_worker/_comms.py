@@ -20,7 +20,7 @@ import sys
 import traceback
 from typing import Any
 
-from .._common._messages import CommFromRank, CommToRank
+from .._wire._messages import CommFromRank, CommToRank
 from . import _rich
 
 _worker: Any = None  # the rank's Worker, once a cell ran

@@ -19,7 +19,7 @@ import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
-from .._common._context import Context
+from .._runtime._context import Context
 
 # A call as this rank knows it: (its sender, b"" for the controller; its call id
 # there, 0 for a broadcast).

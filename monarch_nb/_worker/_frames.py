@@ -24,8 +24,12 @@ TRACEBACK_SKIPPED = DISPATCH_FILES | frozenset(
 # Frames of waiting on a future (where a nested call's error was re-raised), and
 # of the actor that applies ProcMesh.map's function: ours, not the user's.
 WAIT_FILES = frozenset(
-    os.path.join(os.path.dirname(_HERE), "_common", name)
-    for name in ("_future.py", "_pending.py", "_balance.py")
+    os.path.join(os.path.dirname(_HERE), layer, name)
+    for layer, name in (
+        ("_model", "_future.py"),
+        ("_runtime", "_pending.py"),
+        ("_runtime", "_balance.py"),
+    )
 )
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -23,9 +23,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._common._messages import Message
-from .._common._peer import PeerRoute
-from .._common._wire import WireStats
+from .._runtime._peer import PeerRoute
+from .._wire._messages import Message
+from .._wire._signed import WireStats
 from ._answers import ControllerRoute, Route
 from ._endpoint_tasks import Ticket
 from ._wire_thread import WireThread

@@ -3,7 +3,7 @@
 :func:`install` wraps ``sys.stdout`` and ``sys.stderr`` so each write still
 goes to the pipe the controller reads, and each completed line is also
 appended, time-stamped, to the rank's file (format and place:
-:mod:`monarch_nb._common._logs`). ``logging`` records are taken where they
+:mod:`monarch_nb._services._logs`). ``logging`` records are taken where they
 are made (the record factory), with their level, so the user's handlers and
 Python's last-resort printing behave as without us; the printed form of a
 record that follows it is not written twice.
@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, TextIO
 
-from .._common import _config, _logs
+from .._services import _config, _logs
 
 FLUSH_INTERVAL_S = 0.5
 _MAX_PARTIAL = 1 << 16  # a line without an end is cut here, not held forever

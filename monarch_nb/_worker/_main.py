@@ -36,13 +36,16 @@ from typing import Any
 
 import zmq
 
-from .._common import _context, _metrics, _peer, _refs
-from .._common._context import Context
-from .._common._descendants import become_subreaper, kill_descendants
-from .._common._dist import keep_store_on_loopback
-from .._common._fd_limits import raise_fd_limit
-from .._common._future import set_wait_pump
-from .._common._messages import (
+from .._model._future import set_wait_pump
+from .._model._shape import Shape
+from .._runtime import _context, _peer, _refs
+from .._runtime._context import Context
+from .._runtime._peer import PeerNode
+from .._services import _metrics
+from .._services._descendants import become_subreaper, kill_descendants
+from .._services._dist import keep_store_on_loopback
+from .._wire._fd_limits import raise_fd_limit
+from .._wire._messages import (
     Call,
     Hello,
     Message,
@@ -56,11 +59,9 @@ from .._common._messages import (
     StopActor,
     Value,
 )
-from .._common._peer import PeerNode
-from .._common._shape import Shape
-from .._common._unix_link import SCHEME as LINK_SCHEME
-from .._common._unix_link import LinkDealer
-from .._common._wire import Signer, WireStats, sender_tag
+from .._wire._signed import Signer, WireStats, sender_tag
+from .._wire._unix_link import SCHEME as LINK_SCHEME
+from .._wire._unix_link import LinkDealer
 from ._actors import Actors
 from ._answers import FAILED, Answers, ControllerRoute, Route
 from ._cells import Cells
@@ -270,7 +271,7 @@ def main() -> None:
     boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
     # What user code starts stays in this rank's tree, even after a setsid and its
-    # parent's exit, to be killed with it (see _common._descendants).
+    # parent's exit, to be killed with it (see _services._descendants).
     become_subreaper()
     keep_store_on_loopback()  # torch's store would listen on every interface
     raise_fd_limit()  # user code may open many; the agent or controller raised it already

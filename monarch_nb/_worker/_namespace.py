@@ -18,10 +18,10 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .._common._cell_source import CO_COROUTINE, cache_source, compile_cell
-from .._common._context import Context
-from .._common._messages import Display, Message
-from .._common._shape import Shape
+from .._model._shape import Shape
+from .._runtime._cell_source import CO_COROUTINE, cache_source, compile_cell
+from .._runtime._context import Context
+from .._wire._messages import Display, Message
 from . import _comms, _rich
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from .._common._messages import ResourceSample
+from .._wire._messages import ResourceSample
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 

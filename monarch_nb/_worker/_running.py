@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from .._common import _context
-from .._common._errors import RemoteFailure
-from .._common._messages import Call, Failure, Message, Pull, Push, Renumber, RunCell, Spawn
+from .._model._errors import RemoteFailure
+from .._runtime import _context
+from .._wire._messages import Call, Failure, Message, Pull, Push, Renumber, RunCell, Spawn
 from ._answers import Route
 from ._endpoint_tasks import NO_TICKET, TaskCall, Ticket
 from ._log_file import RankLog

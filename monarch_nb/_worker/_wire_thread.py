@@ -53,9 +53,9 @@ from typing import Any
 
 import zmq
 
-from .._common import _metrics
-from .._common._eventfd import clear_eventfd
-from .._common._messages import (
+from .._services import _metrics
+from .._wire._eventfd import clear_eventfd
+from .._wire._messages import (
     Call,
     Heartbeat,
     Interrupt,
@@ -65,9 +65,9 @@ from .._common._messages import (
     StatusReply,
     UnknownMessage,
 )
-from .._common._sockets import send_one, socket_events
-from .._common._unix_link import LinkDealer
-from .._common._wire import CONTROLLER, Receiver, ReplayWindow, Signer
+from .._wire._signed import CONTROLLER, Receiver, ReplayWindow, Signer
+from .._wire._sockets import send_one, socket_events
+from .._wire._unix_link import LinkDealer
 from . import _resources
 from ._frames import DISPATCH_FILES
 

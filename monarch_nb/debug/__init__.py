@@ -65,9 +65,9 @@ def post_mortem(procs: ProcMesh, rank: int | None = None, *, timeout: float | No
     ``rank`` defaults to the lowest rank of ``procs`` whose last call failed.
     Blocks, serving the prompt, until the user continues or quits.
     """
-    from .._common._errors import MeshUsageError
     from .._controller._cells import run_cell
     from .._controller._interrupt import wait_for
+    from .._model._errors import MeshUsageError
 
     group = procs._group
     if rank is None:

@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._common._errors import format_ranks
-from .._common._future import pumps_here
+from .._model._errors import format_ranks
+from .._model._future import pumps_here
 from . import _commands as cmd
 from ._session import DebugSession, session_for
 

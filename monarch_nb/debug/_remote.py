@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from .._common._messages import (
+from .._wire._messages import (
     DebugEnded,
     DebugInput,
     DebugOutput,

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .._common._messages import DebugInput, DebugRefused
 from .._controller._events import (
     DebuggerOutput,
     DebuggerPaused,
@@ -24,6 +23,7 @@ from .._controller._events import (
 )
 from .._controller._process_group import ProcGroup
 from .._controller._status import describe_exit
+from .._wire._messages import DebugInput, DebugRefused
 
 _sessions_lock = threading.Lock()
 

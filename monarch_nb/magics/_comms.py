@@ -19,8 +19,8 @@ import logging
 import threading
 from typing import Any
 
-from .._common._messages import CommToRank
 from .._controller._events import CommMessage, RanksRestarted
+from .._wire._messages import CommToRank
 
 _log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .. import debug
-from .._common._errors import MeshUsageError
+from .._model._errors import MeshUsageError
 from ._registry import REGISTRY
 
 USAGE = "%mesh debug [--rank R] [--mesh NAME]"

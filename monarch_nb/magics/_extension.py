@@ -14,8 +14,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import display
 
-from .._common import _hints
-from .._common._errors import (
+from .._model import _hints
+from .._model._errors import (
     CallTimeout,
     MeshFailure,
     MeshUsageError,
@@ -24,8 +24,9 @@ from .._common._errors import (
     ipython_lines,
     set_ipython_style,
 )
-from .._common._value_mesh import ValueMesh
-from . import _debug_magic, _options, _render, _run_script
+from .._model._value_mesh import ValueMesh
+from ..widgets import _render
+from . import _debug_magic, _options, _run_script
 from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
 from ._panel import register_panel, reveal_panel

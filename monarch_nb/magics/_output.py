@@ -31,10 +31,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._common._errors import format_ranks
 from .._controller._events import DisplayData, Event, Output, RankFailed
 from .._controller._log_stream import OutputPrinter
-from . import _render
+from .._model._errors import format_ranks
+from ..widgets import _render
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,6 @@ import threading
 import time
 from typing import Any
 
-from .._common._errors import MonarchNbError
 from .._controller._events import (
     CallFinished,
     CallStarted,
@@ -36,8 +35,9 @@ from .._controller._events import (
     RankFailed,
     RankStateChanged,
 )
+from .._model._errors import MonarchNbError
+from ..widgets._render import NotebookMeshStatus, work_text
 from ._registry import REGISTRY, MeshRegistry
-from ._render import NotebookMeshStatus, work_text
 
 COMM_TARGET = "monarch_nb.panel"
 REFRESH_S = 2.0

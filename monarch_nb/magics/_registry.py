@@ -25,22 +25,22 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from .._common._actors import Actor
-from .._common._cell_source import compile_cell, next_cell_name
-from .._common._config import collective_timeout
-from .._common._dist import STORE_ENV, fresh_store_path
-from .._common._errors import MeshUsageError, format_ranks
-from .._common._future import Future
-from .._common._logs import LogLine
-from .._common._value_mesh import ValueMesh
 from .._controller._actor_mesh import ActorMesh
 from .._controller._calls import CallFuture
 from .._controller._cells import run_cell
 from .._controller._events import DisplayData, Output, RankFailed
 from .._controller._interrupt import wait_for
 from .._controller._proc_mesh import HostMesh, ProcMesh, this_host
+from .._model._errors import MeshUsageError, format_ranks
+from .._model._future import Future
+from .._model._value_mesh import ValueMesh
+from .._runtime._actors import Actor
+from .._runtime._cell_source import compile_cell, next_cell_name
+from .._services._config import collective_timeout
+from .._services._dist import STORE_ENV, fresh_store_path
+from .._services._logs import LogLine
+from ..widgets import _render
 from ..widgets._model import FailureLog
-from . import _render
 from ._comms import CommRelay
 from ._output import CellOutput, MapProgress, OutputRouter
 from ._selection import select
@@ -325,7 +325,7 @@ class NotebookMesh:
         """A port free on rank 0's host (where the process group's store listens)."""
         first = self.procs.slice(**dict.fromkeys(self.procs.shape.labels, 0))
         # One expression: nothing is left in rank 0's namespace.
-        source = "__import__('monarch_nb._common._network', fromlist=['_']).free_port()"
+        source = "__import__('monarch_nb._wire._network', fromlist=['_']).free_port()"
         probe = run_cell(first, source, record=False)  # not a step of the user's history
         return int(wait_for(probe, timeout=DIST_INIT_TIMEOUT_S).values()[0])
 
@@ -348,7 +348,7 @@ class NotebookMesh:
             "if dist.is_initialized():\n"
             "    dist.destroy_process_group()\n"
             f"os.environ['MASTER_PORT'] = {str(self._free_master_port())!r}\n"
-            # ... or a fresh file, on one host (see monarch_nb._common._dist).
+            # ... or a fresh file, on one host (see monarch_nb._services._dist).
             f"if os.environ.get({STORE_ENV!r}):\n"
             f"    os.environ[{STORE_ENV!r}] = {fresh_store_path()!r}\n"
             if again
@@ -359,7 +359,7 @@ class NotebookMesh:
             f"if {self.dist!r} == 'nccl':\n"
             "    torch.cuda.set_device(0)\n"
             f"{fresh}"
-            "from monarch_nb._common._dist import init_process_group\n"
+            "from monarch_nb._services._dist import init_process_group\n"
             "if not dist.is_initialized():\n"
             f"    init_process_group({self.dist!r}, "
             f"timeout=datetime.timedelta(seconds={collective_timeout()!r}))\n"

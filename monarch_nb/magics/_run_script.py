@@ -11,7 +11,7 @@ import os
 import shlex
 from typing import Any
 
-from .._common._errors import MeshUsageError
+from .._model._errors import MeshUsageError
 
 USAGE = "%mesh run [--mesh NAME] [--ranks R] [--timeout S] script.py ARGS... (or -m module ARGS...)"
 _OPTIONS = ("--mesh", "--ranks", "--timeout")
@@ -36,7 +36,7 @@ def parse(rest: str) -> tuple[dict[str, str], list[str]]:
 def cell_source(script_args: list[str]) -> str:
     """The code each rank runs: torchrun's variables filled in, then the script."""
     return (
-        "from monarch_nb._common._spmd import fill_torchrun_env, run_script\n"
+        "from monarch_nb._services._spmd import fill_torchrun_env, run_script\n"
         f"fill_torchrun_env()\nrun_script({script_args!r})\n"
     )
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._common._errors import MeshUsageError, format_ranks
+from .._model._errors import MeshUsageError, format_ranks
 
 if TYPE_CHECKING:
     from .._controller._proc_mesh import ProcMesh

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .._common._errors import MeshUsageError
+from .._model._errors import MeshUsageError
 from ._registry import REGISTRY
 
 _RULE = "-" * 75
@@ -86,7 +86,7 @@ def colours(shell: Any) -> dict[str, tuple[str, str]]:
 
 
 class IPythonStyle:
-    """``style(error, lines)`` for :func:`~.._common._errors.set_ipython_style`."""
+    """``style(error, lines)`` for :func:`~.._model._errors.set_ipython_style`."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell

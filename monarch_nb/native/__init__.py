@@ -4,7 +4,7 @@ Layering: ``_memory`` (C: registration table, TCP server, copy engines) is
 wrapped by ``_transport`` (connections, workers, transports, error
 translation), which ``_buffer`` (RDMABuffer, RDMABatch: validation and
 futures) builds on. This package imports nothing from monarch_nb except
-``monarch_nb._common._future``, and nothing heavy: torch and numpy are recognised
+``monarch_nb._model._future``, and nothing heavy: torch and numpy are recognised
 only if the caller already imported them.
 
 Importing it always works; if the C extension is missing, ``RDMABuffer(...)``

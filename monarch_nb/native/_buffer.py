@@ -66,7 +66,7 @@ import threading
 import weakref
 from typing import Any
 
-from monarch_nb._common._future import Future
+from monarch_nb._model._future import Future
 from monarch_nb.native import _cudart, _sealing
 from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError, RDMATransferError
 from monarch_nb.native._handle import Handle, host_key, layout

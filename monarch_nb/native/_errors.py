@@ -16,7 +16,7 @@ offsets, non-contiguous memory, CPU-only build).
 
 from __future__ import annotations
 
-from .._common._errors import MonarchNbError
+from .._model._errors import MonarchNbError
 
 
 class RDMAError(MonarchNbError, RuntimeError):

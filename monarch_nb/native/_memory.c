@@ -67,7 +67,7 @@
 
 #include "_cuda.h"
 #include "_seal.h"
-#include "_sha256.h"
+#include "../_wire/_sha256.h"
 
 #ifndef PR_SET_PTRACER
 #define PR_SET_PTRACER 0x59616d61

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "_sha256.h"
+#include "../_wire/_sha256.h"
 
 /* ----------------------------------------------------------------- requests */
 

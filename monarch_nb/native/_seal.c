@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "_sha256.h"
+#include "../_wire/_sha256.h"
 
 /* EVP_CIPHER_CTX_ctrl commands for GCM (stable across OpenSSL 1.1 and 3). */
 #define GCM_SET_IVLEN 0x9

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from monarch_nb._common import _rundir
-from monarch_nb._common._future import Future
+from monarch_nb._model._future import Future
+from monarch_nb._wire import _rundir
 from monarch_nb.native import _cudart, _sealing
 from monarch_nb.native._errors import (
     RDMAAccessError,

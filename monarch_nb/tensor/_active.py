@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .._common._errors import MeshUsageError
-from .._common._public import publish
+from .._model._errors import MeshUsageError
+from .._model._public import publish
 from ._engine import View
 
 _stack: list[View | None] = []

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .._common._errors import MeshUsageError
+from .._model._errors import MeshUsageError
 from ._active import current, suspended
 from ._engine import Engine, engine_for, source_line
 from ._symbolic import fake_mode

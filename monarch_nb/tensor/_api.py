@@ -9,13 +9,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from .._common._errors import MeshUsageError, format_ranks
-from .._common._fold import fold
-from .._common._future import Future
-from .._common._public import publish
-from .._common._shape import Selector
-from .._common._value_mesh import ValueMesh
 from .._controller._proc_mesh import ProcMesh
+from .._model._errors import MeshUsageError, format_ranks
+from .._model._fold import fold
+from .._model._future import Future
+from .._model._public import publish
+from .._model._shape import Selector
+from .._model._value_mesh import ValueMesh
 from ._active import current, pop, push
 from ._engine import View, engine_for, source_line, then
 from ._tensor import MeshSliceTensor, MeshTensor, _constant, dispatch, join_view, meta

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._common._errors import MeshFailure, MeshUsageError
-from .._common._future import Future
-from .._common._peer_mesh import PeerProcMesh
-from .._common._shape import Shape
-from .._common._value_mesh import ValueMesh
 from .._controller._proc_mesh import ProcMesh
+from .._model._errors import MeshFailure, MeshUsageError
+from .._model._future import Future
+from .._model._shape import Shape
+from .._model._value_mesh import ValueMesh
+from .._runtime._peer_mesh import PeerProcMesh
 from ._errors import DeferredError, MeshTensorError
 from ._worker import TensorWorker
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._common._errors import RemoteError, RemoteFailure, format_ranks
+from .._model._errors import RemoteError, RemoteFailure, format_ranks
 
 
 @dataclass(frozen=True)

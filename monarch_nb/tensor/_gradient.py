@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .._common._errors import MeshUsageError
-from .._common._public import publish
+from .._model._errors import MeshUsageError
+from .._model._public import publish
 
 
 class _Handoff:

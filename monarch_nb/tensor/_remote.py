@@ -16,7 +16,7 @@ A remote function is also a mesh of functions, one per rank of the active mesh,
 with an endpoint's adverbs (inside ``activate()``): ``fn.call(...)`` is a future
 of each rank's whole result as a ValueMesh, and ``call_one``, ``choose``,
 ``stream``, ``map``, ``broadcast`` and ``send(fn, args, kwargs, port=)`` are the
-endpoint's, written once in :mod:`.._common._endpoint`. Each runs after the
+endpoint's, written once in :mod:`.._runtime._endpoint`. Each runs after the
 tensor ops issued before it, on the ranks' own tensors.
 
 The function travels by value when it was defined in a notebook or script
@@ -33,16 +33,16 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .._common._endpoint import EndpointBase, unpicklable_argument
-from .._common._errors import MeshUsageError
-from .._common._future import Future, failed
-from .._common._messages import Call
-from .._common._peer_mesh import PeerActorMesh
-from .._common._pending import PendingCall
-from .._common._public import publish
-from .._common._serialize import _by_reference
-from .._common._shape import Selector, Shape
 from .._controller._calls import send_call
+from .._model._errors import MeshUsageError
+from .._model._future import Future, failed
+from .._model._public import publish
+from .._model._shape import Selector, Shape
+from .._runtime._endpoint import EndpointBase, unpicklable_argument
+from .._runtime._peer_mesh import PeerActorMesh
+from .._runtime._pending import PendingCall
+from .._wire._messages import Call
+from .._wire._serialize import _by_reference
 from ._active import current, suspended
 from ._api import _rank_of
 from ._engine import View, source_line

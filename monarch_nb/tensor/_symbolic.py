@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .._common._errors import MeshUsageError
+from .._model._errors import MeshUsageError
 from ._worker import SizeExpr
 
 _SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)

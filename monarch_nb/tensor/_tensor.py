@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .._common._errors import MeshUsageError
-from .._common._future import Future
-from .._common._public import publish
-from .._common._value_mesh import ValueMesh
+from .._model._errors import MeshUsageError
+from .._model._future import Future
+from .._model._public import publish
+from .._model._value_mesh import ValueMesh
 from . import _active
 from ._engine import View, engine_for, source_line
 from ._symbolic import (

@@ -35,7 +35,7 @@ import os
 import traceback
 from typing import Any
 
-from .._common._actors import Actor, endpoint
+from .._runtime._actors import Actor, endpoint
 from ._errors import DeferredError
 from ._streams_rank import RefTable
 from ._worker_collectives import Collectives
@@ -110,7 +110,7 @@ class TensorWorker(Actor, Collectives, Transfers):
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
         if not dist.is_initialized():  # a %%mesh cell may have done it already
-            from .._common._dist import init_process_group  # no port open on one host
+            from .._services._dist import init_process_group  # no port open on one host
 
             init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
         self.store: Any = dist.PrefixStore(
@@ -294,7 +294,7 @@ class TensorWorker(Actor, Collectives, Transfers):
         its whole result under ``out`` (split into tensors by a later ``split``)."""
         import inspect
 
-        from .._common import _context
+        from .._runtime import _context
         from .._worker._main import live_actor
 
         (args, kwargs), failed = self._resolve((args, kwargs))

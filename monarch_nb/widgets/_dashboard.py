@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .._common._shape import Shape
 from .._controller._events import (
     CallFinished,
     CallStarted,
@@ -30,9 +29,10 @@ from .._controller._events import (
 )
 from .._controller._status import MeshState
 from .._controller._timeline import Straggler
-from ..magics._render import NotebookMeshStatus, render_status_html
+from .._model._shape import Shape
 from ._chart import CHART_POINTS, MetricChart, chart_ranks, load_library
 from ._model import DashboardFeed, FailureLog, FailureRecord, Progress, Throttle
+from ._render import NotebookMeshStatus, render_status_html
 from ._sparks import SPARK_POINTS, SPARK_POINTS_COMPACT, spark_html
 from ._text import as_notebook_status, failures_html, render_text
 

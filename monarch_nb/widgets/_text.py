@@ -9,12 +9,12 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
-from .._common._errors import format_ranks
 from .._controller._events import RankState
 from .._controller._status import MeshStatus, RankStatus
 from .._controller._timeline import Straggler
-from ..magics._render import NotebookMeshStatus, cell_label, megabytes, render_status
+from .._model._errors import format_ranks
 from ._model import FailureGroup, FailureRecord, Progress, fold_failures
+from ._render import NotebookMeshStatus, cell_label, megabytes, render_status
 
 # A heartbeat older than this many intervals marks the tile as stale (a hung host,
 # a stopped process); ranks busy in C code still beat, their wire thread runs.

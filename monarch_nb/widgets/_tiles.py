@@ -11,9 +11,9 @@ from collections.abc import Mapping
 
 import ipywidgets as w
 
-from .._common._shape import Shape
 from .._controller._status import RankStatus
 from .._controller._timeline import Straggler
+from .._model._shape import Shape
 from ._model import Progress
 from ._text import tile_html
 

@@ -14,7 +14,7 @@ def wire_stats(procs: Any) -> Any:
     return procs.status().wire
 
 
-# The wire format, as documented in monarch_nb/_common/_wire.py:
+# The wire format, as documented in monarch_nb/_wire/_signed.py:
 #   header = signature(32) | sequence(8) | flags(1) | sender(16)
 #   body   = meta length(4) | meta | payload
 # in one frame (header + body), then one frame per buffer. The signature is

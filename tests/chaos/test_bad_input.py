@@ -11,7 +11,7 @@ import pytest
 from chaos_actors import Probe, UnpicklableThere
 
 from monarch_nb import MeshUsageError, SerializationError, this_host
-from monarch_nb._common._future import completed
+from monarch_nb._model._future import completed
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,9 @@ import pytest
 from polling import wait_until
 
 from monarch_nb import Actor, SerializationError, endpoint
-from monarch_nb._common import _wire
-from monarch_nb._common._wire import Receiver, WireStats
 from monarch_nb._controller._client import Controller
+from monarch_nb._wire import _signed
+from monarch_nb._wire._signed import Receiver, WireStats
 from monarch_nb.config import configured
 
 FRAMES = 500_000
@@ -34,7 +34,7 @@ _FLOOD = textwrap.dedent(
     import os, sys, zmq
     address, frames = sys.argv[1], int(sys.argv[2])
     if address.startswith("unixlink://"):  # the controller's default link
-        from monarch_nb._common._unix_link import LinkDealer
+        from monarch_nb._wire._unix_link import LinkDealer
         s = LinkDealer(address, os.urandom(16))
         s.send_parts([b""] * frames)
         s.close(60_000)  # returns once it is all written, or the controller hung up
@@ -82,7 +82,7 @@ def test_a_receiver_keeps_the_messages_around_a_dropped_one():
         pull.bind("inproc://frame-caps")
         push.connect("inproc://frame-caps")
         push.send_multipart([b"before", b"1"])
-        push.send_multipart([b""] * (_wire.MAX_FRAMES_PER_MESSAGE + 5))
+        push.send_multipart([b""] * (_signed.MAX_FRAMES_PER_MESSAGE + 5))
         push.send_multipart([b"after"])
         stats = WireStats()
         receiver = Receiver(pull, stats)
@@ -96,7 +96,7 @@ def test_a_receiver_keeps_the_messages_around_a_dropped_one():
                 break
         assert got == [[b"before", b"1"], [b"after"]]
         assert stats.dropped_oversized == 1
-        assert takes > _wire.MAX_FRAMES_PER_MESSAGE // 1000  # never more than 1000 at a time
+        assert takes > _signed.MAX_FRAMES_PER_MESSAGE // 1000  # never more than 1000 at a time
     finally:
         pull.close(0)
         push.close(0)
@@ -170,8 +170,8 @@ _TARGETS = textwrap.dedent(
     """
     import os, sys, zmq
     os.environ["MONARCH_NB_BIND"] = "127.0.0.1"
-    from monarch_nb._common._peer import PeerNode
-    from monarch_nb._common._wire import new_key
+    from monarch_nb._runtime._peer import PeerNode
+    from monarch_nb._wire._signed import new_key
     from monarch_nb._controller._client import Controller
     controller = Controller()
     public, secret = zmq.curve_keypair()

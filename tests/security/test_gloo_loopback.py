@@ -22,7 +22,7 @@ import cloudpickle
 import pytest
 
 from monarch_nb import Actor, endpoint, this_host
-from monarch_nb._common._network import default_address, interface_of
+from monarch_nb._wire._network import default_address, interface_of
 
 # The ranks cannot import this directory: send its actors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -16,7 +16,7 @@ import pytest
 from listening_agent import start_listening_agent
 
 from monarch_nb import MeshFailure, attach
-from monarch_nb._common import _keys
+from monarch_nb._wire import _keys
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,8 +26,8 @@ from listening_agent import start_listening_agent
 from process_checks import wait_for_exit
 
 from monarch_nb import MeshUsageError, attach, ssh_hosts, this_host
-from monarch_nb._common._rundir import run_dir
 from monarch_nb._controller._client import Controller
+from monarch_nb._wire._rundir import run_dir
 
 LOCAL_SSH = (sys.executable, "-c", "import os,sys; os.execvp('sh', ['sh', '-c', sys.argv[2]])")
 

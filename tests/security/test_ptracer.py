@@ -16,7 +16,7 @@ import sys
 import cloudpickle
 
 from monarch_nb import Actor, endpoint, this_host
-from monarch_nb._common import _rundir
+from monarch_nb._wire import _rundir
 
 # The ranks cannot import this directory: send its actors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -15,10 +15,10 @@ import tempfile
 import textwrap
 import time
 
-from monarch_nb._common import _sockets
-from monarch_nb._common._rundir import run_dir
-from monarch_nb._common._unix_link import LinkDealer, LinkRouter
-from monarch_nb._common._wire import Receiver, WireStats
+from monarch_nb._wire import _sockets
+from monarch_nb._wire._rundir import run_dir
+from monarch_nb._wire._signed import Receiver, WireStats
+from monarch_nb._wire._unix_link import LinkDealer, LinkRouter
 
 _GREET_AS_OTHER_USER = textwrap.dedent(
     """

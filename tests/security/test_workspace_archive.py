@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from monarch_nb._common import _workspace
+from monarch_nb._services import _workspace
 
 
 def archive_of(*members: tuple[tarfile.TarInfo, bytes]) -> bytes:

@@ -1,1 +1,0 @@
-"""Code both sides run: the wire, messages, plain data, errors, the Future type."""
