@@ -8,6 +8,7 @@ processes never import one another; tests/test_layering.py holds it)::
     debug/ widgets/  the pdb bridge and prompt; the dashboard (ipywidgets)
     tensor/          the tensor engine (torch); the core reaches it through the
                      loader this module installs (_runtime/_tensor_link)
+    _jobs/           launchers and jobs: how a mesh gets its hosts
     _controller/ _worker/ _agent/     the three processes
     _services/       logs, metrics, stacks, workspace, spmd, config, process hygiene
     _runtime/        actors, endpoints, calls in flight, references, peers, ports
@@ -32,13 +33,13 @@ if TYPE_CHECKING:
     from ._controller._actor_mesh import ActorMesh, Endpoint
     from ._controller._diagnose import Diagnosis
     from ._controller._events import RankState
-    from ._controller._launchers import attach, slurm_hosts, ssh_hosts
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._controller._recovery import RestartPolicy
     from ._controller._stacks import Profile, Stacks
     from ._controller._status import MeshState, MeshStatus, RankStatus, RestartRecord
     from ._controller._telemetry import TelemetrySample
     from ._controller._timeline import Timeline
+    from ._jobs._launchers import attach, slurm_hosts, ssh_hosts
     from ._model._errors import (
         CallCancelled,
         CallTimeout,
@@ -127,7 +128,7 @@ _DEFINED_IN = {
     "Stacks": "_controller._stacks",
     "Stream": "tensor._streams",
     "ValueMesh": "_model._value_mesh",
-    "attach": "_controller._launchers",
+    "attach": "_jobs._launchers",
     "breakpoint": "debug._remote",
     "call_on_shard_and_fetch": "tensor._remote",
     "concurrent_endpoint": "_runtime._actors",
@@ -150,8 +151,8 @@ _DEFINED_IN = {
     "show": "tensor._api",
     "shutdown_context": "_controller._proc_mesh",
     "slice_mesh": "tensor._api",
-    "slurm_hosts": "_controller._launchers",
-    "ssh_hosts": "_controller._launchers",
+    "slurm_hosts": "_jobs._launchers",
+    "ssh_hosts": "_jobs._launchers",
     "this_host": "_controller._proc_mesh",
     "this_proc": "_runtime._local_actors",
     "to_mesh": "tensor._api",

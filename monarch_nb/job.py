@@ -10,17 +10,9 @@
 
 from __future__ import annotations
 
-from ._controller._jobs import (
-    DEFAULT_JOB_PATH,
-    JobState,
-    JobTrait,
-    LocalJob,
-    ProcessJob,
-    SSHJob,
-    job_load,
-)
-from ._controller._kubernetes_job import KubernetesJob
-from ._controller._slurm_job import SlurmJob
+from ._jobs._job import DEFAULT_JOB_PATH, JobState, JobTrait, LocalJob, ProcessJob, SSHJob, job_load
+from ._jobs._kubernetes import KubernetesJob
+from ._jobs._slurm import SlurmJob
 
 __all__ = [
     "DEFAULT_JOB_PATH",

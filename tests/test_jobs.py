@@ -198,7 +198,7 @@ def _alive(pid: int) -> bool:
 
 
 def _free_port() -> int:
-    from monarch_nb._controller._jobs import _free_port as free
+    from monarch_nb._jobs._job import _free_port as free
 
     return free()
 
@@ -273,14 +273,14 @@ def fake_slurm(tmp_path, monkeypatch):
 
 
 def _saved_slurm_job(tmp_path, job_id: object):
-    from monarch_nb._controller import _job_file
+    from monarch_nb._jobs import _state_file
     from monarch_nb.job import SlurmJob
 
     job = SlurmJob(meshes={"trainers": 2}, port=24242)
     path = str(tmp_path / "state" / "job.json")
     running = {"key_file": str(tmp_path / "state" / "job-0123456789ab.key"), "meshes": {}}
     running["ids"] = {"trainers": job_id}
-    _job_file.write(path, {"kind": "slurm", "spec": job.spec(), "running": running})
+    _state_file.write(path, {"kind": "slurm", "spec": job.spec(), "running": running})
     return job, path
 
 

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("_runtime",),  # actors, endpoints, references, ports, peers, calls in flight
     ("_services",),  # logs, metrics, stacks, workspace, spmd, config, process hygiene
     ("_controller", "_worker", "_agent"),  # the three processes
+    ("_jobs",),  # launchers and jobs: how a mesh gets its hosts
     ("tensor",),  # the tensor engine (torch)
     ("debug", "widgets"),  # the notebook's debugger prompt and its widgets
     ("magics",),  # %mesh, %%mesh, the dashboard panel

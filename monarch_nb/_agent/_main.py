@@ -104,7 +104,7 @@ _CHUNK = 65536
 # message is dropped (nobody is there to take it). Waiting instead, even briefly,
 # let the workers' heartbeats keep the loop sending, never noticing the silence.
 _SEND_TIMEOUT_MS = 0
-# Key files a job writes for its agents (_controller._jobs): removed when an idle
+# Key files a job writes for its agents (_jobs._job): removed when an idle
 # agent exits. Any other key file is the user's own, and stays.
 _JOB_KEY_FILE = re.compile(r"(agent-)?job-[0-9a-f]{12}\.key")
 

@@ -453,7 +453,7 @@ def parse_slurm(spec: str) -> dict[str, Any]:
 
 def hosts_starter(args: Any) -> Callable[[], Any] | None:
     """What starts the hosts ``%mesh start`` asked for, or None for this host only."""
-    from .._controller import _launchers
+    from .._jobs import _launchers
 
     chosen = [o for o in ("ssh", "slurm", "attach") if getattr(args, o)]
     if len(chosen) > 1:

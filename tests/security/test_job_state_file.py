@@ -20,7 +20,7 @@ import pytest
 from process_checks import wait_for_exit
 
 from monarch_nb import MeshUsageError
-from monarch_nb._controller import _job_file
+from monarch_nb._jobs import _state_file
 from monarch_nb.job import ProcessJob, job_load
 
 pytestmark = pytest.mark.timeout(120)
@@ -107,7 +107,7 @@ def test_an_unrelated_pid_in_the_file_is_never_signalled(tmp_path, bystander, sp
     address = "tcp://127.0.0.1:9"
     argv = _agent_argv(job.python, address, str(tmp_path / KEY_NAME))
     # Its true boot and start time: only the command line gives it away.
-    lie = {**_job_file.identity(bystander.pid, argv)}
+    lie = {**_state_file.identity(bystander.pid, argv)}
     running = _running_with(tmp_path, [lie], address)
     saved_spec = job.spec() if spec == "same" else {**job.spec(), "meshes": {"other": 1}}
     if spec == "old-format":
@@ -136,21 +136,21 @@ def test_a_reused_pid_is_not_signalled_and_the_recorded_process_is(tmp_path) -> 
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "ready\n"  # its command line is in place
-        saved = _job_file.identity(proc.pid, argv)
+        saved = _state_file.identity(proc.pid, argv)
         # The same pid and command line, started at another time: another process.
         for other in ({"start_time": saved["start_time"] + 1}, {"boot_id": "another-boot"}):
-            assert not _job_file.same_process({**saved, **other})
-            assert not _job_file.terminate({**saved, **other}, grace=1)
+            assert not _state_file.same_process({**saved, **other})
+            assert not _state_file.terminate({**saved, **other}, grace=1)
             assert proc.poll() is None
-        assert _job_file.same_process(saved)
-        assert _job_file.terminate(saved, grace=5)
+        assert _state_file.same_process(saved)
+        assert _state_file.terminate(saved, grace=5)
         assert proc.wait(5) == -15
     finally:
         proc.kill()
         proc.wait()
         proc.stdout.close()
     assert not wait_for_exit({proc.pid}, 5)
-    assert not _job_file.terminate(saved)  # gone: nothing to signal
+    assert not _state_file.terminate(saved)  # gone: nothing to signal
 
 
 # -- where the file is written -------------------------------------------------------

@@ -23,15 +23,15 @@ import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
+from .._controller._client import Controller
+from .._controller._hosts import HOST_TIMEOUT_S, HostAgents
+from .._controller._proc_mesh import HostMesh
+from .._controller._process_group import START_TIMEOUT_S
 from .._model._errors import MeshUsageError
 from .._model._public import publish
 from .._runtime import _peer
 from .._wire import _keys, _network
 from .._wire._messages import AgentAttach
-from ._client import Controller
-from ._hosts import HOST_TIMEOUT_S, HostAgents
-from ._proc_mesh import HostMesh
-from ._process_group import START_TIMEOUT_S
 
 DEFAULT_SSH = ("ssh", "-T", "-o", "BatchMode=yes")
 

@@ -7,7 +7,7 @@ to find them again (the spec, the agents' addresses and pids) is saved as
 JSON beside the key file; no secret is in it. ``state()`` on a job whose
 saved twin is running re-attaches instead of starting new agents.
 
-The saved file is data, never code (``_job_file``): it must be ours and
+The saved file is data, never code (``_state_file``): it must be ours and
 writable by nobody else; its running state is used only when its spec is the
 caller's, with the caller's own launcher; a pid in it is signalled only when
 it is provably the agent that was saved (boot, start time, command line).
@@ -32,14 +32,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._controller._proc_mesh import HostMesh, this_host
+from .._controller._process_group import START_TIMEOUT_S
 from .._model._errors import MeshUsageError
 from .._services import _config
 from .._wire import _keys
 from .._wire._network import free_port
-from . import _job_file
+from . import _state_file
 from ._launchers import attach, host_prelude
-from ._proc_mesh import HostMesh, this_host
-from ._process_group import START_TIMEOUT_S
 
 DEFAULT_JOB_PATH = ".monarch_nb/job_state.json"
 # Agents this process started: kept so they are reaped, not warned about.
@@ -158,7 +158,7 @@ class JobTrait:
     def _adopt_saved(self, path: str) -> None:
         """Re-attach to the job saved at ``path`` if it is this one and alive; stop it if
         it is this one and partly dead. Nothing in the file is ever run."""
-        record = _job_file.read(path)
+        record = _state_file.read(path)
         if record is None or record.get("running") is None:
             return
         running = record["running"]
@@ -178,7 +178,7 @@ class JobTrait:
             # Local agents need no command to stop: those still provably the
             # saved ones (boot, start time, command line) are signalled.
             for agent in _saved_agents(running):
-                _job_file.terminate(agent)
+                _state_file.terminate(agent)
         else:
             raise MeshUsageError(
                 f"{path!r} holds a {record.get('kind')!r} job with another spec than this "
@@ -217,7 +217,7 @@ class JobTrait:
             self._kill()
             self._running = None
         if self._path:
-            _job_file.remove(self._path)
+            _state_file.remove(self._path)
 
     # -- saved state ------------------------------------------------------------
 
@@ -228,7 +228,7 @@ class JobTrait:
         yours that nobody else may write (refused otherwise); links at or beside
         ``path`` redirect nothing."""
         record = {"kind": self.kind, "spec": self.spec(), "running": self._running}
-        _job_file.write(path, record)
+        _state_file.write(path, record)
 
     # -- per launcher -----------------------------------------------------------
 
@@ -310,7 +310,7 @@ class ProcessJob(JobTrait):
                 )
                 meshes[name].append(address)
                 # Its start time, read now, and argv prove later that a pid is still it.
-                agents.append(_job_file.identity(proc.pid, argv))
+                agents.append(_state_file.identity(proc.pid, argv))
                 _CHILDREN[proc.pid] = proc
         return {"meshes": meshes, "agents": agents}
 
@@ -337,7 +337,7 @@ class ProcessJob(JobTrait):
 
     def _alive(self) -> bool:
         agents = _saved_agents(self._running or {})
-        return bool(agents) and all(_job_file.same_process(a) for a in agents)
+        return bool(agents) and all(_state_file.same_process(a) for a in agents)
 
     def _kill(self) -> None:
         for agent in _saved_agents(self._running or {}):
@@ -346,7 +346,7 @@ class ProcessJob(JobTrait):
                 del _CHILDREN[agent["pid"]]
                 _stop_child(child)
             else:
-                _job_file.terminate(agent)
+                _state_file.terminate(agent)
 
 
 class SSHJob(JobTrait):
@@ -497,7 +497,7 @@ def job_load(path: str = DEFAULT_JOB_PATH) -> JobTrait:
     the file: load only a file you wrote. One that is not yours, or that
     others may write, is refused (``PermissionError``).
     """
-    record = _job_file.read(path)
+    record = _state_file.read(path)
     if record is None:
         raise FileNotFoundError(f"no job state file at {path!r}")
     cls = _KINDS.get(record.get("kind"))  # type: ignore[arg-type]
@@ -520,7 +520,7 @@ def _key_file_for(cached_path: str | None) -> str:
         base = run_dir()
     else:
         base = os.path.dirname(os.path.abspath(cached_path))
-        _job_file.check_dir(base)  # ours, and nobody else may write in it
+        _state_file.check_dir(base)  # ours, and nobody else may write in it
     path = os.path.join(base, f"job-{os.urandom(6).hex()}.key")
     _keys.write_key_file(path)
     return path
@@ -547,7 +547,7 @@ def _stop_child(child: subprocess.Popen[bytes], grace: float = 10.0) -> None:
 
 
 def _saved_agents(running: dict[str, Any]) -> list[dict[str, Any]]:
-    """The agent identities saved in ``running`` (see ``_job_file.identity``)."""
+    """The agent identities saved in ``running`` (see ``_state_file.identity``)."""
     agents = running.get("agents")
     return [a for a in agents if isinstance(a, dict)] if isinstance(agents, list) else []
 

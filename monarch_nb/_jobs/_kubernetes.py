@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from ._jobs import JobTrait, _meshes
+from ._job import JobTrait, _meshes
 
 
 class KubernetesJob(JobTrait):

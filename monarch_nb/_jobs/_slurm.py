@@ -19,10 +19,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._controller._proc_mesh import HostMesh
 from .._model._errors import MeshFailure, MeshUsageError
-from ._jobs import JobTrait, _attach_when_listening, _idle_timeout_export, _meshes
+from ._job import JobTrait, _attach_when_listening, _idle_timeout_export, _meshes
 from ._launchers import host_prelude
-from ._proc_mesh import HostMesh
 
 _ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"}
 _WHY_ENDED = {"TIMEOUT": "reached its time limit", "PREEMPTED": "was preempted"}
