@@ -71,6 +71,7 @@ from .._wire._messages import (
     AgentHeartbeat,
     AgentHello,
     AgentShutdown,
+    AgentSuperseded,
     KillWorkers,
     LaunchWorkers,
     LogLines,
@@ -161,6 +162,11 @@ class Agent:
         self._last_free_port = 0
         self.guard: HandshakeGuard | None = None  # on a listening endpoint only
         self.connected = listen is None  # an attached agent waits for a controller
+        # A listening agent serves one controller, the one that attached last: its
+        # connection's routing id here. Others (an older controller that comes
+        # back) are told they were superseded, once each, and not served.
+        self.peer: bytes | None = None
+        self._told_superseded: set[bytes] = set()
         # The workers' side: a Unix socket in this agent's private (0700) run
         # directory, so no other user of the host can reach it at all; and what
         # comes from anyone but a worker we started is dropped (counted), never
@@ -195,7 +201,10 @@ class Agent:
         return sock
 
     def _open_up(self) -> zmq.Socket:
-        up = self._socket(zmq.DEALER)
+        # Launched, a DEALER that connects to its one controller; listening, a
+        # ROUTER, which knows which connected controller each message came from
+        # (a bound DEALER would deal our messages out among them in turn).
+        up = self._socket(zmq.DEALER if self.listen is None else zmq.ROUTER)
         up.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # notice a dead TCP peer at the zmq level too
         # Never block on a controller that may be gone (a bound DEALER with no peer
         # blocks every send): the loop goes on to notice the silence, kill the
@@ -223,9 +232,15 @@ class Agent:
             up.bind(self.listen)
         return up
 
-    def send_own(self, message: Message) -> None:
+    def send_own(self, message: Message, to: bytes | None = None) -> None:
+        """Send ``message`` to the controller (listening: to ``to``, by default the
+        one attached now; none attached, nowhere)."""
+        if self.listen is not None:
+            to = to if to is not None else self.peer
+            if to is None:
+                return
         try:
-            self.signer.encode(message).send(self.up, envelope=OWN)
+            self.signer.encode(message).send(self.up, identity=to, envelope=OWN)
         except zmq.Again:
             pass  # no controller to take it: the silence check ends this session
 
@@ -317,6 +332,7 @@ class Agent:
             self.stopping = True
         else:
             self.connected = False
+            self.peer = None
             self.idle_since = time.monotonic()
             self.window = ReplayWindow()
 
@@ -347,6 +363,12 @@ class Agent:
             frames = receive(self.up, self.signer.stats)
             if frames is None:
                 return
+            peer = None
+            if self.listen is not None:  # a ROUTER: first, which connection it came on
+                peer, frames = frames[0].bytes, frames[1:]
+                if peer != self.peer:
+                    self._from_another_controller(peer, frames)
+                    continue
             envelope = frames[0].bytes
             if envelope.startswith(RELAY):
                 body = frames[1:]
@@ -362,6 +384,43 @@ class Agent:
                 if message is not None:
                     self.last_heard = time.monotonic()
                     self._handle(message)
+
+    def _from_another_controller(self, peer: bytes, frames: list[Any]) -> None:
+        """A message from a controller other than the one served now (listening).
+        A verified attach makes it the one served (the newest wins); anything else
+        is not acted on, and its sender is told, once, that it was superseded."""
+        if not frames or frames[0].bytes != OWN:
+            message = None  # a relay: only the controller served may relay
+        else:
+            try:
+                # Its own window: the served controller's sequence numbers are apart.
+                message = self.signer.verify(frames[1:], ReplayWindow(), sender=CONTROLLER)
+            except UnknownMessage:
+                return
+            if message is None:
+                return  # not signed with the job's key: nothing to answer
+        if isinstance(message, AgentAttach):
+            previous = self.peer
+            self.peer = peer
+            self.window = ReplayWindow()
+            self._told_superseded.discard(peer)
+            if previous is not None:
+                self._tell_superseded(previous)
+            self.last_heard = time.monotonic()
+            self._handle(message)
+            return
+        if message is not None or frames[0].bytes.startswith(RELAY):
+            self._tell_superseded(peer)
+
+    def _tell_superseded(self, peer: bytes) -> None:
+        if peer in self._told_superseded:
+            return
+        self._told_superseded.add(peer)
+        _log.warning(
+            "agent %d: a controller that another one replaced is still sending; telling it",
+            self.host_index,
+        )
+        self.send_own(AgentSuperseded(socket.gethostname(), os.getpid()), to=peer)
 
     def _handle(self, message: Message) -> None:
         match message:
@@ -411,8 +470,10 @@ class Agent:
             for fd in list(child.pipes):
                 while fd in self._fd_owner and self._read_pipe(child, fd, drain=True):
                     pass
+            if self.listen is not None and self.peer is None:
+                continue  # no controller attached: its replies have nowhere to go
             try:
-                forward(self.up, frames)
+                forward(self.up, frames, self.peer)
             except zmq.Again:
                 pass  # the controller is gone: the silence check ends this session
 

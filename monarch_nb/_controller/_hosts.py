@@ -43,6 +43,7 @@ from .._wire._messages import (
     AgentHeartbeat,
     AgentHello,
     AgentShutdown,
+    AgentSuperseded,
     KillWorkers,
     LaunchWorkers,
     LogLines,
@@ -559,6 +560,12 @@ class HostAgents:
                 future = self.py_spy_requests.pop(request_id, None)
                 if future is not None:
                     future.set_result(_py_spy.Outcome(returncode, stdout, stderr, data))
+            case AgentSuperseded(hostname, pid):
+                self.lose(
+                    agent,
+                    f"was taken over: another controller attached to its agent ({hostname}, "
+                    f"pid {pid}), and an agent serves the newest only",
+                )
             case AgentHello(index, hostname, address, pid, free_port, gpus):
                 if index != agent.index:
                     _log.error("monarch_nb: agent %s said it is host %d", agent.label, index)

@@ -577,6 +577,17 @@ class AgentAttach(Message):
 
 @_message
 @dataclass(frozen=True, slots=True)
+class AgentSuperseded(Message):
+    """A listening agent's word to a controller it no longer serves: another one
+    attached since (the newest wins). Sent once; the controller loses the host."""
+
+    TAG: ClassVar[int] = 75
+    hostname: str
+    pid: int
+
+
+@_message
+@dataclass(frozen=True, slots=True)
 class ReadLogs(Message):
     """Read this host's log files of ``ranks`` of mesh ``mesh`` (under ``root``, the
     workers' ``MONARCH_NB_LOG_DIR``; "" for the default), filtered as
