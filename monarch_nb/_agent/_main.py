@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -140,6 +141,9 @@ class Agent:
         # A listening agent exits after this long with no controller (0: never).
         self.idle_timeout_s = float(config.get("idle_timeout_s", 0.0))
         self.key_file: str | None = config.get("key_file")
+        # Behind ssh -R to Unix sockets (reverse): what to dial for the controller's
+        # loopback addresses; the workers are told too (MONARCH_NB_TUNNELS).
+        self.tunnels: dict[str, str] = dict(config.get("tunnels") or {})
         self.idle_since = time.monotonic()
         # An attached agent learns the identity it seals with from AgentAttach.
         identity = config.get("identity", "").encode()
@@ -220,7 +224,8 @@ class Agent:
             up.curve_serverkey = keys["server_public"].encode()
             up.curve_publickey = keys["client_public"].encode()
             up.curve_secretkey = keys["client_secret"].encode()
-            up.connect(self.config["controller"])
+            controller = self.config["controller"]
+            up.connect(self.tunnels.get(controller, controller))
         else:
             _keys.allow_only(self.context, keys["client_public"])
             # Anyone can open connections here: those still in their handshake
@@ -297,6 +302,9 @@ class Agent:
                 self._idle_exit(now - self.idle_since)
         self.kill_all()
         self.context.destroy(linger=0)
+        for dialed in self.tunnels.values():  # our ssh's sockets: gone with it
+            with contextlib.suppress(OSError):
+                os.unlink(dialed.removeprefix("ipc://"))
 
     def _poll_once(self, timeout: float) -> None:
         for item, _ in self.poller.poll(int(timeout * 1000) + 1):
@@ -587,6 +595,8 @@ class Agent:
         full_env.update(_network.worker_env(self.address, env))
         if self.config.get("reverse"):  # the controller is on our loopback (ssh -R)
             full_env["MONARCH_NB_REVERSE_TUNNEL"] = "1"
+            if self.tunnels:
+                full_env["MONARCH_NB_TUNNELS"] = json.dumps(self.tunnels)
         full_env[_rundir.TREE_ROOT_ENV] = str(os.getpid())  # this host's tree is ours
         if self.workspaces:  # synced here (sync_workspace): importable by the workers
             paths = [*self.workspaces, full_env.get("PYTHONPATH", "")]

@@ -19,6 +19,7 @@ import json
 import os
 import shlex
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
@@ -61,8 +62,12 @@ def ssh_hosts(
     after which a host counts as lost (default 5, or ``MONARCH_NB_HOST_TIMEOUT``).
     ``reverse``: the hosts cannot reach this machine (a laptop behind NAT): the
     controller listens on loopback only and each ssh carries the way back
-    (``ssh -R``), so agents and ranks dial ``127.0.0.1`` on their own host;
-    ranks reach each other on the address ssh reached their host at.
+    (``ssh -R``) to a Unix socket in the remote user's private directory
+    (``~/.monarch_nb/tunnels``, mode 0700), which agents and ranks dial: no
+    other user of a host can reach the controller through it. Where ssh cannot
+    forward to a Unix socket, it forwards the same port numbers on the host's
+    loopback instead (reachable by its other users, so capped as any port is).
+    Ranks reach each other on the address ssh reached their host at.
     Blocks until every agent reported, or raises naming the host and what ssh said.
     """
     hosts = _host_list(hosts, "ssh_hosts")
@@ -79,12 +84,16 @@ def ssh_hosts(
     agents.ssh_command = [*ssh, *ssh_options]  # sync_workspace's rsync goes the same way
     endpoint = agents.listen(bind)
     remote = agent_command(python, env_setup)
-    tunnels = _reverse_tunnels(endpoint, bind) if reverse else []
+    ports = [urlsplit(endpoint).port or 0, _peer.local_node().tcp_port(bind)] if reverse else []
 
     def start() -> None:
         for agent in agents.agents:
             boot = agents.bootstrap(endpoint, agent)
             boot["reverse"] = reverse
+            tunnels: list[str] = []
+            if reverse:
+                ssh_to = [*ssh, *ssh_options, agent.label]
+                tunnels, boot["tunnels"] = _reverse_tunnels(ssh_to, ports, bind)
             line = json.dumps(boot).encode() + b"\n"
             argv = [*ssh, *ssh_options, *tunnels, agent.label, remote]
             agents.start_process(f"ssh to {agent.label}", argv, [line], [agent])
@@ -92,17 +101,59 @@ def ssh_hosts(
     return _started(agents, start, timeout)
 
 
-def _reverse_tunnels(endpoint: str, bind: str) -> list[str]:
-    """ssh options that open, on each host's loopback, the same ports this
-    controller listens on at ``bind``: its agents' endpoint and the inbox where
-    ranks' actors answer it. The same numbers on both sides, so every address
-    the hosts are given works there as here; a port taken on a host fails that
-    ssh at once (ExitOnForwardFailure), naming it."""
-    ports = [urlsplit(endpoint).port, _peer.local_node().tcp_port(bind)]
+# Where a host keeps the Unix sockets of reverse tunnels: private to its user.
+_TUNNEL_DIR_COMMAND = (
+    "umask 077 && mkdir -p ~/.monarch_nb/tunnels && chmod 700 ~/.monarch_nb ~/.monarch_nb/tunnels"
+    " && cd ~/.monarch_nb/tunnels && pwd"
+)
+_MAX_IPC_PATH = 100  # a Unix socket's path fits in 107 bytes, ipc:// aside
+
+
+def _reverse_tunnels(
+    ssh_to: list[str], ports: list[int], bind: str
+) -> tuple[list[str], dict[str, str]]:
+    """ssh options that carry, from a host back to this controller at ``bind``,
+    ``ports`` (its agents' endpoint and the inbox where ranks' actors answer it),
+    and what the host dials for each ``tcp://127.0.0.1:PORT`` it is given.
+
+    Each port is forwarded to a Unix socket in the host user's private tunnel
+    directory, found (and made) by one ssh command first; the host dials
+    ``ipc://`` there, which no other user of it can open. Where that directory
+    cannot be had (ssh refused the command, a path too long for a socket), the
+    same port number on the host's loopback instead: then every address works
+    there as here. A forward that cannot be opened fails that ssh at once
+    (ExitOnForwardFailure), naming it."""
     options = ["-o", "ExitOnForwardFailure=yes"]
+    directory = _tunnel_directory(ssh_to)
+    token = os.urandom(6).hex()
+    dials: dict[str, str] = {}
     for port in ports:
-        options += ["-R", f"127.0.0.1:{port}:{bind}:{port}"]
-    return options
+        path = f"{directory}/{token}-{port}.sock" if directory else ""
+        if path and len(path) <= _MAX_IPC_PATH:
+            options += ["-R", f"{path}:{bind}:{port}"]
+            dials[f"tcp://127.0.0.1:{port}"] = f"ipc://{path}"
+        else:
+            options += ["-R", f"127.0.0.1:{port}:{bind}:{port}"]
+    return options, dials
+
+
+def _tunnel_directory(ssh_to: list[str]) -> str | None:
+    """The host user's private tunnel directory (absolute), or None if ssh could
+    not make it (the loopback fallback then)."""
+    try:
+        done = subprocess.run(
+            [*ssh_to, _TUNNEL_DIR_COMMAND],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].startswith("/"):
+        return None
+    return lines[-1]
 
 
 def agent_command(python: str | None, env_setup: str | None) -> str:

@@ -35,7 +35,9 @@ so a reply leaves from the thread that computed it with no hand-off.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import logging
 import os
 import secrets
@@ -149,6 +151,15 @@ def install_node(node: PeerNode) -> None:
 
 def node_or_none() -> PeerNode | None:
     return _node
+
+
+@functools.cache
+def tunnels() -> dict[str, str]:
+    """What this process dials for a ``tcp://127.0.0.1:PORT`` address that ssh
+    carries to the controller through a Unix socket (``MONARCH_NB_TUNNELS``,
+    set by a host agent started with ``ssh_hosts(reverse=True)``)."""
+    text = os.environ.get("MONARCH_NB_TUNNELS", "")
+    return dict(json.loads(text)) if text else {}
 
 
 class _Outbox:
@@ -400,7 +411,9 @@ class PeerNode:
             sock.curve_secretkey = curve["client_secret"].encode()
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         monitor = sock.get_monitor_socket(_GONE_EVENTS)
-        sock.connect(address)
+        # Behind a reverse tunnel, the controller's loopback address is a Unix
+        # socket here (still CURVE: the far end is its TCP inbox).
+        sock.connect(tunnels().get(address, address))
         box = _Outbox(address, sock, monitor)
         self._outboxes[address] = box
         self._new_fds.append((sock.getsockopt(zmq.FD), "outbox", box))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+import subprocess
 import sys
 import textwrap
 import time
@@ -306,6 +308,14 @@ def test_reverse_tunnels_reach_a_controller_the_hosts_cannot_route_to(cluster2, 
     hosts = ssh_hosts(cluster2.hosts, ssh_options=cluster2.ssh_options, reverse=True)
     try:
         assert hosts._agents.endpoint.startswith("tcp://127.0.0.1:")
+        # The way back is a Unix socket in the host user's private directory (the
+        # hosts share this machine's /root): only that user can open it.
+        tunnels = os.path.expanduser("~/.monarch_nb/tunnels")
+        assert stat.S_IMODE(os.stat(tunnels).st_mode) == 0o700
+        sockets = [os.path.join(tunnels, n) for n in os.listdir(tunnels) if n.endswith(".sock")]
+        assert len(sockets) >= 4  # two hosts, each the agents' endpoint and the inbox
+        assert all(stat.S_ISSOCK(os.stat(path).st_mode) for path in sockets)
+        assert _connect_as_nobody(sockets[0]) == "PermissionError"
         # Each agent names its host by the address ssh reached it at, not loopback.
         assert [a.address for a in hosts._agents.agents] == cluster2.hosts
         with hosts.spawn_procs({"procs": 1}) as procs:
@@ -322,3 +332,18 @@ def test_reverse_tunnels_reach_a_controller_the_hosts_cannot_route_to(cluster2, 
         hosts.shutdown()
     with pytest.raises(MeshUsageError, match=r"reverse=True, bind='10\.0\.0\.1'.*leave bind out"):
         ssh_hosts(cluster2.hosts, reverse=True, bind="10.0.0.1")
+
+
+def _connect_as_nobody(path: str) -> str:
+    """What another user of the host gets connecting to ``path``: the exception's name."""
+    code = (
+        "import os, socket, sys\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect(sys.argv[1]); print('connected')\n"
+        "except OSError as exc:\n"
+        "    print(type(exc).__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True)
+    return done.stdout.strip() or done.stderr[-500:]
