@@ -679,15 +679,19 @@ def _spawn_settled(
     group.init_failures[actor_id] = error
     if group.owner is None:
         # No actor supervises this mesh: the controller's unhandled_fault_hook
-        # hears of it, as of any unsupervised failure (Monarch's __init__ rule).
-        failure = MeshFailure(
-            f"actor mesh {record.name!r} could not start: {error}",
-            ranks=error.ranks,
-            cause=error,
-            mesh=group.name,
-            actor=record.name,
-        )
-        _context.report_child_failure(None, failure)
+        # hears of it, as of any unsupervised failure (Monarch's __init__ rule),
+        # once per rank whose __init__ raised: each actor that failed is a
+        # supervision event of its own there.
+        for failed in error.failures:
+            cause = SpawnError([failed], actor=error.actor, endpoint=error.endpoint)
+            failure = MeshFailure(
+                f"actor mesh {record.name!r} could not start: {cause}",
+                ranks=cause.ranks,
+                cause=cause,
+                mesh=group.name,
+                actor=record.name,
+            )
+            _context.report_child_failure(None, failure)
 
 
 publish(globals())

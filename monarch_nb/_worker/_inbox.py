@@ -290,11 +290,43 @@ class Inbox:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
+            if self._loop_can_run():
+                # Async endpoint calls are in flight (perhaps the very one this
+                # waits on, served nested a moment ago): their steps run while
+                # this waits, or a sync endpoint calling an async one of its own
+                # process would wait forever.
+                self._loop.run_until_complete(self._work_arrives(remaining))
+                self._serve_arrived()
+                continue
             try:
                 item = self._inbox.get(timeout=remaining)
             except queue.Empty:
                 return
             self._serve_nested(item)
+
+    def _loop_can_run(self) -> bool:
+        """Whether the actors' loop has tasks and may run here: not where a step
+        of one of its own tasks waits (it runs already, and cannot run again)."""
+        loop = self._loop
+        if loop is None or loop.is_running():
+            return False
+        import asyncio
+
+        return bool(asyncio.all_tasks(loop))
+
+    async def _work_arrives(self, timeout: float | None) -> None:
+        """Run the actors' loop until work arrives for the main thread (a wake of
+        :meth:`pump` among it), or ``timeout``."""
+        import asyncio
+
+        if not self._inbox.empty():
+            return
+        self._waker = asyncio.get_running_loop().create_future()
+        try:
+            if self._inbox.empty():
+                await asyncio.wait([self._waker], timeout=timeout)
+        finally:
+            self._waker = None
 
     def _serve_nested(self, item: Any) -> None:
         if item is _WAKE:

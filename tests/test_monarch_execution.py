@@ -1,0 +1,110 @@
+"""Monarch's execution model over real workers: who runs while an actor waits,
+and how a failed ``__init__`` reaches the fault hook.
+
+Each case is one that hung or failed when Monarch's own tests were run against
+monarch_nb: a sync endpoint that waits on an ``async def`` endpoint of another
+actor in its own process, and a spawn whose ``__init__`` raises on every rank
+of an unsupervised mesh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+
+import pytest
+
+import monarch_nb.actor
+from monarch_nb import Actor, MeshFailure, endpoint
+
+pytestmark = pytest.mark.timeout(120)
+
+T = 60  # seconds: a deadline for any one reply
+
+
+class Counter(Actor):
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    @endpoint
+    async def value(self) -> int:
+        await asyncio.sleep(0)  # a step after the first: the loop must keep running
+        return self.v
+
+
+class SyncCaller(Actor):
+    @endpoint
+    def value_of(self, counter: Counter) -> int:
+        return counter.value.choose().get(timeout=T)
+
+    @endpoint
+    def values_of(self, counter: Counter) -> list[int]:
+        return [value for _, value in counter.value.call().get(timeout=T)]
+
+    @endpoint
+    def sees_no_loop(self, counter: Counter) -> tuple[bool, bool, int]:
+        try:
+            asyncio.get_running_loop()
+            loop_visible = True
+        except RuntimeError:
+            loop_visible = False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            value = counter.value.choose().get(timeout=T)
+        return loop_visible, bool(caught), value
+
+
+def test_a_sync_endpoint_waits_on_an_async_endpoint_of_its_own_process(procs2):
+    # Both actors on both ranks: the call that choose() makes may land in the
+    # caller's own process, whose main thread waits in the sync endpoint.
+    caller = procs2.spawn("caller", SyncCaller)
+    counter = procs2.spawn("counter", Counter, 5)
+    assert caller.value_of.choose(counter).get(timeout=T) == 5
+    assert caller.slice(procs=0).values_of.call_one(counter).get(timeout=T) == [5, 5]
+
+
+def test_a_sync_endpoint_sees_no_loop_while_it_waits(procs2):
+    caller = procs2.spawn("caller", SyncCaller)
+    counter = procs2.spawn("counter", Counter, 7)
+    assert caller.sees_no_loop.choose(counter).get(timeout=T) == (False, False, 7)
+
+
+def test_an_async_client_awaits_a_sync_endpoint_waiting_on_its_process(procs2):
+    caller = procs2.spawn("caller", SyncCaller)
+    counter = procs2.spawn("counter", Counter, 3)
+
+    async def client() -> int:
+        return await asyncio.wait_for(caller.value_of.choose(counter), T)
+
+    assert asyncio.run(client()) == 3
+
+
+class FailsInInit(Actor):
+    def __init__(self) -> None:
+        raise ValueError("no start here")
+
+    @endpoint
+    def never(self) -> None:
+        pass
+
+
+def test_a_failed_init_reaches_the_fault_hook_once_per_rank(procs2):
+    failures: list[MeshFailure] = []
+    both = threading.Event()
+
+    def hook(failure: MeshFailure) -> None:
+        failures.append(failure)
+        if len(failures) >= 2:
+            both.set()
+
+    monarch_nb.actor.unhandled_fault_hook = hook
+    try:
+        procs2.spawn("failing", FailsInInit)
+        assert both.wait(T), f"the hook heard of {len(failures)} of 2 failed ranks"
+    finally:
+        monarch_nb.actor.unhandled_fault_hook = None
+    assert sorted(f.ranks for f in failures) == [(0,), (1,)]
+    for failure in failures:
+        assert failure.actor == "failing"
+        assert "ValueError: no start here" in str(failure)
