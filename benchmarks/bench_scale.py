@@ -1,7 +1,9 @@
 """Scale: a call gathered from hundreds to a thousand lightweight ranks.
 
 Run: ``python benchmarks/bench_scale.py`` (``--quick``: the 256-rank rows only;
-``--cpu``: where the 1,024-rank gather's CPU goes, thread by thread).
+``--cpu``: where the 1,024-rank gather's CPU goes, thread by thread;
+``--processes [N ...]``: what many single-process ranks cost to start and to
+keep, default 256 and 1,024, against as many bare echo processes).
 
 A *rank* here is one actor: ``A`` actor meshes spawned on a process mesh of
 ``P`` workers give ``P * A`` ranks, and one gather is ``A`` calls (one per actor
@@ -146,6 +148,77 @@ def measure_one(procs: int, actors_per_proc: int, repeat: int) -> ScaleRow:
     return ScaleRow(procs, actors_per_proc, start_s, gather_s, floor_s, controller_rss, workers_rss)
 
 
+def _pss(pid: int) -> int:
+    """A process's proportional set size in bytes (shared pages split among their
+    users): what it costs the host, counted once across many processes."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+@dataclass
+class ProcessesRow:
+    procs: int
+    start_s: float  # spawn_procs, one actor each, and its first gather answered
+    floor_start_s: float  # as many bare echo processes started and gathered once
+    pss: int  # bytes, every worker together, after the gather
+    floor_pss: int
+    gather_s: float
+    floor_gather_s: float
+
+
+def measure_processes(procs: int, repeat: int = 20) -> ProcessesRow:
+    """Single-process ranks: start to the first gather, memory, a gather; then the
+    floor, ``procs`` bare pyzmq echo processes, the same way."""
+    t0 = time.perf_counter()
+    mesh = this_host().spawn_procs(
+        per_host={"procs": procs}, name="scale", echo_output=False, force=True
+    )
+    try:
+        actors = mesh.spawn("tiny", Tiny)
+        actors.ping.call().get(timeout=600)
+        start_s = time.perf_counter() - t0
+        pss = sum(_pss(pid) for pid in mesh.pids)
+        gather_s = median_time(lambda: actors.ping.call().get(timeout=60), repeat, warmup=3)
+    finally:
+        mesh.stop()
+    t0 = time.perf_counter()
+    raw = RawGather(procs)
+    try:
+        raw.gather(1)
+        floor_start_s = time.perf_counter() - t0
+        floor_pss = sum(_pss(child.pid) for child in raw.children)
+        floor_gather_s = median_time(lambda: raw.gather(1), repeat, warmup=3)
+    finally:
+        raw.close()
+    return ProcessesRow(procs, start_s, floor_start_s, pss, floor_pss, gather_s, floor_gather_s)
+
+
+def render_processes(rows: list[ProcessesRow]) -> str:
+    mib = 1 << 20
+    lines = [
+        "| single-process ranks | metric | floor (bare pyzmq echo processes) "
+        "| monarch_nb | ratio |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines += [
+            f"| {r.procs:,} | start to first gather | {r.floor_start_s:.2f} s "
+            f"| {r.start_s:.2f} s | {r.start_s / r.floor_start_s:.2f}x |",
+            f"| {r.procs:,} | workers' memory (PSS) | {r.floor_pss / mib:.0f} MiB "
+            f"({r.floor_pss / r.procs / mib:.1f} each) | {r.pss / mib:.0f} MiB "
+            f"({r.pss / r.procs / mib:.1f} each) | {r.pss / r.floor_pss:.2f}x |",
+            f"| {r.procs:,} | cast + gather | {r.floor_gather_s * 1e3:.1f} ms "
+            f"| {r.gather_s * 1e3:.1f} ms | {r.gather_s / r.floor_gather_s:.2f}x |",
+        ]
+    return "\n".join(lines)
+
+
 def measure(quick: bool = False) -> list[ScaleRow]:
     configs = [(64, 4)] if quick else [(64, 4), (256, 1), (128, 8)]
     repeat = 20 if quick else 50
@@ -242,8 +315,20 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the 1,024-rank layout only: each thread's CPU per gather, from /proc",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        nargs="*",
+        metavar="N",
+        help="single-process ranks: start, memory (PSS) and a gather against the floor "
+        "(default 256 and 1024)",
+    )
     args = parser.parse_args(argv)
-    print(cpu_per_gather() if args.cpu else render(measure(quick=args.quick)))
+    if args.processes is not None:
+        sizes = args.processes or [256, 1024]
+        print(render_processes([measure_processes(n) for n in sizes]))
+    else:
+        print(cpu_per_gather() if args.cpu else render(measure(quick=args.quick)))
 
 
 if __name__ == "__main__":
