@@ -58,12 +58,20 @@ if TYPE_CHECKING:
     from ._model._future import Future
     from ._model._shape import Extent, Point, Shape
     from ._model._value_mesh import ValueMesh
+    from ._runtime._accumulator import Accumulator
     from ._runtime._actors import Actor, concurrent_endpoint, endpoint
-    from ._runtime._context import Context, context, current_rank, current_size
+    from ._runtime._context import (
+        Context,
+        context,
+        current_actor_name,
+        current_rank,
+        current_size,
+    )
     from ._runtime._endpoint import send
     from ._runtime._local_actors import this_proc
     from ._runtime._pending import ReplyStream
     from ._runtime._ports import Channel, Port, PortReceiver
+    from ._runtime._singletons import get_or_spawn_controller
     from ._services._logs import LogLine
     from ._services._metrics import log_metric
     from .debug._remote import breakpoint
@@ -128,11 +136,13 @@ _DEFINED_IN = {
     "Stacks": "_controller._stacks",
     "Stream": "tensor._streams",
     "ValueMesh": "_model._value_mesh",
+    "Accumulator": "_runtime._accumulator",
     "attach": "_jobs._launchers",
     "breakpoint": "debug._remote",
     "call_on_shard_and_fetch": "tensor._remote",
     "concurrent_endpoint": "_runtime._actors",
     "context": "_runtime._context",
+    "current_actor_name": "_runtime._context",
     "current_rank": "_runtime._context",
     "current_size": "_runtime._context",
     "distribute": "tensor._api",
@@ -140,6 +150,7 @@ _DEFINED_IN = {
     "fetch_shard": "tensor._api",
     "get_active_mesh": "tensor._active",
     "get_active_stream": "tensor._streams",
+    "get_or_spawn_controller": "_runtime._singletons",
     "grad_function": "tensor._gradient",
     "grad_generator": "tensor._gradient",
     "log_metric": "_services._metrics",
@@ -207,6 +218,7 @@ def current_mesh(name: str | None = None) -> Any:
 
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorMesh",
     "CallCancelled",
@@ -254,6 +266,7 @@ __all__ = [
     "call_on_shard_and_fetch",
     "concurrent_endpoint",
     "context",
+    "current_actor_name",
     "current_mesh",
     "current_rank",
     "current_size",
@@ -264,6 +277,7 @@ __all__ = [
     "fetch_shard",
     "get_active_mesh",
     "get_active_stream",
+    "get_or_spawn_controller",
     "grad_function",
     "grad_generator",
     "inspect",

@@ -14,10 +14,10 @@ one ``monarch_nb`` itself exports (loaded on first use, as there), except:
   than monarch_nb always does: the mesh is failed, and its next call or cell
   raises the ``MeshFailure``. Monarch's default exits the process instead.
 
-Names of ``monarch.actor`` not provided here: ``Accumulator``, ``as_endpoint``,
-``current_actor_name``, ``enable_transport``, ``ChannelTransport``, ``ProcId``,
-``Uid``, ``config``, ``debug_controller``, ``get_or_spawn_controller``,
-``hosts_from_config``, ``default_bootstrap_cmd``, ``run_worker_loop_forever``,
+Names of ``monarch.actor`` not provided here: ``as_endpoint``,
+``enable_transport``, ``ChannelTransport``, ``ProcId``, ``Uid``, ``config``,
+``debug_controller``, ``hosts_from_config``, ``default_bootstrap_cmd``,
+``run_worker_loop_forever``,
 ``attach_to_workers``, ``attach`` (ours, :func:`monarch_nb.attach`, attaches
 to running agents with other arguments), ``get_meter``, ``span``, ``traced``.
 """
@@ -38,15 +38,24 @@ if TYPE_CHECKING:
     from ._model._future import Future
     from ._model._shape import Extent, Point
     from ._model._value_mesh import ValueMesh
+    from ._runtime._accumulator import Accumulator
     from ._runtime._actors import Actor, concurrent_endpoint, endpoint
-    from ._runtime._context import Context, context, current_rank, current_size
+    from ._runtime._context import (
+        Context,
+        context,
+        current_actor_name,
+        current_rank,
+        current_size,
+    )
     from ._runtime._endpoint import send
     from ._runtime._local_actors import this_proc
     from ._runtime._ports import Channel, Port, PortReceiver
+    from ._runtime._singletons import get_or_spawn_controller
 
 # Name here -> (private module, name there). Loaded on first use, so a worker
 # that imports an actor class written against this module loads no controller code.
 _DEFINED_IN = {
+    "Accumulator": ("_runtime._accumulator", "Accumulator"),
     "Actor": ("_runtime._actors", "Actor"),
     "ActorError": ("_model._errors", "RemoteError"),
     "ActorMesh": ("_controller._actor_mesh", "ActorMesh"),
@@ -60,9 +69,11 @@ _DEFINED_IN = {
     "ProcMesh": ("_controller._proc_mesh", "ProcMesh"),
     "ValueMesh": ("_model._value_mesh", "ValueMesh"),
     "context": ("_runtime._context", "context"),
+    "current_actor_name": ("_runtime._context", "current_actor_name"),
     "current_rank": ("_runtime._context", "current_rank"),
     "current_size": ("_runtime._context", "current_size"),
     "endpoint": ("_runtime._actors", "endpoint"),
+    "get_or_spawn_controller": ("_runtime._singletons", "get_or_spawn_controller"),
     "shutdown_context": ("_controller._proc_mesh", "shutdown_context"),
     "this_host": ("_controller._proc_mesh", "this_host"),
     # Actors that talk to actors: ports and channels, this process, send().
@@ -115,6 +126,7 @@ class _ActorModule(types.ModuleType):
 sys.modules[__name__].__class__ = _ActorModule
 
 __all__ = [
+    "Accumulator",
     "Actor",
     "ActorError",
     "ActorMesh",
@@ -132,9 +144,11 @@ __all__ = [
     "ValueMesh",
     "concurrent_endpoint",
     "context",
+    "current_actor_name",
     "current_rank",
     "current_size",
     "endpoint",
+    "get_or_spawn_controller",
     "send",
     "shutdown_context",
     "this_host",

@@ -20,8 +20,8 @@ def test_monarch_actor_names_resolve_to_ours():
     for name in set(actor.__all__) - {"ActorError", "unhandled_fault_hook"}:
         assert getattr(actor, name) is getattr(monarch_nb, name), name
     assert actor.ActorError is monarch_nb.RemoteError
-    with pytest.raises(AttributeError, match=r"'monarch_nb\.actor' has no attribute 'Accumulator'"):
-        _ = actor.Accumulator
+    with pytest.raises(AttributeError, match=r"'monarch_nb\.actor' has no attribute 'as_endpoint'"):
+        _ = actor.as_endpoint
     from monarch_nb.actor import Actor, endpoint, this_host  # the lines a program starts with
 
     assert (Actor, endpoint, this_host) == (
@@ -29,6 +29,30 @@ def test_monarch_actor_names_resolve_to_ours():
         monarch_nb.endpoint,
         monarch_nb.this_host,
     )
+
+
+class Named(monarch_nb.actor.Actor):
+    @monarch_nb.actor.endpoint
+    def names(self) -> tuple[str, str]:
+        return monarch_nb.actor.current_actor_name(), str(monarch_nb.actor.current_rank())
+
+
+def test_actor_names_and_points_print_as_monarchs(procs2):
+    from monarch_nb.actor import ValueMesh, current_actor_name
+
+    assert ValueMesh[int] is ValueMesh  # a type hint, the class itself
+    assert current_actor_name() == "client"  # on the controller, no actor runs
+    grid = procs2.split(procs=("hosts", "gpus"), gpus=2)
+    named = grid.spawn("named", Named)
+    replies = named.names.call().get(timeout=60)
+    assert replies.item(hosts=0, gpus=0)[1] == "{'hosts': 0/1, 'gpus': 0/2}"
+    assert replies.item(hosts=0, gpus=1)[1] == "{'hosts': 0/1, 'gpus': 1/2}"
+    # Each rank's actor has a name of its own.
+    first, second = (name for name, _ in replies.values())
+    assert first != second
+    assert first.endswith("/named[0]")
+    # A point of a slice prints its place in the slice (an index drops its dimension).
+    assert named.slice(gpus=1).names.call_one().get(timeout=60)[1] == "{'hosts': 0/1}"
 
 
 def test_unhandled_fault_hook_is_assignable_and_checked():

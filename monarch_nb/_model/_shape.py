@@ -83,7 +83,8 @@ class Point(Mapping[str, int]):
         """The sizes of the mesh this point belongs to."""
         if self._extent is None:
             raise MeshUsageError(
-                f"{self!r} was made without its mesh's extent; take points from a mesh "
+                f"point {self!r} (rank {self.rank}) was made without its mesh's extent; "
+                "take points from a mesh "
                 "(mesh.shape.point_of_rank(r), ValueMesh.items()) to know their extent"
             )
         return self._extent
@@ -102,8 +103,14 @@ class Point(Mapping[str, int]):
         return len(self._coords)
 
     def __repr__(self) -> str:
-        coords = ", ".join(f"{k}={v}" for k, v in self._coords.items())
-        return f"Point({coords}, rank={self.rank})"
+        """As Monarch prints a point: ``{'hosts': 0/1, 'gpus': 1/2}``, each coordinate
+        over its dimension's size (``{'gpus': 1}`` for a point made without an extent)."""
+        extent = self._extent
+        parts = (
+            f"{k!r}: {v}/{extent[k]}" if extent is not None and k in extent else f"{k!r}: {v}"
+            for k, v in self._coords.items()
+        )
+        return "{" + ", ".join(parts) + "}"
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Point):

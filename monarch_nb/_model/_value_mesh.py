@@ -33,6 +33,11 @@ class ValueMesh(MeshShape, Generic[T]):
 
     __slots__ = ("_shape", "_values")
 
+    def __class_getitem__(cls, item: object) -> type[ValueMesh]:
+        """``ValueMesh[int]`` is ``ValueMesh`` itself, as Monarch's: a type hint
+        names the values, the class is the same."""
+        return cls
+
     def __init__(self, shape: Shape, values: Sequence[T]) -> None:
         if len(values) != len(shape):
             raise MeshUsageError(f"{len(values)} values for a shape of {len(shape)} points")

@@ -62,14 +62,18 @@ class Context:
         return self.message_shape.point_of_rank(self.point.rank)
 
     @property
+    def actor_label(self) -> str:
+        """``"<mesh name>/<actor name>[<rank>]"``: unique in the tree."""
+        return f"{self.mesh_name}/{self.actor_name or 'cell'}[{self.point.rank}]"
+
+    @property
     def actor_instance(self) -> ActorInstance:
         procs = None
         if self.procs is not None:
             from ._peer_mesh import PeerProcMesh
 
             procs = PeerProcMesh(self.procs, self.procs.world.shape())
-        label = f"{self.mesh_name}/{self.actor_name or 'cell'}[{self.point.rank}]"
-        return ActorInstance(self.point, label, procs, self.actor)
+        return ActorInstance(self.point, self.actor_label, procs, self.actor)
 
 
 _current: Context | None = None
@@ -121,6 +125,17 @@ def current_size() -> dict[str, int]:
     """``{dimension: size}`` of the slice the current message was sent to (the
     actor's whole mesh for a call to all of it), as Monarch's ``current_size()``."""
     return dict(context().message_rank.extent)
+
+
+def current_actor_name() -> str:
+    """The running actor's id as text, as Monarch's ``current_actor_name()``:
+    ``"<mesh name>/<actor name>[<rank>]"``, different for each rank of an actor
+    mesh; ``"<mesh name>/cell[<rank>]"`` in a ``%%mesh`` cell, and ``"client"`` on the
+    controller (Monarch's name for its client actor), where no actor runs."""
+    current = _task_context.get() or _current
+    if current is None:
+        return "client"
+    return current.actor_label
 
 
 def current_actor_or_none() -> Any:
