@@ -41,7 +41,6 @@ Two ways to start:
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import datetime as dt
 import json
@@ -53,7 +52,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +59,7 @@ from typing import Any
 import zmq
 
 from .._model._errors import MeshUsageError
-from .._services import _config, _logs, _py_spy, _workspace
+from .._services import _config, _logs
 from .._services._descendants import kill_tree
 from .._services._spawn import kill_leftovers, start_worker
 from .._wire import _keys, _network, _rundir
@@ -77,7 +75,6 @@ from .._wire._messages import (
     LaunchWorkers,
     LogLines,
     Message,
-    PySpyReply,
     PySpyRequest,
     ReadLogs,
     SyncWorkspace,
@@ -85,7 +82,6 @@ from .._wire._messages import (
     WorkerExited,
     WorkerOutput,
     WorkerStarted,
-    WorkspaceSynced,
 )
 from .._wire._signed import (
     CONTROLLER,
@@ -99,6 +95,7 @@ from .._wire._signed import (
     receive,
     sender_tag,
 )
+from ._background import BackgroundRequests
 
 _log = logging.getLogger("monarch_nb.agent")
 _CHUNK = 65536
@@ -184,14 +181,10 @@ class Agent:
         if self.guard is not None:
             self.poller.register(self.guard.monitor, zmq.POLLIN)
         self.poller.register(self.down, zmq.POLLIN)
-        # py-spy runs (seconds long) in threads; their replies are sent from this
-        # loop, the one owner of the sockets, woken through a pipe.
-        # Replies finished on other threads (py-spy, workspace syncs), sent by the loop.
-        self._py_spy_done: collections.deque[Message] = collections.deque()
-        self.workspaces: list[str] = []  # synced directories, on workers' PYTHONPATH
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self.poller.register(self._wake_r, zmq.POLLIN)
+        # py-spy runs and workspace unpacks take seconds: threads, whose replies
+        # this loop (the one owner of the sockets) sends when woken.
+        self.background = BackgroundRequests(self.fd_warning)
+        self.poller.register(self.background.wake_fd, zmq.POLLIN)
 
     # -- sockets ------------------------------------------------------------------
 
@@ -314,8 +307,9 @@ class Agent:
                 self._from_workers()
             elif self.guard is not None and item is self.guard.monitor:
                 self.guard.readable()
-            elif item == self._wake_r:
-                self._send_py_spy_replies()
+            elif item == self.background.wake_fd:
+                for reply in self.background.replies():
+                    self.send_own(reply)
             elif item == sys.stdin.fileno() and self.config.get("watch_stdin"):
                 if not os.read(item, 4096):
                     _log.info("agent %d: launcher channel closed; stopping", self.host_index)
@@ -459,9 +453,10 @@ class Agent:
             case ReadLogs():
                 self.send_own(read_logs(message))
             case PySpyRequest():
-                self._run_py_spy(message)
+                child = self.children.get(message.identity.encode())
+                self.background.run_py_spy(message, None if child is None else child.popen.pid)
             case SyncWorkspace():
-                self._sync_workspace(message)
+                self.background.sync_workspace(message)
             case _:
                 _log.error("agent %d: unexpected %s", self.host_index, type(message).__name__)
 
@@ -484,69 +479,6 @@ class Agent:
                 forward(self.up, frames, self.peer)
             except zmq.Again:
                 pass  # the controller is gone: the silence check ends this session
-
-    def _run_py_spy(self, request: PySpyRequest) -> None:
-        """Run py-spy on one of our workers, in a thread: a record takes seconds."""
-        child = self.children.get(request.identity.encode())
-        if child is None:
-            no = _py_spy.Outcome(_py_spy.NO_SUCH_WORKER, "", "the process had exited")
-            self._py_spy_finished(request.request_id, no)
-            return
-
-        def run() -> None:
-            try:
-                outcome = _py_spy.execute(
-                    child.popen.pid,
-                    mode=request.mode,
-                    native=request.native,
-                    seconds=request.seconds,
-                    fmt=request.fmt,
-                    rate=request.rate,
-                    timeout=request.timeout,
-                    full_filenames=request.full_filenames,
-                )
-            except OSError as exc:  # no fd for its pipes: this request fails, said
-                if exhausted(exc):
-                    self.fd_warning.failed("running py-spy", exc)
-                why = f"the agent could not run py-spy: {type(exc).__name__}: {exc}"
-                outcome = _py_spy.Outcome(1, "", why)
-            self._py_spy_finished(request.request_id, outcome)
-
-        threading.Thread(target=run, name="monarch_nb-py-spy", daemon=True).start()
-
-    def _sync_workspace(self, request: SyncWorkspace) -> None:
-        """Unpack a workspace archive, in a thread (a big one takes a while)."""
-
-        def run() -> None:
-            try:
-                path, files, nbytes = _workspace.unpack(request.archive, request.dest)
-            except Exception as exc:  # a full disk, no memory: said, not a silent timeout
-                reply = WorkspaceSynced(
-                    request.request_id, request.dest, 0, 0, f"{type(exc).__name__}: {exc}"
-                )
-            else:
-                if request.on_path and path not in self.workspaces:
-                    self.workspaces.append(path)
-                reply = WorkspaceSynced(request.request_id, path, files, nbytes, "")
-            self._py_spy_done.append(reply)  # sent from the loop, as py-spy's replies
-            os.write(self._wake_w, b"x")
-
-        threading.Thread(target=run, name="monarch_nb-workspace", daemon=True).start()
-
-    def _py_spy_finished(self, request_id: int, outcome: _py_spy.Outcome) -> None:
-        """Any thread: queue the reply and wake the loop to send it."""
-        self._py_spy_done.append(
-            PySpyReply(request_id, outcome.returncode, outcome.stdout, outcome.stderr, outcome.data)
-        )
-        os.write(self._wake_w, b"x")
-
-    def _send_py_spy_replies(self) -> None:
-        try:
-            os.read(self._wake_r, 4096)
-        except BlockingIOError:
-            pass
-        while self._py_spy_done:
-            self.send_own(self._py_spy_done.popleft())
 
     # -- workers ----------------------------------------------------------------------
 
@@ -598,8 +530,8 @@ class Agent:
             if self.tunnels:
                 full_env["MONARCH_NB_TUNNELS"] = json.dumps(self.tunnels)
         full_env[_rundir.TREE_ROOT_ENV] = str(os.getpid())  # this host's tree is ours
-        if self.workspaces:  # synced here (sync_workspace): importable by the workers
-            paths = [*self.workspaces, full_env.get("PYTHONPATH", "")]
+        if self.background.workspaces:  # synced here: importable by the workers
+            paths = [*self.background.workspaces, full_env.get("PYTHONPATH", "")]
             full_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         local_gpu = full_env.pop("MONARCH_NB_LOCAL_GPU", None)
         if local_gpu is not None:  # this host's GPUs, as this host's agent sees them

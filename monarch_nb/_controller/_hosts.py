@@ -98,7 +98,21 @@ class RemoteWorker(WorkerProcess):
     def py_spy(self, **options: Any) -> _py_spy.Outcome:
         # Run by this host's agent; its answer comes back as a PySpyReply.
         timeout = options["timeout"]
-        future = self.agent.hosts.py_spy(self, **options)
+        future: Future[_py_spy.Outcome] = Future()
+        request_id = next(_py_spy_request_ids)
+        self.agent.hosts.py_spy_requests[request_id] = future
+        request = PySpyRequest(
+            request_id,
+            self.identity.decode(),
+            options["mode"],
+            options["native"],
+            options.get("seconds", 0),
+            options.get("fmt", "flamegraph"),
+            options.get("rate", 100),
+            timeout,
+            options.get("full_filenames", False),
+        )
+        self.agent.hosts.send(self.agent, request)
         try:
             return future.get(timeout=timeout + _PY_SPY_RELAY_S)
         except TimeoutError:
@@ -450,25 +464,6 @@ class HostAgents:
         finally:
             for _, request_id, _ in asked:
                 self._syncs.pop(request_id, None)
-
-    def py_spy(self, worker: RemoteWorker, **options: Any) -> Future[_py_spy.Outcome]:
-        """Ask ``worker``'s agent to run py-spy on it (see ``_py_spy.execute``)."""
-        future: Future[_py_spy.Outcome] = Future()
-        request_id = next(_py_spy_request_ids)
-        self.py_spy_requests[request_id] = future
-        request = PySpyRequest(
-            request_id,
-            worker.identity.decode(),
-            options["mode"],
-            options["native"],
-            options.get("seconds", 0),
-            options.get("fmt", "flamegraph"),
-            options.get("rate", 100),
-            options["timeout"],
-            options.get("full_filenames", False),
-        )
-        self.send(worker.agent, request)
-        return future
 
     def shutdown(self, grace: float = 5.0) -> None:
         """Stop the process meshes on these hosts, then every agent and the
