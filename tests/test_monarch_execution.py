@@ -4,7 +4,7 @@ and how a failed ``__init__`` reaches the fault hook.
 Each case is one that hung or failed when Monarch's own tests were run against
 monarch_nb: a sync endpoint that waits on an ``async def`` endpoint of another
 actor in its own process, and a spawn whose ``__init__`` raises on every rank
-of an unsupervised mesh.
+of an unsupervised mesh, and a stream iterated inside an async endpoint.
 """
 
 from __future__ import annotations
@@ -78,6 +78,28 @@ def test_an_async_client_awaits_a_sync_endpoint_waiting_on_its_process(procs2):
         return await asyncio.wait_for(caller.value_of.choose(counter), T)
 
     assert asyncio.run(client()) == 3
+
+
+class Name(Actor):
+    @endpoint
+    async def rank(self) -> int:
+        await asyncio.sleep(0)
+        return monarch_nb.actor.current_rank().rank
+
+
+class Streamer(Actor):
+    @endpoint
+    async def awaited(self, names: Name) -> list[int]:
+        # Iterated with a plain for inside a coroutine, as Monarch's tests do:
+        # each item is a future to await, the replies from this very process too.
+        return sorted([await item for item in names.rank.stream()])
+
+
+def test_a_stream_iterated_in_an_async_endpoint_yields_futures(procs2):
+    names = procs2.spawn("names", Name)
+    streamer = procs2.spawn("streamer", Streamer)
+    names.initialized.get(timeout=T)
+    assert streamer.awaited.call(names).get(timeout=T).item(procs=0) == [0, 1]
 
 
 class FailsInInit(Actor):

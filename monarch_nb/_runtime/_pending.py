@@ -421,6 +421,46 @@ class StreamItem(tuple):
         yield  # a generator that finishes at once: nothing to wait for
 
 
+class ArrivingItem:
+    """One reply of a stream iterated inside a coroutine, not arrived yet: a future
+    of its value (``await item``, ``item.get()``), or its ``(point, value)`` pair
+    when unpacked (which waits for it)."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: Future[tuple[Point, Any]]) -> None:
+        self._future = future
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self._future.get(timeout)[1]
+
+    result = get
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        pair = yield from self._future.__await__()
+        return pair[1]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._future.get())
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> Any:
+        return self._future.get()[index]
+
+
+def _loop_runs_here() -> bool:
+    """Whether an asyncio loop runs on this thread (the caller is inside a coroutine)."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class ReplyStream:
     """Replies in the order they arrive: iterate (or ``async for``) to get
     ``(point, value)`` pairs; each is also a future of its value, as Monarch's
@@ -432,9 +472,15 @@ class ReplyStream:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self) -> Iterator[StreamItem]:
+    def __iter__(self) -> Iterator[StreamItem | ArrivingItem]:
         for item in self._items:
-            yield StreamItem(item.get())
+            if _loop_runs_here():
+                # Iterated inside a coroutine (an async endpoint): as Monarch's, each
+                # item is a future to await, not a reply waited for here, which
+                # would hold the loop that runs the very endpoint answering it.
+                yield ArrivingItem(item)
+            else:
+                yield StreamItem(item.get())
 
     async def _aiter(self) -> AsyncIterator[StreamItem]:
         for item in self._items:
