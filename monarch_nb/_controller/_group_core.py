@@ -44,6 +44,7 @@ class GroupCore(SendingGroup, HostedGroup, Protocol):
     controller: Controller
     agents: HostAgents | None
     extra_env: dict[str, str]
+    boot_extras: dict[str, Any]
     gpus: bool
     owner: Any  # the actor that supervises the group, or None
     events: EventStream

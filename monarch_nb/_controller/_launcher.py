@@ -154,6 +154,7 @@ class Launcher:
             "mesh": self._group.name,
             "heartbeat_s": self._group.configured_heartbeat_s,
             "imports": list(self._group.worker_imports),
+            **self._group.boot_extras,  # spawn_procs(bootstrap=, proc_bind=), the interpreter
         }
         self._group.heartbeat_s = (
             self._group.configured_heartbeat_s

@@ -7,7 +7,7 @@ import itertools
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .._model import _checks
 from .._model._errors import MeshFailure, MeshUsageError, SpawnError
@@ -28,6 +28,7 @@ from ._client import Controller
 from ._events import EventStream, Output, RankState
 from ._group_status import mesh_state
 from ._history import History
+from ._host_mesh_extras import HostMeshBase
 from ._interrupt import wait_for
 from ._lifecycle import Failed, SpawnRecord
 from ._log_stream import OutputPrinter
@@ -36,9 +37,6 @@ from ._process_group import ProcGroup, check_gpus
 from ._recovery import RestartPolicy
 from ._status import MeshState, RestartRecord
 from ._workspace_sync import WorkspaceCopy
-
-if TYPE_CHECKING:
-    from ._hosts import HostAgents
 
 A = TypeVar("A", bound=Actor)
 _actor_ids = itertools.count(1)
@@ -61,6 +59,12 @@ class ProcMesh(MeshObservation, MeshShape):
     def __init__(self, group: ProcGroup, shape: Shape) -> None:
         self._group = group
         self._shape = shape
+
+    @property
+    def initialized(self) -> Future[Literal[True]]:
+        """A future of True: already done, since ``spawn_procs`` returns once the
+        processes are up (Monarch's ``await procs.initialized``)."""
+        return completed(True)
 
     # -- shape --------------------------------------------------------------------
 
@@ -428,26 +432,14 @@ class ProcMesh(MeshObservation, MeshShape):
         return (rebuild_procs, (ref, _refs.ViewRef.of(self._shape)))
 
 
-class HostMesh:
+class HostMesh(HostMeshBase):
     """The hosts processes can be started on: ``this_host()``, or a multi-host mesh
     from :func:`~monarch_nb.ssh_hosts`, :func:`~monarch_nb.slurm_hosts` or
     :func:`~monarch_nb.attach` (one agent per host). Stop a multi-host one with
-    :meth:`shutdown`, or use it as a context manager.
+    :meth:`shutdown`, or use it as a context manager. One dimension, ``hosts``:
+    ``extent``, ``slice(hosts=...)``, ``initialized``, ``stop()`` and
+    ``with_python_executable()`` come from :class:`HostMeshBase`.
     """
-
-    def __init__(self, controller: Controller | None = None, agents: HostAgents | None = None):
-        self._controller = controller
-        self._agents = agents
-
-    @property
-    def hosts(self) -> list[str]:
-        """The hosts' names (as given to the launcher, or as SLURM named them)."""
-        if self._agents is None:
-            return [socket.gethostname()]
-        return [agent.label for agent in self._agents.agents]
-
-    def __len__(self) -> int:
-        return 1 if self._agents is None else len(self._agents.agents)
 
     def __repr__(self) -> str:
         return f"<HostMesh {self.hosts}>"
@@ -471,6 +463,8 @@ class HostMesh:
         echo_output: bool = True,
         force: bool = False,
         restart: RestartPolicy | None = None,
+        bootstrap: Callable[[], Any] | None = None,
+        proc_bind: Sequence[dict[str, str]] | None = None,
     ) -> ProcMesh:
         """Start worker processes: ``per_host={"procs": 4}`` or ``{"gpus": 4}``.
 
@@ -491,6 +485,12 @@ class HostMesh:
         as a likely typo unless ``force=True``.
         ``restart=RestartPolicy(max_restarts=3, window_s=60, ranks="failed")``
         brings dead ranks back by itself (see :class:`~monarch_nb.RestartPolicy`).
+        ``bootstrap``: a function (or async function) of no arguments each new
+        process runs first, before any actor or cell (set variables before CUDA
+        starts); if it raises, the spawn fails with MeshFailure naming the rank,
+        with its traceback. ``proc_bind``: CPU affinity, one dict per process of
+        a host, as Monarch's: ``[{"cpus": "0-3"}, {"cpus": "4-7"}]`` (also
+        ``physcpubind``, ``cpunodebind``); see docs/hosts.md.
         """
         if not isinstance(per_host, Mapping | None):
             raise MeshUsageError(
@@ -527,6 +527,8 @@ class HostMesh:
             bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
             if bad:
                 raise MeshUsageError(f"env values must be strings; {bad[0]!r} is not")
+        self._check_whole("spawn_procs()")
+        boot_extras = self._boot_extras(bootstrap, proc_bind, per_host_total)
         agents = self._agents
         if agents is None:
             if gpus:
@@ -560,6 +562,7 @@ class HostMesh:
             agents=agents,
             restart=restart,
         )
+        group.boot_extras = boot_extras
         if echo_output:
             group.printer = OutputPrinter()
             group.events.subscribe(group.printer, kinds=(Output,))
@@ -611,8 +614,10 @@ class HostMesh:
         """Stop the agents (a multi-host mesh) and every process they run.
 
         Returns once they have stopped, with a future that is already done
-        (Monarch's ``hosts.shutdown().get()`` and ``await`` work too).
+        (Monarch's ``hosts.shutdown().get()`` and ``await`` work too). Raises
+        MeshUsageError on a slice: shut down the mesh that started the hosts.
         """
+        self._check_whole("shutdown()")
         if self._agents is not None:
             self._agents.shutdown()
         return completed(None)

@@ -106,6 +106,7 @@ class ProcGroup:
         # from here unless asked for every run.
         self.run_started = _logs.now_to_the_millisecond()
         self.extra_env = dict(env or {})
+        self.boot_extras: dict[str, Any] = {}  # what workers read at start (spawn_procs)
         self.gpus = gpus
         self.controller = controller
         self.controller.groups.add(self)

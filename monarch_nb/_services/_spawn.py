@@ -18,9 +18,10 @@ def start_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> subpro
     are pipes for the caller to watch; it runs in a session of its own, so a
     terminal's Ctrl-C reaches the controller only. Call from the thread that
     lives as long as the worker should: its parent-death signal fires when the
-    thread that forked it ends."""
+    thread that forked it ends. ``bootstrap["python"]``, if set, is the interpreter
+    (``HostMesh.with_python_executable``)."""
     popen = subprocess.Popen(
-        [sys.executable, "-m", "monarch_nb.worker"],
+        [bootstrap.get("python") or sys.executable, "-m", "monarch_nb.worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

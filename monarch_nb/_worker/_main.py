@@ -44,6 +44,7 @@ from .._runtime._peer import PeerNode
 from .._services import _metrics
 from .._services._descendants import become_subreaper, kill_descendants
 from .._services._dist import keep_store_on_loopback
+from .._services._proc_bind import start_rank
 from .._wire._fd_limits import raise_fd_limit
 from .._wire._messages import (
     Call,
@@ -279,6 +280,8 @@ def main() -> None:
     # controller reads to the end before it reports the death.
     faulthandler.enable(file=2, all_threads=True)
     _quiet_torch_without_numpy()
+    # spawn_procs(proc_bind=, bootstrap=): before anything of the user's runs
+    start_rank(boot, boot["rank"])
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # user code calling input() gets EOF, not our bootstrap pipe
     os.close(devnull)

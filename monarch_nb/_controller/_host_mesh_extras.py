@@ -1,0 +1,145 @@
+"""What a HostMesh says and does beyond spawning, as Monarch's does: its shape
+(``extent``, ``slice``), ``initialized``, ``stop()``, ``with_python_executable``,
+and what ``spawn_procs(bootstrap=, proc_bind=)`` hands every new worker.
+
+A host mesh has one dimension, ``hosts``. A slice is a view: it reads as the
+hosts it keeps, and processes are spawned on a whole mesh only (a slice of a
+multi-host mesh refuses, naming the fix); ``stop()`` and ``shutdown()`` belong
+to the mesh that owns the hosts, as in Monarch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from .._model._errors import MeshUsageError
+from .._model._future import Future, completed
+from .._model._shape import MeshShape, Shape
+from .._services._proc_bind import check_proc_bind
+
+if TYPE_CHECKING:
+    from ._client import Controller
+    from ._hosts import HostAgents
+
+
+class HostMeshBase(MeshShape):
+    """The shape and life of a host mesh; HostMesh adds spawning."""
+
+    def __init__(
+        self,
+        controller: Controller | None = None,
+        agents: HostAgents | None = None,
+        *,
+        shape: Shape | None = None,
+        python: str | None = None,
+    ) -> None:
+        self._controller = controller
+        self._agents = agents
+        count = 1 if agents is None else len(agents.agents)
+        self._shape = shape if shape is not None else Shape(("hosts",), (count,), range(count))
+        self._python = python
+
+    @property
+    def shape(self) -> Shape:
+        return self._shape
+
+    def _new_with_shape(self, shape: Shape) -> Any:
+        return type(self)(self._controller, self._agents, shape=shape, python=self._python)
+
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts' names (as given to the launcher, or as SLURM named them)."""
+        if self._agents is None:
+            return [socket.gethostname()]
+        return [self._agents.agents[i].label for i in self._shape.ranks]
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def _whole(self) -> bool:
+        count = 1 if self._agents is None else len(self._agents.agents)
+        return self._shape.ranks == tuple(range(count))
+
+    def _check_whole(self, verb: str) -> None:
+        if not self._whole():
+            raise MeshUsageError(
+                f"{verb} on a slice of a host mesh ({self.hosts}): only the mesh that "
+                "started the hosts can; call it on that mesh, or start a host mesh over "
+                "just these hosts"
+            )
+
+    @property
+    def initialized(self) -> Future[Literal[True]]:
+        """A future of True once the hosts are up: already done, since
+        ``this_host()``, ``ssh_hosts()`` and the others return once they are."""
+        return completed(True)
+
+    def stop(self) -> Future[None]:
+        """Stop every process mesh started on these hosts, keeping the hosts (their
+        agents) for new ones: ``spawn_procs`` works again afterwards. Blocking;
+        returns a future that is already done (``hosts.stop().get()`` works).
+        :meth:`shutdown` stops the hosts too. Raises MeshUsageError on a slice."""
+        self._check_whole("stop()")
+        from ._client import Controller
+
+        controller = self._controller or Controller._default
+        if controller is not None and not controller.loop.stopping:
+            for group in list(controller.groups):
+                if getattr(group, "agents", None) is self._agents:
+                    group.stop()
+        return completed(None)
+
+    def with_python_executable(self, python_executable: str) -> Any:
+        """This host mesh, whose new processes run ``python_executable`` (a path, or
+        a name on ``PATH``) instead of this interpreter. That interpreter must be
+        able to import monarch_nb (and what your actors use). On this host a
+        missing or non-executable path raises MeshUsageError at once; on other
+        hosts the spawn fails, naming the rank, if it cannot start there."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise MeshUsageError(
+                f"with_python_executable takes a path, e.g. '/usr/bin/python3'; "
+                f"got {python_executable!r}"
+            )
+        if self._agents is None:
+            import shutil
+
+            found = shutil.which(python_executable)
+            if found is None or not os.access(found, os.X_OK):
+                raise MeshUsageError(
+                    f"with_python_executable({python_executable!r}): no such executable on "
+                    "this host; give the interpreter's full path"
+                )
+        return type(self)(
+            self._controller, self._agents, shape=self._shape, python=python_executable
+        )
+
+    def _boot_extras(
+        self,
+        bootstrap: Callable[[], Any] | None,
+        proc_bind: Sequence[dict[str, str]] | None,
+        per_host: int,
+    ) -> dict[str, Any]:
+        """What every worker of a new process mesh reads at start, checked here."""
+        extras: dict[str, Any] = {}
+        if self._python is not None:
+            extras["python"] = self._python
+        if proc_bind is not None:
+            extras["proc_bind"] = check_proc_bind(proc_bind, per_host)
+        if bootstrap is not None:
+            if not callable(bootstrap):
+                raise MeshUsageError(
+                    f"bootstrap takes a function of no arguments, got {bootstrap!r}"
+                )
+            import cloudpickle
+
+            try:
+                extras["bootstrap"] = cloudpickle.dumps(bootstrap, protocol=5).hex()
+            except Exception as exc:
+                raise MeshUsageError(
+                    f"bootstrap={bootstrap!r} cannot be pickled to send to the processes: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        return extras
