@@ -10,8 +10,17 @@
 
 from __future__ import annotations
 
-from ._jobs._job import DEFAULT_JOB_PATH, JobState, JobTrait, LocalJob, ProcessJob, SSHJob, job_load
+from ._jobs._job import (
+    DEFAULT_JOB_PATH,
+    JobState,
+    JobTrait,
+    ProcessJob,
+    SSHJob,
+    job_load,
+    job_loads,
+)
 from ._jobs._kubernetes import KubernetesJob
+from ._jobs._local import LocalJob
 from ._jobs._slurm import SlurmJob
 
 __all__ = [
@@ -24,4 +33,5 @@ __all__ = [
     "SSHJob",
     "SlurmJob",
     "job_load",
+    "job_loads",
 ]

@@ -23,16 +23,18 @@ it is provably the agent that was saved (boot, start time, command line).
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shlex
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._controller._proc_mesh import HostMesh, this_host
+from .._controller._proc_mesh import HostMesh
 from .._controller._process_group import START_TIMEOUT_S
 from .._model._errors import MeshUsageError
 from .._services import _config
@@ -42,6 +44,8 @@ from . import _state_file
 from ._launchers import attach, host_prelude
 
 DEFAULT_JOB_PATH = ".monarch_nb/job_state.json"
+# Where a job written to Monarch's contract (below) is saved by default: a pickle, as Monarch's.
+_PICKLED_JOB_PATH = ".monarch_nb/job_state.pkl"
 # Agents this process started: kept so they are reaped, not warned about.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 _AGENT = ("-m", "monarch_nb.agent")
@@ -53,6 +57,9 @@ _LOCAL_AGENT = re.compile(r"tcp://127\.0\.0\.1:[0-9]{1,5}")
 
 class JobState:
     """One ``HostMesh`` per named mesh of a job, as attributes (``state.trainers``)."""
+
+    # Monarch's telemetry and admin endpoints: monarch_nb runs neither service.
+    query_engine = query_engine_client = telemetry_url = dashboard_url = admin_url = None
 
     def __init__(self, hosts: Mapping[str, HostMesh]) -> None:
         self._hosts = dict(hosts)
@@ -94,20 +101,46 @@ _KINDS: dict[str, type[JobTrait]] = {}
 class JobTrait:
     """A job: its spec (constructor arguments), and once applied, its running agents.
 
-    Subclasses say how agents start (``_create`` fills ``self._running``
-    with ``{"meshes": {name: [address, ...]}, ...}``) and stop (``_kill``).
+    Two ways to write one:
+
+    - Monarch's: ``_create(client_script)`` brings the job into existence
+      (its return value is ignored), ``_state()`` returns the ``JobState``,
+      ``_kill()`` stops it, ``can_run(spec)`` says whether a saved job serves
+      another. Such a job is saved as a pickle (``dump``/``dumps``, as
+      Monarch's), read back only from a file of yours nobody else may write.
+    - ours: ``spec()``, and ``_create(key_file)`` returning
+      ``{"meshes": {name: [address, ...]}, ...}`` (agents listening there),
+      ``_kill()``; saved as JSON, data and never code.
+
+    A subclass that defines ``_state`` is written Monarch's way.
     """
 
     kind = "job"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _KINDS[cls.kind] = cls  # job_load finds it by the "kind" saved with it
+        if "kind" in cls.__dict__:
+            _KINDS[cls.kind] = cls  # job_load finds it by the "kind" saved with it
 
     def __init__(self) -> None:
         self._running: dict[str, Any] | None = None
-        self._state: JobState | None = None
+        self._connected: JobState | None = None
         self._path: str | None = None
+        self._via: JobTrait | None = None  # the saved job a Monarch-style one re-attached to
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A pickled job (Monarch's contract) carries its spec and running
+        # state, never connections (host meshes) of this process.
+        return {k: v for k, v in self.__dict__.items() if k != "_connected"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._connected = None
+
+    @classmethod
+    def _monarch_style(cls) -> bool:
+        """Whether this job is written to Monarch's contract (it defines ``_state``)."""
+        return cls._state is not JobTrait._state
 
     # -- spec ------------------------------------------------------------------
 
@@ -116,7 +149,10 @@ class JobTrait:
         raise NotImplementedError
 
     def can_run(self, other: JobTrait) -> bool:
-        """Whether this running job serves ``other``'s spec."""
+        """Whether this running job serves ``other``'s spec (a job written to
+        Monarch's contract says so itself; by default it serves none)."""
+        if self._monarch_style():
+            return False
         return type(other) is type(self) and other.spec() == self.spec()
 
     # -- lifecycle ---------------------------------------------------------------
@@ -125,10 +161,36 @@ class JobTrait:
     def active(self) -> bool:
         return self._running is not None
 
-    def apply(self, cached_path: str | None = DEFAULT_JOB_PATH) -> None:
-        """Start the job's agents unless it runs already; save it at ``cached_path``."""
+    @property
+    def apply_id(self) -> str | None:
+        """An id of this allocation, made fresh by each ``apply()`` that starts the job
+        (kept by ``dump``/``job_load``); None before. As Monarch's."""
+        if self._via is not None:
+            return self._via.apply_id
+        return None if self._running is None else self.__dict__.get("_apply_id")
+
+    def apply(
+        self, client_script: str | None = None, *, cached_path: str | None = DEFAULT_JOB_PATH
+    ) -> None:
+        """Start the job unless it runs already (then nothing happens).
+
+        ``client_script``, as Monarch's: a job that can (``LocalJob``) also
+        runs that script as the job's client. A job written to our contract
+        starts its agents and saves itself at ``cached_path``.
+        """
         if self._running is not None:
             return
+        self._apply_id = str(uuid.uuid4())
+        if self._monarch_style():
+            created = self._create(client_script)  # type: ignore[arg-type]
+            self._running = created if isinstance(created, dict) else {}
+            return
+        if client_script is not None:
+            raise MeshUsageError(
+                f"{type(self).__name__}.apply(client_script={client_script!r}): this job "
+                "cannot run a client script; apply() it, then run the script yourself "
+                "(its job.state() re-attaches), or use LocalJob(...).apply(client_script=...)"
+            )
         key_file = _key_file_for(cached_path)
         self._running = {"key_file": key_file, **self._create(key_file)}
         if cached_path is not None:
@@ -146,14 +208,43 @@ class JobTrait:
         (``MeshUsageError``, unless its agents are local and provably its own:
         those are stopped).
         """
-        if self._state is not None:
-            return self._state
+        if self._monarch_style():
+            return self._monarch_job_state(cached_path)
+        if self._connected is not None:
+            return self._connected
         if self._running is None and cached_path is not None:
             self._adopt_saved(cached_path)
-        self.apply(cached_path)
+        self.apply(cached_path=cached_path)
         self._path = cached_path
-        self._state = JobState(self._connect(timeout))
-        return self._state
+        self._connected = JobState(self._connect(timeout))
+        return self._connected
+
+    def _monarch_job_state(self, cached_path: str | None) -> JobState:
+        """``state()`` of a job written to Monarch's contract: its own ``_state()`` once
+        applied, or a saved job's that ``can_run`` this one (one that cannot is
+        killed and its file removed, as Monarch's)."""
+        if cached_path == DEFAULT_JOB_PATH:
+            cached_path = _PICKLED_JOB_PATH
+        if self._via is not None:
+            return self._via._state()
+        if self._running is not None:
+            return self._state()
+        saved = _load_pickled(cached_path) if cached_path is not None else None
+        if saved is not None and saved._running is not None:
+            if saved.can_run(self):
+                self._via = saved
+                return saved._state()
+            try:
+                saved._kill()
+            except NotImplementedError:
+                pass
+            assert cached_path is not None
+            _state_file.remove(cached_path, sticky_ok=True)
+        self.apply()
+        state = self._state()
+        if cached_path is not None:
+            self.dump(cached_path)
+        return state
 
     def _adopt_saved(self, path: str) -> None:
         """Re-attach to the job saved at ``path`` if it is this one and alive; stop it if
@@ -209,13 +300,16 @@ class JobTrait:
 
     def kill(self) -> None:
         """Stop the job's agents (and every process they run); forget the saved state."""
-        if self._state is not None:
-            for hosts in self._state._hosts.values():
+        if self._connected is not None:
+            for hosts in self._connected._hosts.values():
                 hosts.shutdown()
-            self._state = None
-        if self._running is not None:
+            self._connected = None
+        if self._via is not None:
+            self._via._kill()
+            self._via = None
+        elif self._running is not None:
             self._kill()
-            self._running = None
+        self._running = None
         if self._path:
             _state_file.remove(self._path)
 
@@ -226,13 +320,28 @@ class JobTrait:
 
         Written 0600 as a new file that replaces the old one, in a directory of
         yours that nobody else may write (refused otherwise); links at or beside
-        ``path`` redirect nothing."""
+        ``path`` redirect nothing. A job written to Monarch's contract is saved
+        as Monarch saves it, a pickle (the same file checks; a directory others
+        may write is accepted only when sticky, like ``/tmp``)."""
+        if self._monarch_style():
+            _state_file.write_bytes(path, self.dumps(), sticky_ok=True)
+            return
         record = {"kind": self.kind, "spec": self.spec(), "running": self._running}
         _state_file.write(path, record)
 
+    def dumps(self) -> bytes:
+        """This job as a pickle, as Monarch's ``dumps`` (read back with ``job_loads``)."""
+        return pickle.dumps(self)
+
     # -- per launcher -----------------------------------------------------------
 
-    def _create(self, key_file: str) -> dict[str, Any]:
+    def _create(self, key_file: str) -> Any:
+        """Ours: start the agents, return where they listen. Monarch's:
+        ``_create(client_script)`` makes the job; what it returns is ignored."""
+        raise NotImplementedError
+
+    def _state(self) -> JobState:
+        """Monarch's contract: the job's host meshes, once ``_create`` made it."""
         raise NotImplementedError
 
     def _kill(self) -> None:
@@ -250,27 +359,6 @@ class JobTrait:
         }
 
 
-class LocalJob(JobTrait):
-    """This host under each name: ``state().hosts`` is ``this_host()`` (nothing starts)."""
-
-    kind = "local"
-
-    def __init__(self, hosts: Sequence[str] = ("hosts",)) -> None:
-        super().__init__()
-        self.hosts = list(hosts)
-
-    def spec(self) -> dict[str, Any]:
-        return {"hosts": self.hosts}
-
-    def state(self, cached_path: str | None = None, timeout: float | None = 60.0) -> JobState:
-        self._running = {"meshes": {}}
-        self._state = JobState({name: this_host() for name in self.hosts})
-        return self._state
-
-    def _kill(self) -> None:
-        pass
-
-
 class ProcessJob(JobTrait):
     """Agents as local processes, one per host of each mesh, that survive the kernel.
 
@@ -280,13 +368,26 @@ class ProcessJob(JobTrait):
 
     kind = "process"
 
-    def __init__(self, meshes: Mapping[str, int] | None = None, *, python: str | None = None):
+    def __init__(
+        self,
+        meshes: Mapping[str, int] | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        python: str | None = None,
+    ):
+        """``meshes``: hosts per mesh name; ``env``: variables the agents (and so
+        the ranks) get on top of this process's environment, as Monarch's (saved
+        with the spec: the state file is 0600)."""
         super().__init__()
         self.meshes = _meshes(meshes or {"hosts": 1}, "ProcessJob")
+        self.env = _environment(env)
         self.python = python or sys.executable
 
     def spec(self) -> dict[str, Any]:
-        return {"meshes": self.meshes, "python": self.python}
+        spec: dict[str, Any] = {"meshes": self.meshes, "python": self.python}
+        if self.env is not None:
+            spec["env"] = self.env
+        return spec
 
     def _argv(self, address: str, key_file: str, index: int) -> list[str]:
         return [
@@ -304,6 +405,7 @@ class ProcessJob(JobTrait):
                 argv = self._argv(address, key_file, index)
                 proc = subprocess.Popen(
                     argv,
+                    env=None if self.env is None else {**os.environ, **self.env},
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     start_new_session=True,  # outlives the kernel; kill() ends it
@@ -497,6 +599,11 @@ def job_load(path: str = DEFAULT_JOB_PATH) -> JobTrait:
     the file: load only a file you wrote. One that is not yours, or that
     others may write, is refused (``PermissionError``).
     """
+    data = _state_file.read_bytes(path, sticky_ok=True)
+    if data is None:
+        raise FileNotFoundError(f"no job state file at {path!r}")
+    if data[:1] == b"\x80":  # a pickle: a job written to Monarch's contract
+        return job_loads(data)
     record = _state_file.read(path)
     if record is None:
         raise FileNotFoundError(f"no job state file at {path!r}")
@@ -509,7 +616,34 @@ def job_load(path: str = DEFAULT_JOB_PATH) -> JobTrait:
     return job
 
 
+def job_loads(data: bytes) -> JobTrait:
+    """A job from ``JobTrait.dumps()``, as Monarch's: a pickle, so only bytes you made."""
+    job = pickle.loads(data)
+    if not isinstance(job, JobTrait):
+        raise MeshUsageError(f"job_loads: the bytes hold a {type(job).__name__}, not a job")
+    return job
+
+
 # -- helpers ------------------------------------------------------------------------
+
+
+def _load_pickled(path: str) -> JobTrait | None:
+    """The Monarch-style job saved at ``path``; None when there is none, or when the
+    file holds one of our JSON jobs (never unpickled, never acted on here)."""
+    data = _state_file.read_bytes(path, sticky_ok=True)
+    if data is None or data[:1] != b"\x80":
+        return None
+    return job_loads(data)
+
+
+def _environment(env: Mapping[str, str] | None) -> dict[str, str] | None:
+    if env is None:
+        return None
+    out = dict(env)
+    bad = {k: v for k, v in out.items() if not (isinstance(k, str) and isinstance(v, str))}
+    if bad:
+        raise MeshUsageError(f"ProcessJob(env=...): names and values must be str, got {bad!r}")
+    return out
 
 
 def _key_file_for(cached_path: str | None) -> str:

@@ -47,8 +47,11 @@ def _refuse_unless_ours(info: os.stat_result, path: str, what: str, *, directory
     )
 
 
-def _open_dir(directory: str, *, create: bool) -> int | None:
-    """A descriptor of ``directory`` once checked (None when it is missing and not made)."""
+def _open_dir(directory: str, *, create: bool, sticky_ok: bool = False) -> int | None:
+    """A descriptor of ``directory`` once checked (None when it is missing and not made).
+
+    ``sticky_ok``: also a directory others may write but whose sticky bit keeps
+    them from renaming or removing our files (``/tmp``), owned by root or us."""
     if create:
         os.makedirs(directory, mode=0o700, exist_ok=True)
     try:
@@ -61,7 +64,10 @@ def _open_dir(directory: str, *, create: bool) -> int | None:
             "remove it, or pass cached_path= a path in a directory of yours"
         ) from None
     try:
-        _refuse_unless_ours(os.fstat(fd), directory, "job state directory", directory=True)
+        info = os.fstat(fd)
+        sticky = info.st_mode & stat.S_ISVTX and info.st_uid in (0, os.getuid())
+        if not (sticky_ok and sticky and stat.S_ISDIR(info.st_mode)):
+            _refuse_unless_ours(info, directory, "job state directory", directory=True)
     except BaseException:
         os.close(fd)
         raise
@@ -82,8 +88,22 @@ def read(path: str) -> dict[str, Any] | None:
     others may write, or that is a link; ValueError for one that is not a
     state file.
     """
+    data = read_bytes(path)
+    if data is None:
+        return None
+    try:
+        record = json.loads(data) if len(data) <= _MAX_BYTES else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path!r} is not a monarch_nb job state file; remove it")
+    return record
+
+
+def read_bytes(path: str, *, sticky_ok: bool = False) -> bytes | None:
+    """The bytes saved at ``path`` (None when there is none), checked as :func:`read` does."""
     directory, name = os.path.split(os.path.abspath(path))
-    dir_fd = _open_dir(directory, create=False)
+    dir_fd = _open_dir(directory, create=False, sticky_ok=sticky_ok)
     if dir_fd is None:
         return None
     try:
@@ -102,27 +122,28 @@ def read(path: str) -> dict[str, Any] | None:
             data = f.read(_MAX_BYTES + 1)
     finally:
         os.close(dir_fd)
-    try:
-        record = json.loads(data) if len(data) <= _MAX_BYTES else None
-    except ValueError:
-        record = None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path!r} is not a monarch_nb job state file; remove it")
-    return record
+    if len(data) > _MAX_BYTES:
+        raise ValueError(f"{path!r} is not a monarch_nb job state file (too big); remove it")
+    return data
 
 
 def write(path: str, record: dict[str, Any]) -> None:
     """Save ``record`` at ``path``: a new 0600 file in the checked directory, then a rename."""
+    write_bytes(path, json.dumps(record, indent=1).encode())
+
+
+def write_bytes(path: str, data: bytes, *, sticky_ok: bool = False) -> None:
+    """Save ``data`` at ``path`` as :func:`write` does."""
     directory, name = os.path.split(os.path.abspath(path))
-    dir_fd = _open_dir(directory, create=True)
+    dir_fd = _open_dir(directory, create=True, sticky_ok=sticky_ok)
     assert dir_fd is not None
     try:
         tmp = f".{name}.{os.urandom(6).hex()}.tmp"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f, indent=1)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             # rename() replaces a link at ``name`` itself; its target is not touched.
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
@@ -132,10 +153,10 @@ def write(path: str, record: dict[str, Any]) -> None:
         os.close(dir_fd)
 
 
-def remove(path: str) -> None:
+def remove(path: str, *, sticky_ok: bool = False) -> None:
     """Remove the state file at ``path`` (nothing if missing), through its checked directory."""
     directory, name = os.path.split(os.path.abspath(path))
-    dir_fd = _open_dir(directory, create=False)
+    dir_fd = _open_dir(directory, create=False, sticky_ok=sticky_ok)
     if dir_fd is None:
         return
     try:
