@@ -240,3 +240,16 @@ def test_a_cell_waiting_on_calls_receives_their_replies_itself(kernel):
     )
     taken = int(reply.stream().split("replies to the cell:")[1])
     assert taken >= 2 * 200 * 2 // 3, reply.stream()  # two ranks reply to each call
+
+
+def test_every_pause_in_a_session_shows_where_it_paused(kernel):
+    # Issue 62 item 11: the second pause of a session (the same rank, a later cell,
+    # or again after `c` in the same cell) used to come without its header.
+    cell = "%%mesh --ranks 0\nfor step in range(2):\n    breakpoint()\n    z = step"
+    for _ in range(2):
+        reply, convo = converse(kernel, cell, scripted("p step", "c", "p step", "c"))
+        assert reply.status == "ok", convo.text()
+        assert convo.prompts == ["(Pdb rank 0) "] * 4
+        text = convo.text()
+        assert text.count("── rank 0 paused at <mesh-cell-") == 2, text
+        assert text.count("── rank 0 continued ──") == 2, text

@@ -92,7 +92,8 @@ class Prompt:
         self._read = read
         self._write = write or _print
         self._no_stdin: str | None = None
-        self._announced: set[int] = set()  # paused ranks the user has been told of
+        # rank -> the serial of its pause the user was told of (see Pause.serial)
+        self._announced: dict[int, int] = {}
 
     def serve(self) -> None:
         session = self.session
@@ -106,10 +107,14 @@ class Prompt:
                 why = NO_STDIN.format(ranks=format_ranks(ranks), why=self._no_stdin)
                 session.refuse(ranks, why)
                 continue
-            if session.attached not in paused:
+            attached = session.attached
+            if attached not in paused:
                 self._attach(min(paused), paused)
-            for other in sorted(set(paused) - self._announced - {session.attached}):
-                self._announced.add(other)
+            elif self._announced.get(attached) != paused[attached].serial:
+                self._attach(attached, paused)  # paused anew (a later cell, or after `c`)
+            news = [r for r in paused if self._announced.get(r) != paused[r].serial]
+            for other in sorted(set(news) - {session.attached}):
+                self._announced[other] = paused[other].serial
                 self._write(f"── rank {other} paused too, at {paused[other].location} ──\n")
                 self._show(session.take_output(other))
             rank = session.attached
@@ -162,7 +167,7 @@ class Prompt:
 
     def _attach(self, rank: int, paused: dict[int, Any]) -> None:
         self.session.attached = rank
-        self._announced.add(rank)
+        self._announced[rank] = paused[rank].serial
         others = sorted(r for r in paused if r != rank)
         also = f"; also paused: {format_ranks(others)} (`ranks`, `attach R`)" if others else ""
         self._write(f"── rank {rank} paused at {paused[rank].location}{also} ──\n")
@@ -182,7 +187,6 @@ class Prompt:
         with session.changed:
             ended, session.ended = session.ended, {}
             died, session.died = session.died, {}
-        self._announced -= set(ended) | set(died)
         for rank, how in sorted(ended.items()):
             if how == "quit":
                 self._write(f"── rank {rank}: quit (BdbQuit raised in its code) ──\n")

@@ -32,6 +32,10 @@ _sessions_lock = threading.Lock()
 class Pause:
     prompt: str  # "(Pdb rank 1) "
     location: str  # "<mesh-cell-3>:2 in <module>"
+    # Which pause this is: a new one each time the rank enters pdb (a breakpoint,
+    # a later one after `c`), the same across the steps of one (`n`, `p x`). The
+    # prompt shows its "paused at" header once per pause, not once per session.
+    serial: int = 0
 
 
 class DebugSession:
@@ -46,6 +50,8 @@ class DebugSession:
         self.died: dict[int, str] = {}  # rank -> how its process ended, until read
         self.attached: int | None = None
         self._answering: set[int] = set()  # ranks sent a line, not yet paused again or out
+        self._serials: dict[int, int] = {}  # rank -> its current pause's serial
+        self._next_serial = 0
         # Called on every change, for a waiting thread that is not in wait() (one
         # receiving its call's replies itself); any thread, under ``changed``.
         self.wakers: list[Callable[[], None]] = []
@@ -60,7 +66,10 @@ class DebugSession:
         with self.changed:
             match event:
                 case DebuggerPaused(rank=rank, prompt=prompt, location=location):
-                    self.paused[rank] = Pause(prompt, location)
+                    if rank not in self._answering or rank not in self._serials:
+                        self._next_serial += 1  # not the answer to a line: a new pause
+                        self._serials[rank] = self._next_serial
+                    self.paused[rank] = Pause(prompt, location, self._serials[rank])
                     self._answering.discard(rank)
                 case DebuggerOutput(rank=rank, text=text):
                     self.output.setdefault(rank, []).append(text)
