@@ -68,3 +68,24 @@ def test_an_endpoint_of_a_mesh_is_needed():
         Accumulator(Counter.get, 0, operator.add)
     with pytest.raises(MeshUsageError, match="combine must be a function"):
         Accumulator(Counter.get, 0, 3)  # type: ignore[arg-type]
+
+
+class _Streams:
+    """Anything with Monarch's ``stream()`` (a stand-in, a wrapper of an endpoint)."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+        self.asked: list = []
+
+    def stream(self, *args, **kwargs):
+        self.asked.append((args, kwargs))
+        return iter(self.items)
+
+
+def test_anything_with_stream_is_folded_in_its_order():
+    assert Accumulator(_Streams([]), 42, operator.add).accumulate().get(timeout=1) == 42
+    streams = _Streams([(0, "a"), (1, "b")])
+    folded = Accumulator(streams, "", operator.add).accumulate(1, k=2).get(timeout=1)
+    assert (folded, streams.asked) == ("ab", [((1,), {"k": 2})])
+    with pytest.raises(TypeError, match="unsupported operand"):
+        Accumulator(_Streams([(0, "a")]), 0, operator.add).accumulate().get(timeout=1)

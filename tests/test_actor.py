@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -43,8 +44,8 @@ class Counter(Actor):
         return current_rank().rank, dict(current_rank()), ctx.actor_name, ctx.actor is self
 
     @endpoint
-    async def slow_double(self, x: int, delay: float = 0.0) -> int:
-        await asyncio.sleep(delay)
+    def slow_double(self, x: int, delay: float = 0.0) -> int:
+        time.sleep(delay)
         return 2 * x
 
     @endpoint
@@ -53,6 +54,15 @@ class Counter(Actor):
 
     def helper(self) -> None:
         """Not an endpoint."""
+
+
+class AsyncDoubler(Actor):
+    """An async actor (one actor's endpoints are all def or all async def)."""
+
+    @endpoint
+    async def slow_double(self, x: int, delay: float = 0.0) -> int:
+        await asyncio.sleep(delay)
+        return 2 * x
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +84,11 @@ def test_call_one_needs_exactly_one_point(counters):
         counters.whoami.call_one().get(timeout=10)
 
 
-def test_sync_and_async_endpoints(counters):
+def test_sync_and_async_endpoints(procs4, counters):
     assert counters.slow_double.call(21).get(timeout=10).values() == [42] * 4
-    assert counters.slice(procs=1).slow_double.call_one(x=5, delay=0.01).get(timeout=10) == 10
+    doublers = procs4.spawn("async_doublers", AsyncDoubler)
+    assert doublers.slow_double.call(21).get(timeout=10).values() == [42] * 4
+    assert doublers.slice(procs=1).slow_double.call_one(x=5, delay=0.01).get(timeout=10) == 10
 
 
 def test_await_and_get_from_inside_a_running_loop(counters):

@@ -82,20 +82,12 @@ class Relay(Actor):
         return self.target.slice(procs=rank).who.call_one(x).get(timeout=60)
 
     @endpoint
-    async def call_one_async(self, rank: int, x: int):
-        return await self.target.slice(procs=rank).who.call_one(x)
-
-    @endpoint
     def choose(self, x: int):
         return self.target.who.choose(x).get(timeout=60)
 
     @endpoint
     def stream(self, x: int) -> list:
         return sorted(value for _, value in self.target.who.stream(x))
-
-    @endpoint
-    async def stream_async(self, x: int) -> list:
-        return sorted([value async for _, value in self.target.who.stream(x)])
 
     @endpoint
     def map(self, n: int) -> list:
@@ -130,6 +122,21 @@ class Relay(Actor):
     @endpoint
     def bound_endpoint(self):
         return self.target.who
+
+
+class AsyncRelay(Actor):
+    """Relay's awaiting adverbs (one actor's endpoints are all def or all async def)."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+
+    @endpoint
+    async def call_one_async(self, rank: int, x: int):
+        return await self.target.slice(procs=rank).who.call_one(x)
+
+    @endpoint
+    async def stream_async(self, x: int) -> list:
+        return sorted([value async for _, value in self.target.who.stream(x)])
 
 
 class Hop(Actor):
@@ -177,15 +184,18 @@ def relays(procs4, leaves):
     return procs4.spawn("relays", Relay, leaves)
 
 
-def test_an_actor_calls_a_mesh_it_was_given_with_every_adverb(procs4, relays):
+def test_an_actor_calls_a_mesh_it_was_given_with_every_adverb(procs4, relays, leaves):
     pids = procs4.pids
     one = relays.slice(procs=1)
     assert one.call_all.call_one(5).get(timeout=60) == [(r, pids[r], 5) for r in range(4)]
     assert one.call_one.call_one(2, 6).get(timeout=60) == (2, pids[2], 6)
-    assert one.call_one_async.call_one(3, 7).get(timeout=60) == (3, pids[3], 7)
+    awaiting = procs4.slice(procs=1).spawn("async_relay", AsyncRelay, leaves)
+    assert awaiting.call_one_async.call_one(3, 7).get(timeout=60) == (3, pids[3], 7)
     assert one.choose.call_one(8).get(timeout=60)[2] == 8
     assert one.stream.call_one(9).get(timeout=60) == [(r, pids[r], 9) for r in range(4)]
-    assert one.stream_async.call_one(10).get(timeout=60) == [(r, pids[r], 10) for r in range(4)]
+    assert awaiting.stream_async.call_one(10).get(timeout=60) == [
+        (r, pids[r], 10) for r in range(4)
+    ]
     mapped = one.map.call_one(12).get(timeout=60)
     assert [x for _, _, x in mapped] == list(range(12))  # in input order
     assert {(r, pid) for r, pid, _ in mapped} <= {(r, pids[r]) for r in range(4)}
@@ -385,6 +395,12 @@ class Local(Actor):
     def add(self, x: int) -> tuple[int, int]:
         return os.getpid(), self.base + x
 
+
+
+class AsyncLocal(Actor):
+    def __init__(self, base: int) -> None:
+        self.base = base
+
     @endpoint
     async def add_async(self, x: int) -> int:
         await asyncio.sleep(0)
@@ -406,7 +422,8 @@ def test_this_proc_runs_actors_in_the_controllers_process_reachable_by_others(pr
 
     local = this_proc().spawn("local", Local, 10)
     assert local.add.call_one(5).get(timeout=60) == (os.getpid(), 15)
-    assert local.add_async.call_one(6).get(timeout=60) == 16
+    awaiting = this_proc().spawn("local_async", AsyncLocal, 10)
+    assert awaiting.add_async.call_one(6).get(timeout=60) == 16
     # Actors hold a reference to it (and to one of its endpoints) and call it.
     callers = procs4.spawn("calls_local", CallsLocal, local)
     assert callers.add_one.call().get(timeout=60).values() == [(os.getpid(), 11)] * 4

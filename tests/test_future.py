@@ -11,14 +11,14 @@ def complete_later(fut: Future, value: object, delay: float = 0.05) -> None:
 
 
 def test_get_blocks_until_another_thread_completes():
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     complete_later(fut, 7)
     assert fut.get(timeout=5) == 7
     assert fut.done()
 
 
 def test_get_raises_the_error_and_times_out_clearly():
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     with pytest.raises(TimeoutError, match=r"did not finish within 0\.01 s"):
         fut.get(timeout=0.01)
     fut.set_exception(ValueError("boom"))
@@ -29,7 +29,7 @@ def test_get_raises_the_error_and_times_out_clearly():
 
 def test_await_from_a_running_loop():
     async def main() -> int:
-        fut: Future[int] = Future()
+        fut: Future[int] = Future._new()
         complete_later(fut, 3)
         return await fut
 
@@ -39,7 +39,7 @@ def test_await_from_a_running_loop():
 def test_get_inside_a_running_loop_does_not_deadlock():
     # What a Jupyter cell does: .get() while the kernel's loop is running.
     async def main() -> int:
-        fut: Future[int] = Future()
+        fut: Future[int] = Future._new()
         complete_later(fut, 5)
         return fut.get(timeout=5)
 
@@ -47,7 +47,7 @@ def test_get_inside_a_running_loop_does_not_deadlock():
 
 
 def test_done_callbacks_run_once_even_when_added_late():
-    fut: Future[str] = Future()
+    fut: Future[str] = Future._new()
     seen: list[str] = []
     fut.add_done_callback(lambda f: seen.append(f.get()))
     fut.set_result("x")
@@ -65,7 +65,7 @@ def test_ctrl_c_reaching_another_thread_still_stops_a_blocked_get():
     old_mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     safety = threading.Timer(10, fut.set_result, args=(0,))  # never hang the suite
     safety.start()
 
@@ -88,10 +88,10 @@ def test_ctrl_c_reaching_another_thread_still_stops_a_blocked_get():
 
 
 def test_result_is_get():
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     complete_later(fut, 3)
     assert fut.result(timeout=5) == 3
-    pending: Future[int] = Future()
+    pending: Future[int] = Future._new()
     with pytest.raises(TimeoutError):
         pending.result(timeout=0.01)
 
@@ -107,7 +107,7 @@ def test_as_asyncio_gives_a_fresh_asyncio_future_each_time():
             first.get_loop() is asyncio.get_running_loop(),
         )
 
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     complete_later(fut, 9)
     assert asyncio.run(main(fut)) == (9, 9, True)
     assert fut.get() == 9  # not consumed
@@ -115,7 +115,7 @@ def test_as_asyncio_gives_a_fresh_asyncio_future_each_time():
 
 
 def test_as_asyncio_carries_errors_and_needs_a_running_loop():
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     fut.set_exception(ValueError("boom"))
 
     async def main() -> None:
@@ -126,7 +126,7 @@ def test_as_asyncio_carries_errors_and_needs_a_running_loop():
     with pytest.raises(RuntimeError, match="no running event loop"):
         fut.as_asyncio()
 
-    stopped: Future[int] = Future()
+    stopped: Future[int] = Future._new()
     stopped.set_exception(StopIteration())  # asyncio refuses StopIteration, as a coroutine does
 
     async def main2() -> None:
@@ -137,7 +137,7 @@ def test_as_asyncio_carries_errors_and_needs_a_running_loop():
 
 
 def test_cancelling_the_asyncio_future_leaves_the_operation_alone():
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
 
     async def main() -> None:
         mirror = fut.as_asyncio()
@@ -151,7 +151,7 @@ def test_cancelling_the_asyncio_future_leaves_the_operation_alone():
 
 
 def test_many_threads_wait_on_one_future_and_all_wake():
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     got: list[int] = []
     waiters = [threading.Thread(target=lambda: got.append(fut.get(timeout=30))) for _ in range(8)]
     for waiter in waiters:
@@ -185,7 +185,7 @@ def test_a_forked_child_can_use_futures_while_the_parent_held_their_lock():
         if pid == 0:  # the child: the holder thread is gone, its lock copied held
             code = 1
             try:
-                child: Future[int] = Future()
+                child: Future[int] = Future._new()
                 child.set_result(5)
                 child.add_done_callback(lambda f: None)
                 code = 0 if child.get(timeout=5) == 5 else 1

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import warnings
 
 import pytest
 
 import monarch_nb.actor
-from monarch_nb import Actor, MeshFailure, endpoint
+from monarch_nb import Actor, Future, MeshFailure, concurrent_endpoint, context, endpoint
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -130,3 +131,101 @@ def test_a_failed_init_reaches_the_fault_hook_once_per_rank(procs2):
     for failure in failures:
         assert failure.actor == "failing"
         assert "ValueError: no start here" in str(failure)
+
+
+# -- what Monarch refuses, refused the same way ----------------------------------------
+
+
+class Mixed(Actor):
+    @endpoint
+    def plain(self) -> int:
+        return 1
+
+    @endpoint
+    async def awaited(self) -> int:
+        return 2
+
+
+class SyncWithAsyncCleanup(Actor):
+    @endpoint
+    def plain(self) -> int:
+        return 1
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        pass
+
+
+class AsyncWithSyncCleanup(Actor):
+    @endpoint
+    async def awaited(self) -> int:
+        return 2
+
+    def __cleanup__(self, exc: Exception | None) -> None:
+        pass
+
+
+class SpawnsMixed(Actor):
+    @endpoint
+    def try_spawn(self) -> str:
+        try:
+            context().actor_instance.proc_mesh.spawn("mixed_inside", Mixed)
+        except ValueError as exc:
+            return str(exc)
+        return "spawned"
+
+
+class Raises(Actor):
+    @endpoint
+    def boom(self, fail: bool) -> None:
+        if fail:
+            raise KeyError("boom")
+
+
+def test_an_actor_mixing_sync_and_async_endpoints_is_refused_at_spawn(procs2):
+    with pytest.raises(ValueError, match=r"Mixed mixes both async and sync.*plain.*awaited"):
+        procs2.spawn("mixed", Mixed)
+    with pytest.raises(ValueError, match=r"sync endpoints \(plain\) but an async __cleanup__"):
+        procs2.spawn("mixed", SyncWithAsyncCleanup)
+    with pytest.raises(ValueError, match=r"async endpoints \(awaited\) but a sync __cleanup__"):
+        procs2.spawn("mixed", AsyncWithSyncCleanup)
+    # From inside an actor, the same refusal, before anything is sent.
+    spawner = procs2.slice(procs=0).spawn("spawner", SpawnsMixed)
+    assert "mixes both async and sync" in spawner.try_spawn.call_one().get(timeout=T)
+    # A failed broadcast's error names the actor mesh by its name, as Monarch's does.
+    raisers = procs2.spawn("exception_actor", Raises)
+    raisers.boom.broadcast(True)
+    deadline = time.monotonic() + T
+    while (error := raisers.boom.call(False).exception(timeout=T)) is None:
+        assert time.monotonic() < deadline, "the failed broadcast was not reported"
+        time.sleep(0.02)
+    assert isinstance(error, MeshFailure)
+    assert "so actor mesh 'exception_actor' is failed" in str(error)
+
+
+def test_concurrent_endpoint_refuses_what_monarchs_refuses():
+    with pytest.raises(ValueError, match=r"can only wrap async endpoints.*not an async def"):
+
+        class SyncConcurrent(Actor):
+            @concurrent_endpoint
+            def ping(self) -> str:
+                return "pong"
+
+    with pytest.raises(ValueError, match="does not wrap @endpoint"):
+
+        class Stacked(Actor):
+            @concurrent_endpoint
+            @endpoint
+            async def ping(self) -> str:
+                return "pong"
+
+    class WithOptions(Actor):  # @endpoint's options, given to it directly
+        @concurrent_endpoint(explicit_response_port=True, instrument=True)
+        async def ping(self, port) -> None:
+            port.send("pong")
+
+    assert monarch_nb.actor.endpoint is endpoint
+
+
+def test_a_future_is_not_constructed_by_users():
+    with pytest.raises(TypeError, match=r"cannot be constructed directly.*Channel"):
+        Future()

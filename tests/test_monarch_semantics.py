@@ -39,11 +39,6 @@ class Answerer(Actor):
         port.send(x + 1)
 
     @endpoint(explicit_response_port=True)
-    async def later(self, port, x: int) -> None:
-        await asyncio.sleep(0)
-        port.send(x * 2)
-
-    @endpoint(explicit_response_port=True)
     def refuse(self, port, x: int) -> None:
         port.exception(ValueError(f"no {x}"))
 
@@ -52,11 +47,21 @@ class Answerer(Actor):
         raise KeyError(x)
 
 
+class LaterAnswerer(Actor):
+    """Async (one actor's endpoints are all def or all async def)."""
+
+    @endpoint(explicit_response_port=True)
+    async def later(self, port, x: int) -> None:
+        await asyncio.sleep(0)
+        port.send(x * 2)
+
+
 def test_an_explicit_response_port_on_this_proc_answers_the_call():
     answerer = this_proc().spawn("answerer", Answerer)
+    later = this_proc().spawn("later_answerer", LaterAnswerer)
     try:
         assert answerer.plus_one.call_one(1).get(timeout=T) == 2
-        assert answerer.later.call_one(4).get(timeout=T) == 8
+        assert later.later.call_one(4).get(timeout=T) == 8
         with pytest.raises(RemoteError, match="ValueError: no 3"):
             answerer.refuse.call_one(3).get(timeout=T)
         # Raised before answering: the caller gets the error through the port.
@@ -64,6 +69,7 @@ def test_an_explicit_response_port_on_this_proc_answers_the_call():
             answerer.raises.call_one(5).get(timeout=T)
     finally:
         answerer.stop().get(timeout=T)
+        later.stop().get(timeout=T)
 
 
 class FileKeeper(Actor):

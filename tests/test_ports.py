@@ -41,7 +41,7 @@ class Consumer(Actor):
         self.port, self.receiver = Channel.open()
 
     @endpoint
-    def port_of(self) -> Port:
+    async def port_of(self) -> Port:
         return self.port
 
     @endpoint

@@ -30,7 +30,7 @@ def doubled(t):
     return t * 2
 
 
-class SelfDriver(Actor):
+class _Driving(Actor):
     """Activates the mesh it runs on, as Monarch's GRPOTrainer does."""
 
     def __init__(self) -> None:
@@ -38,12 +38,18 @@ class SelfDriver(Actor):
         with self.procs.activate():
             self.w = torch.ones(3)
 
+
+class SelfDriver(_Driving):
     @endpoint
     async def step(self) -> list:
         with self.procs.activate():
             self.w = self.w + 1
             value = await fetch_shard(doubled(self.w))  # awaited inside activate()
         return value.tolist()
+
+
+class SyncSelfDriver(_Driving):
+    """The same from a sync endpoint (an actor's endpoints are all def or all async def)."""
 
     @endpoint
     def sync_step(self) -> list:
@@ -59,7 +65,8 @@ def test_an_actor_activates_the_mesh_it_runs_on(procs):
     assert driver.step.call_one().get(timeout=120) == [4.0, 4.0, 4.0]
     assert driver.step.call_one().get(timeout=120) == [6.0, 6.0, 6.0]
     # The whole mesh the actor runs in (both ranks), though it was spawned on one.
-    assert driver.sync_step.call_one().get(timeout=120) == [[9.0] * 3, [[18.0] * 3] * 2]
+    sync_driver = procs.slice(procs=0).spawn("sync_self_driver", SyncSelfDriver)
+    assert sync_driver.sync_step.call_one().get(timeout=120) == [[3.0] * 3, [[6.0] * 3] * 2]
 
 
 class Reducer(Actor):

@@ -214,6 +214,11 @@ class Scaler(monarch_nb.Actor):
     def scaled(self, t):
         return {"scaled": t * self.factor, "rank": self.rank, "ones": torch.ones(2)}
 
+
+
+class Shifter(monarch_nb.Actor):
+    """An async actor (one actor's endpoints are all def or all async def)."""
+
     @monarch_nb.endpoint
     async def shifted(self, t, by: float):
         return t + by
@@ -248,7 +253,8 @@ def test_an_endpoints_local_tensors_become_a_mesh_tensor_with_rref(procs):
     with procs.activate():
         total = (out["scaled"] + out["ones"].sum()).reduce("procs")
     assert monarch_nb.inspect(total).tolist() == [18.0 + 8.0]
-    shifted = scalers.shifted.rref(total, by=1.0)  # async endpoints too
+    shifters = procs.spawn("shifters_rref", Shifter)
+    shifted = shifters.shifted.rref(total, by=1.0)  # async endpoints too
     assert monarch_nb.inspect(shifted, procs=3).tolist() == [27.0]
 
 

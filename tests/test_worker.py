@@ -8,7 +8,15 @@ import time
 
 import pytest
 from process_checks import voluntary_switches
-from worker_actors import LookupRaiser, Raiser, Sleeper, SlowSampler, Unpicklable, WireWatcher
+from worker_actors import (
+    AsyncSleeper,
+    LookupRaiser,
+    Raiser,
+    Sleeper,
+    SlowSampler,
+    Unpicklable,
+    WireWatcher,
+)
 
 from monarch_nb import MeshFailure, RemoteError, this_host
 from monarch_nb.events import EventLog, RankFailed, RankState
@@ -30,7 +38,7 @@ def test_interrupting_a_queued_call_leaves_the_running_one_alone(procs2):
 
 
 def test_an_interrupted_async_endpoint_does_not_resume_inside_a_later_call(procs2):
-    sleepers = procs2.slice(procs=1).spawn("async", Sleeper)
+    sleepers = procs2.slice(procs=1).spawn("async", AsyncSleeper)
     slow = sleepers.slow.call_one()
     deadline = time.monotonic() + 10
     while "slow started" not in [o.line for o in procs2.output_tail(1)]:

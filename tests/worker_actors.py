@@ -20,6 +20,17 @@ class Sleeper(Actor):
         return "slept"
 
     @endpoint
+    def take(self, value: object) -> object:
+        return value
+
+
+class AsyncSleeper(Actor):
+    """Sleeper's async twin (an actor's endpoints are all def or all async def)."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+
+    @endpoint
     async def slow(self) -> None:
         print("slow started", flush=True)
         try:
@@ -32,10 +43,6 @@ class Sleeper(Actor):
     async def other(self) -> list[str]:
         await asyncio.sleep(0.05)
         return list(self.log)
-
-    @endpoint
-    def take(self, value: object) -> object:
-        return value
 
 
 class BrokenStr(Exception):

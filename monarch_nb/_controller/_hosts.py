@@ -98,7 +98,7 @@ class RemoteWorker(WorkerProcess):
     def py_spy(self, **options: Any) -> _py_spy.Outcome:
         # Run by this host's agent; its answer comes back as a PySpyReply.
         timeout = options["timeout"]
-        future: Future[_py_spy.Outcome] = Future()
+        future: Future[_py_spy.Outcome] = Future._new()
         request_id = next(_py_spy_request_ids)
         self.agent.hosts.py_spy_requests[request_id] = future
         request = PySpyRequest(

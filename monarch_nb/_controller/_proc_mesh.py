@@ -15,8 +15,8 @@ from .._model._future import Future, completed, done_as_none
 from .._model._public import publish
 from .._model._shape import MeshShape, Point, Shape
 from .._model._value_mesh import ValueMesh
-from .._runtime import _context, _refs
-from .._runtime._actors import Actor
+from .._runtime import _context, _owned, _refs
+from .._runtime._actors import Actor, check_endpoint_kinds
 from .._runtime._balance import MapFuture
 from .._runtime._peer_mesh import rebuild_procs
 from .._runtime._tensor_link import tensor_engine
@@ -271,6 +271,7 @@ class ProcMesh(MeshObservation, MeshShape):
             raise MeshUsageError(
                 f"spawn({name!r}, ...) needs a subclass of monarch_nb.Actor, got {actor_class!r}"
             )
+        check_endpoint_kinds(actor_class)
         group = self._group
         shape = self._shape
         actor_id = next(_actor_ids)
@@ -299,7 +300,7 @@ class ProcMesh(MeshObservation, MeshShape):
         call.future.add_done_callback(
             lambda future: _spawn_settled(group, actor_id, record, future)
         )
-        return ActorMesh(
+        actors = ActorMesh(
             self,
             shape,
             actor_id=actor_id,
@@ -308,6 +309,8 @@ class ProcMesh(MeshObservation, MeshShape):
             generation=group.generation,
             initialized=done_as_none(call.future),
         )
+        _owned.own(actors)  # an actor's: stopped when it is
+        return actors
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -567,7 +570,9 @@ class HostMesh(HostMeshBase):
             group.printer = OutputPrinter()
             group.events.subscribe(group.printer, kinds=(Output,))
         group.start()
-        return ProcMesh(group, group.shape)
+        procs = ProcMesh(group, group.shape)
+        _owned.own(procs)  # an actor's: stopped when it is
+        return procs
 
     def sync_workspace(
         self,

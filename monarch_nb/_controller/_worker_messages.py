@@ -91,8 +91,9 @@ class WorkerMessages:
                 actor, _, endpoint = label.partition(".")
                 error = RemoteError([failure], actor=actor, endpoint=endpoint)
                 record = self._group.spawned.get(actor_id)
+                which = f"actor mesh {record.name!r}" if record is not None else "this actor mesh"
                 self._group.actor_failures[actor_id] = MeshFailure(
-                    f"broadcast of {label} failed on rank {rank}, so this actor mesh is failed; "
+                    f"broadcast of {label} failed on rank {rank}, so {which} is failed; "
                     f"spawn it again: {error}",
                     ranks=(rank,),
                     cause=error,
@@ -214,7 +215,7 @@ class WorkerMessages:
     def query(self, ranks: tuple[int, ...]) -> Future[dict[int, StatusReply]]:
         """Ask ``ranks`` what their main thread runs, with its stack (answered by the
         wire thread, busy or not)."""
-        future: Future[dict[int, StatusReply]] = Future()
+        future: Future[dict[int, StatusReply]] = Future._new()
         live = tuple(r for r in ranks if self._group.workers[r].returncode is None)
         if not live:
             future.set_result({})

@@ -129,6 +129,23 @@ class Future(Generic[T]):
     __slots__ = ("_callbacks", "_done", "_exception", "_latch", "_result")
 
     def __init__(self) -> None:
+        if type(self) is Future:
+            raise TypeError(
+                "Future objects are returned by monarch_nb's operations (a call, a spawn, "
+                "a fetch) and cannot be constructed directly, as in Monarch; for a value "
+                "to send and receive, open a Channel (Channel.open() gives a port and "
+                "its receiver)"
+            )
+        self._setup()
+
+    @classmethod
+    def _new(cls) -> Future[Any]:
+        """A pending future (monarch_nb's own code makes them; users cannot)."""
+        fut = object.__new__(Future)
+        fut._setup()
+        return fut
+
+    def _setup(self) -> None:
         self._done = False
         self._result: Any = _PENDING
         self._exception: BaseException | None = None
@@ -333,14 +350,14 @@ def _copy_into(mirror: asyncio.Future[Any], source: Future[Any]) -> None:
 
 def completed(value: T) -> Future[T]:
     """A future that already holds ``value``."""
-    fut: Future[T] = Future()
+    fut: Future[T] = Future._new()
     fut.set_result(value)
     return fut
 
 
 def done_as_none(source: Future[Any]) -> Future[None]:
     """A future of None that completes when ``source`` does, with its error if any."""
-    fut: Future[None] = Future()
+    fut: Future[None] = Future._new()
 
     def copy(_: Future[Any]) -> None:
         exc = source._exception
@@ -355,7 +372,7 @@ def done_as_none(source: Future[Any]) -> Future[None]:
 
 def failed(exc: BaseException) -> Future[Any]:
     """A future that already holds the error ``exc``."""
-    fut: Future[Any] = Future()
+    fut: Future[Any] = Future._new()
     fut.set_exception(exc)
     return fut
 

@@ -88,18 +88,35 @@ def endpoint(
 
 
 def concurrent_endpoint(
-    method: Callable[P, R] | None = None, *, explicit_response_port: bool = False
+    method: Callable[P, R] | None = None,
+    *,
+    explicit_response_port: bool = False,
+    propagate: Any = None,
+    instrument: bool = False,
 ) -> Any:
     """An ``async def`` endpoint whose calls interleave at their awaits (Monarch's
     ``@concurrent_endpoint``). Every ``async def`` endpoint's calls do here, so
-    this is ``@endpoint`` that insists on an ``async def``."""
+    this is ``@endpoint`` that insists on an ``async def``. It takes
+    ``@endpoint``'s options itself and, as Monarch's, refuses (ValueError) a
+    sync method and a method already marked ``@endpoint``."""
 
     def mark(fn: Any) -> Any:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError(
-                f"@concurrent_endpoint needs an async def method, got {fn.__qualname__}"
+        if getattr(fn, _ENDPOINT_MARK, False):
+            raise ValueError(
+                f"@concurrent_endpoint does not wrap @endpoint ({fn.__qualname__}): "
+                "drop @endpoint and pass its options to @concurrent_endpoint(...)"
             )
-        endpoint(fn, explicit_response_port=explicit_response_port)
+        if not inspect.iscoroutinefunction(fn):
+            raise ValueError(
+                f"@concurrent_endpoint can only wrap async endpoints, got "
+                f"{getattr(fn, '__qualname__', fn)!r}, which is not an async def"
+            )
+        endpoint(
+            fn,
+            explicit_response_port=explicit_response_port,
+            propagate=propagate,
+            instrument=instrument,
+        )
         setattr(fn, _CONCURRENT_MARK, True)
         return fn
 
@@ -119,6 +136,40 @@ def endpoint_names(cls: type) -> list[str]:
     return sorted(
         name for name in dir(cls) if getattr(getattr(cls, name, None), _ENDPOINT_MARK, False)
     )
+
+
+def check_endpoint_kinds(cls: type) -> None:
+    """Refuse, as Monarch does at spawn, an actor class whose endpoints are some
+    ``def`` and some ``async def``, or whose ``__cleanup__`` is of the other kind
+    (ValueError). Why: a sync endpoint that waits (on a call, a lock) while async
+    calls of the same actor are in flight holds the thread their loop needs."""
+    sync: list[str] = []
+    awaited: list[str] = []
+    for name in endpoint_names(cls):
+        (awaited if inspect.iscoroutinefunction(getattr(cls, name)) else sync).append(name)
+    cleanup = getattr(cls, "__cleanup__", None)
+    name = cls.__qualname__
+    fix = (
+        "make them all def or all async def; to run some calls of an async actor "
+        "side by side, mark them @concurrent_endpoint (docs/actors.md)"
+    )
+    if sync and awaited:
+        raise ValueError(
+            f"{name} mixes both async and sync endpoints (sync: {', '.join(sync)}; "
+            f"async: {', '.join(awaited)}), which Monarch refuses too: {fix}"
+        )
+    if cleanup is None:
+        return
+    if sync and inspect.iscoroutinefunction(cleanup):
+        raise ValueError(
+            f"{name} has sync endpoints ({', '.join(sync)}) but an async __cleanup__: "
+            "make __cleanup__ a plain def too"
+        )
+    if awaited and not inspect.iscoroutinefunction(cleanup):
+        raise ValueError(
+            f"{name} has async endpoints ({', '.join(awaited)}) but a sync __cleanup__: "
+            "make __cleanup__ an async def too"
+        )
 
 
 def endpoint_propagators(cls: type) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 from .._model._errors import MeshFailure, MeshUsageError
 from .._model._public import publish
 from .._model._shape import Point
+from . import _owned
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,15 @@ def current_actor_name() -> str:
 
 def current_actor_or_none() -> Any:
     return _current.actor if _current is not None else None
+
+
+def _running_actor() -> Any:
+    # An async endpoint's task has its own context; else the main thread's.
+    current = _task_context.get() or _current
+    return current.actor if current is not None else None
+
+
+_owned.current_actor = _running_actor
 
 
 def set_supervision_hook(hook: Callable[[Any, MeshFailure], None] | None) -> None:

@@ -17,8 +17,8 @@ from .._model._errors import MeshUsageError, SerializationError, SpawnError
 from .._model._future import Future, completed, done_as_none
 from .._model._shape import Selector, Shape
 from .._wire._messages import Call, Spawn, StopActor
-from . import _refs
-from ._actors import Actor, endpoint_names
+from . import _owned, _refs
+from ._actors import Actor, check_endpoint_kinds, endpoint_names
 from ._endpoint import EndpointBase, unpicklable_argument
 from ._mesh_base import ActorMeshBase, endpoints_over_methods
 from ._peer import local_node
@@ -218,6 +218,7 @@ class PeerProcMesh:
             raise MeshUsageError(
                 f"spawn({name!r}, ...) needs a subclass of monarch_nb.Actor, got {actor_class!r}"
             )
+        check_endpoint_kinds(actor_class)
         shape = self._shape
         # Unique in every process of the mesh whoever spawns (the controller
         # counts from 1; these never collide with its ids).
@@ -243,7 +244,9 @@ class PeerProcMesh:
             tuple(endpoint_names(actor_class)),
             _refs.ViewRef.of(shape),
         )
-        return PeerActorMesh(ref, shape, done_as_none(call.future))
+        actors: PeerActorMesh[A] = PeerActorMesh(ref, shape, done_as_none(call.future))
+        _owned.own(actors)  # an actor's: stopped when it is
+        return actors
 
     def spawn_async(
         self, name: str, actor_class: type[A], *args: Any, **kwargs: Any
@@ -251,7 +254,7 @@ class PeerProcMesh:
         """:meth:`spawn`, as a future of the actor mesh done once it is initialized
         (``await`` it from an ``async`` endpoint); its error is ``initialized``'s."""
         actors = self.spawn(name, actor_class, *args, **kwargs)
-        result: Future[PeerActorMesh[A]] = Future()
+        result: Future[PeerActorMesh[A]] = Future._new()
 
         def done(fut: Future[None]) -> None:
             error = fut.exception(timeout=0)

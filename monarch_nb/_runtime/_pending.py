@@ -240,7 +240,7 @@ class PendingCall(CallFuture):
         self.failures: Sequence[RemoteFailure] = ()
         self.serialization_failures: Sequence[RemoteFailure] = ()
         self.stream_futures: Sequence[Future[tuple[Point, Any]]] = (
-            [Future() for _ in self.ranks] if collect == "stream" else ()
+            [Future._new() for _ in self.ranks] if collect == "stream" else ()
         )
         self._arrived = 0
         self.group: Any = None  # the controller's ProcGroup, set when sent

@@ -107,7 +107,7 @@ class PortReceiver(Generic[T]):
 
     def recv(self) -> Future[T]:
         """A future of the next value sent to the port (``.get(timeout=)`` or ``await``)."""
-        future: Future[T] = Future()
+        future: Future[T] = Future._new()
         with self._lock:
             if self._closed:
                 future.set_exception(MeshUsageError("recv() on a closed PortReceiver"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 
 from .._model._errors import MeshFailure, MeshUsageError, RemoteFailure, never_constructed
 from .._model._shape import Shape
-from .._runtime import _context, _refs
+from .._runtime import _context, _owned, _refs
 from .._runtime._actors import is_concurrent, wants_response_port
 from .._runtime._context import Context
 from .._wire._messages import (
@@ -37,6 +38,9 @@ from ._endpoint_tasks import NO_TICKET, TaskCall, stepped, where_awaiting
 from ._frames import not_user_code
 from ._inbox import Inbox
 from ._running import Running
+
+# How long a stopped actor waits for each mesh it started to stop (their __cleanup__).
+OWNED_STOP_WAIT_S = 60.0
 
 
 class LiveActor:
@@ -337,21 +341,35 @@ class Actors:
 
     def _cleanup(self, live: LiveActor) -> None:
         """A stopped actor: cancel its async calls in flight and let them unwind
-        (their ``except CancelledError`` and ``finally`` run), then ``__cleanup__(None)``."""
+        (their ``except CancelledError`` and ``finally`` run), then ``__cleanup__(None)``,
+        then stop the meshes it started (it may still use them in ``__cleanup__``)."""
         self._stop_tasks(live.tasks)
         cleanup = getattr(live.instance, "__cleanup__", None)
-        if cleanup is None:
-            return
-        previous = _context.set_current(live.context)
-        try:
-            self._user_code(f"{live.label}.__cleanup__", cleanup, (None,))
-        except BaseException as exc:
-            failure = self._failure_of(exc)
-            self._send(
-                BroadcastFailure(live.context.actor_id, f"{live.label}.__cleanup__", failure)
-            )
-        finally:
-            _context.set_current(previous)
+        if cleanup is not None:
+            previous = _context.set_current(live.context)
+            try:
+                self._user_code(f"{live.label}.__cleanup__", cleanup, (None,))
+            except BaseException as exc:
+                failure = self._failure_of(exc)
+                self._send(
+                    BroadcastFailure(live.context.actor_id, f"{live.label}.__cleanup__", failure)
+                )
+            finally:
+                _context.set_current(previous)
+        self._stop_owned(live)
+
+    def _stop_owned(self, live: LiveActor) -> None:
+        """Stop what the actor started, newest first, as Monarch's recursive stop:
+        its actor meshes (their ``__cleanup__`` runs) and its process meshes."""
+        for mesh in _owned.take_owned(live.instance):
+            try:
+                mesh.stop().exception(timeout=OWNED_STOP_WAIT_S)
+            except Exception as exc:  # stopped already, unreachable: it is going anyway
+                print(
+                    f"monarch_nb: stopping {live.label}'s {mesh!r}: {type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _stop_tasks(self, calls: set[TaskCall]) -> None:
         """Cancel ``calls`` and run the actors' loop until their tasks have ended

@@ -379,7 +379,7 @@ class RDMABuffer:
         elsewhere it asks the owner to revoke the region. Idempotent. Returns
         a future that is already done (``.get()`` or ``await``, as Monarch's).
         """
-        done: Future[None] = Future()
+        done: Future[None] = Future._new()
         done.set_result(None)
         if self._dropped:
             return done
@@ -412,7 +412,7 @@ def _with_timeout(future: Future[int], timeout: float | None, what: str) -> Futu
     """``future``, failed with RDMATransferError if not done within ``timeout`` s."""
     if timeout is None:
         return future
-    out: Future[int] = Future()
+    out: Future[int] = Future._new()
 
     def forward(done: Future[int]) -> None:
         error = done.exception(timeout=0)

@@ -741,7 +741,7 @@ def submit(ops: list[CopyOp]) -> Future[int]:
     The future completes only when every copy has stopped, with the total
     number of bytes or with the first error.
     """
-    fut: Future[int] = Future()
+    fut: Future[int] = Future._new()
     if not ops:
         fut.set_result(0)
         return fut

@@ -246,7 +246,7 @@ def _values(shape: Shape, replies: ValueMesh[tuple[str, Any]]) -> ValueMesh[Any]
 
 
 def then(future: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
-    result: Future[Any] = Future()
+    result: Future[Any] = Future._new()
 
     def done(f: Future[Any]) -> None:
         try:
