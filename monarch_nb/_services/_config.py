@@ -94,7 +94,7 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "stop_grace",
             float,
-            5.0,
+            10.0,  # Monarch's process_exit_timeout and mesh_terminate_timeout
             "seconds a stopped process has to exit (atexit handlers, __del__) before it is killed",
             ((_PG, "STOP_GRACE_S"),),
         ),
