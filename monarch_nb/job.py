@@ -21,6 +21,8 @@ from ._jobs._job import (
 )
 from ._jobs._kubernetes import KubernetesJob
 from ._jobs._local import LocalJob
+from ._jobs._port_forward import PortForwarder
+from ._jobs._shell import shell
 from ._jobs._slurm import SlurmJob
 
 __all__ = [
@@ -29,9 +31,11 @@ __all__ = [
     "JobTrait",
     "KubernetesJob",
     "LocalJob",
+    "PortForwarder",
     "ProcessJob",
     "SSHJob",
     "SlurmJob",
     "job_load",
     "job_loads",
+    "shell",
 ]

@@ -88,7 +88,7 @@ def test_extent_is_a_mapping_with_labels_sizes_and_nelements():
     assert extent == {"hosts": 2, "gpus": 4}
     assert extent["gpus"] == 4
     assert list(extent) == ["hosts", "gpus"]
-    assert (extent.labels, extent.sizes, extent.nelements) == (("hosts", "gpus"), (2, 4), 8)
+    assert (extent.labels, extent.sizes, extent.nelements) == (["hosts", "gpus"], [2, 4], 8)
     assert pickle.loads(pickle.dumps(extent)) == extent
     with pytest.raises(KeyError):
         extent["procs"]

@@ -46,6 +46,11 @@ class HostMeshBase(MeshShape):
     def shape(self) -> Shape:
         return self._shape
 
+    @property
+    def _labels(self) -> tuple[str, ...]:  # type: ignore[override]
+        # A tuple on a host mesh, a list on a process mesh: as Monarch's are.
+        return tuple(self._shape.labels)
+
     def _new_with_shape(self, shape: Shape) -> Any:
         return type(self)(self._controller, self._agents, shape=shape, python=self._python)
 

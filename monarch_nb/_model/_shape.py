@@ -23,45 +23,57 @@ class Extent(Mapping[str, int]):
     ``{"hosts": 2, "gpus": 4}`` that also has ``.labels``, ``.sizes`` and ``.nelements``.
     """
 
-    __slots__ = ("labels", "sizes")
+    __slots__ = ("_labels", "_sizes")
 
     def __init__(self, labels: Sequence[str], sizes: Sequence[int]) -> None:
         if len(labels) != len(sizes):
             raise MeshUsageError(f"{len(labels)} dimension names but {len(sizes)} sizes")
-        self.labels: tuple[str, ...] = tuple(labels)
-        self.sizes: tuple[int, ...] = tuple(sizes)
+        self._labels: tuple[str, ...] = tuple(labels)
+        self._sizes: tuple[int, ...] = tuple(sizes)
+
+    # Lists, as Monarch's are (``extent.labels == ["hosts"]``); new ones each time,
+    # so the extent itself stays immutable.
+    @property
+    def labels(self) -> list[str]:
+        """The dimension names, outermost first."""
+        return list(self._labels)
+
+    @property
+    def sizes(self) -> list[int]:
+        """The size of each dimension, in the order of ``labels``."""
+        return list(self._sizes)
 
     @property
     def nelements(self) -> int:
         """The number of points: the product of the sizes."""
         total = 1
-        for size in self.sizes:
+        for size in self._sizes:
             total *= size
         return total
 
     def __getitem__(self, label: str) -> int:
         try:
-            return self.sizes[self.labels.index(label)]
+            return self._sizes[self._labels.index(label)]
         except ValueError:
             raise KeyError(label) from None
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.labels)
+        return iter(self._labels)
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return len(self._labels)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Mapping) and dict(self) == dict(other)
 
     def __hash__(self) -> int:
-        return hash((self.labels, self.sizes))
+        return hash((self._labels, self._sizes))
 
     def __repr__(self) -> str:
         return f"Extent({dict(self)!r})"
 
     def __reduce__(self):
-        return (Extent, (self.labels, self.sizes))
+        return (Extent, (self._labels, self._sizes))
 
 
 class Point(Mapping[str, int]):
@@ -425,6 +437,11 @@ class MeshShape:
     def sizes(self) -> dict[str, int]:
         """``{dimension: size}``."""
         return dict(self.shape.extent)
+
+    @property
+    def _labels(self) -> list[str]:
+        # Monarch's private name, which its SPMD example reads; ours is extent.labels.
+        return self.shape.extent.labels
 
     def size(self, dim: str | Sequence[str] | None = None) -> int:
         """Points along ``dim`` (or the product over several), or all points."""
