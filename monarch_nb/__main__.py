@@ -142,6 +142,14 @@ A Jupyter-first, single-controller distributed environment for PyTorch.
 agent's own options."""
 
 
+DEBUG_DESCRIPTION = """\
+Attach to the ranks of a script paused at breakpoint() whose stdin is not a
+terminal (the script says so on stderr), as Monarch's `monarch debug` does.
+The (Pdb rank N) prompt takes pdb commands for the attached rank and these:
+ranks (which are paused, where), attach R, cast RANKS CMD (e.g. cast 0-3 p
+loss), continue all, help. Ctrl-D detaches; the ranks stay paused."""
+
+
 class _Steps:
     def __init__(self) -> None:
         self.n = 0
@@ -171,11 +179,29 @@ def main(argv: list[str] | None = None) -> int:
         "agent",
         help="run this host's agent (for attach(): --listen tcp://0.0.0.0:PORT --key-file F)",
     )
+    attach = sub.add_parser(
+        "debug",
+        help="attach this terminal to the ranks paused at breakpoint() in a script",
+        description=DEBUG_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    attach.add_argument("--pid", type=int, default=None, help="the script's pid, if several")
+    attach.add_argument(
+        "--wait",
+        type=float,
+        default=None,
+        metavar="S",
+        help="give up after S seconds with no paused program (default: wait on)",
+    )
     keygen = sub.add_parser("keygen", help="write a key file for attach() and agents")
     keygen.add_argument("path", help="where to write it (created readable by you only)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo(args.procs)
+    elif args.command == "debug":
+        from monarch_nb.debug._attach import run_client
+
+        return run_client(args.pid, args.wait)
     elif args.command == "keygen":
         from monarch_nb._wire._keys import write_key_file
 

@@ -139,3 +139,33 @@ def test_a_huge_cast_at_a_real_prompt_says_which_ranks_exist(tmp_path):
         "the mesh has ranks 0-1" in out.stdout
     )
     assert "values [0, 10]" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("line", "command"),
+    [
+        ("attach trainers 1", Attach(1)),
+        ("cast trainers ranks(1,3) p x", Cast((1, 3), "p x")),
+        ("cast ranks(0:4) p x", Cast((0, 1, 2, 3), "p x")),
+        ("cast t ranks(2) w", Cast((2,), "w")),
+        ("cast t ranks(::3) w", Cast((0, 3, 6), "w")),
+        ("cast t ranks(5:) w", Cast((5, 6, 7), "w")),
+        ("cast t ranks(0:99999999999) w", Cast(tuple(range(8)), "w")),  # bounded first
+    ],
+)
+def test_monarchs_spellings_of_attach_and_cast(line, command):
+    assert parse(line, 8) == command
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("cast t ranks(a=1) p x", "ranks by dimension are not supported here"),
+        ("cast t ranks(9) p x", "'9' names rank 9, which does not exist"),
+        ("cast t ranks(x) p x", "'x' is not a rank set"),
+        ("cast t ranks(1:2:3:4) p x", "is not a rank set; write e.g. ranks(0:4)"),
+    ],
+)
+def test_monarchs_rank_sets_that_do_not_fit_say_what_does(line, message):
+    with pytest.raises(CommandError, match=re.escape(message)):
+        parse(line, 8)

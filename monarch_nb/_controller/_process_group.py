@@ -21,6 +21,7 @@ restarts run out, or when a rank reports an unhandled supervision failure.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import logging
 import secrets
@@ -65,11 +66,14 @@ _group_ids = itertools.count(1)
 # through the group (start_timeout_s, configured_heartbeat_s, stop_grace_s).
 # Modules every worker started from now on imports first and calls
 # ``install_on_worker(worker)`` of: how layers above the core (the debugger)
-# get onto the ranks without the core importing them.
-WORKER_IMPORTS: list[str] = []
+# get onto the ranks without the core importing them. The debugger's is there
+# by default: breakpoint() on a rank works without anything to call first.
+WORKER_IMPORTS: list[str] = ["monarch_nb.debug._hook"]
 # Makes the object that serves a group's pdb prompts (it subscribes to the
-# group's Debugger* events); set by monarch_nb.debug.install().
+# group's Debugger* events); set by monarch_nb.debug.install(). Where unset,
+# ``session_for`` of the module named here, imported at a rank's first pause.
 DEBUGGER_FOR: Callable[[ProcGroup], object] | None = None
+DEFAULT_DEBUGGER = "monarch_nb.debug._script"
 _told_lock = threading.Lock()
 
 
@@ -180,7 +184,11 @@ class ProcGroup:
 
     def new_debugger(self) -> object | None:
         """The object that serves this group's pdb prompts, or None if none is attached."""
-        return DEBUGGER_FOR(self) if DEBUGGER_FOR is not None else None
+        if DEBUGGER_FOR is not None:
+            return DEBUGGER_FOR(self)
+        if not DEFAULT_DEBUGGER:
+            return None
+        return importlib.import_module(DEFAULT_DEBUGGER).session_for(self)
 
     # -- routing and health (the send path reads these under the controller's lock) ---
 

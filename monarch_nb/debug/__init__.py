@@ -4,57 +4,66 @@ Layering: this package sits beside ``magics/`` on top of the runtime; the
 runtime never imports it. It plugs in through three generic core hooks, all
 set by :func:`install`:
 
-- ``_process_group.WORKER_IMPORTS``: workers started afterwards import
-  :mod:`._remote` and call its ``install_on_worker`` (breakpoint hook,
+runtime never imports it. It plugs in through three generic core hooks:
+
+- ``_process_group.WORKER_IMPORTS`` (by default): every worker imports
+  :mod:`._hook` and calls its ``install_on_worker`` (breakpoint hook,
   ``pdb.set_trace``, and a wire-thread handler for ``DebugInput``);
 - ``_process_group.DEBUGGER_FOR``: a group whose rank pauses gets a
-  :class:`~._session.DebugSession` following its Debugger* events;
-- ``_calls.set_wait_hook``: a thread blocked in ``CallFuture.get`` (a
+  :class:`~._session.DebugSession` following its Debugger* events. By
+  default (``DEFAULT_DEBUGGER``, :mod:`._script`) a thread of the controller
+  serves it: on the terminal if stdin is one, otherwise to ``monarch-nb
+  debug`` attached from another terminal (:mod:`._attach`);
+- ``_calls.set_wait_hook`` (set by :func:`install`, which a notebook's
+  ``%load_ext monarch_nb`` calls): a thread blocked in ``CallFuture.get`` (a
   ``%%mesh`` cell, ``endpoint.call().get()``, ``procs.run``) serves the
-  prompt (:mod:`._prompt`).
+  prompt (:mod:`._prompt`): in a kernel only that thread may ask for input.
 
 Modules::
 
-    _remote     worker side: RemotePdb, breakpoint(), post_mortem()
+    _hook       worker side, loaded by every rank: breakpoint(), the lazy pdb
+    _remote     worker side, at the first pause: RemotePdb, post_mortem()
     _commands   parser of the mesh commands (ranks, attach, cast, continue all, help)
     _session    controller side: which ranks are paused where, their output
     _prompt     controller side: the prompt loop and the wait hook
-
-In a notebook ``%load_ext monarch_nb`` installs it; a script calls
-``monarch_nb.debug.install()`` before ``spawn_procs()``.
+    _script     controller side without install(): the serving thread
+    _attach     its socket for ``monarch-nb debug``, and that client
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._remote import breakpoint
+from ._hook import breakpoint
 
 if TYPE_CHECKING:
     from .._controller._proc_mesh import ProcMesh
 
+_HOOK = "monarch_nb.debug._hook"
 _REMOTE = "monarch_nb.debug._remote"
 
 
 def install() -> None:
-    """Serve breakpoints of ranks started from now on at this process's prompt."""
+    """Serve breakpoints at the prompt of the thread that waits for the call (a
+    notebook cell's input request; a script's stdin, a pipe included).
+
+    Without it a script's breakpoints are served all the same, by a thread of
+    its own: on its terminal, or to ``monarch-nb debug``."""
     from .._controller import _calls, _process_group
     from ._prompt import wait_hook
     from ._session import session_for
 
-    if _REMOTE not in _process_group.WORKER_IMPORTS:
-        _process_group.WORKER_IMPORTS.append(_REMOTE)
+    if _HOOK not in _process_group.WORKER_IMPORTS:
+        _process_group.WORKER_IMPORTS.append(_HOOK)
     _process_group.DEBUGGER_FOR = session_for
     _calls.set_wait_hook(wait_hook)
 
 
 def uninstall() -> None:
-    """Undo :func:`install` (ranks already started keep their breakpoint hook;
-    their breakpoints then raise, naming what to do)."""
+    """Undo :func:`install`: breakpoints are served as in a script that did not
+    call it (PYTHONBREAKPOINT=0 turns them off)."""
     from .._controller import _calls, _process_group
 
-    if _REMOTE in _process_group.WORKER_IMPORTS:
-        _process_group.WORKER_IMPORTS.remove(_REMOTE)
     _process_group.DEBUGGER_FOR = None
     _calls.set_wait_hook(None)
 

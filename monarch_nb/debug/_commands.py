@@ -7,6 +7,12 @@
     cast 0-3 p loss   run one pdb command on several ranks, outputs grouped
     continue all      continue every paused rank (also: c all, cont all)
     help              this list (pdb's own help: h)
+
+Monarch's ``monarch debug`` spellings are understood too: ``attach NAME R``
+and ``cast NAME ranks(1,3) CMD`` / ``ranks(0:4)`` / ``ranks(2)``. NAME (an
+actor mesh's name there) does not narrow anything here: a pause is a
+process's, and R is its rank in the mesh. ``list`` and ``continue`` stay
+pdb's (Monarch's top-level prompt has no pdb under it to collide with).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ Mesh commands (anything else goes to pdb on the attached rank):
   cast RANKS CMD    run one pdb command on several ranks (RANKS: 0-3, 1,3 or all)
   continue all      continue every paused rank (c all)
   help              this list; pdb's own help is `h`
+Monarch's spellings work too: attach NAME R, cast NAME ranks(1,3) CMD, ranks(0:4).
 """
 
 
@@ -95,6 +102,33 @@ def parse_ranks(text: str, size: int | None = None) -> tuple[int, ...] | None:
     return tuple(sorted(ranks))
 
 
+def parse_monarch_ranks(text: str, size: int | None = None) -> tuple[int, ...]:
+    """Monarch's ``ranks(2)``, ``ranks(1,4,6)``, ``ranks(start?:stop?:step?)``."""
+    inner = text[len("ranks(") : -1] if text.startswith("ranks(") and text.endswith(")") else ""
+    if "=" in inner:
+        raise CommandError(
+            f"{text!r}: ranks by dimension are not supported here; name the ranks, "
+            "e.g. ranks(0:4) or 0-3"
+        )
+    limit = MAX_RANKS if size is None else size
+    try:
+        if ":" in inner:
+            parts = [int(p) if p.strip() else None for p in inner.split(":")]
+            if len(parts) > 3:
+                raise ValueError
+            if parts[1] is not None and parts[1] > limit:  # a bound before expanding
+                parts[1] = limit
+            chosen = range(limit)[slice(*parts)]
+            return tuple(chosen)
+        return parse_ranks(",".join(p.strip() for p in inner.split(",")), size) or ()
+    except CommandError:
+        raise
+    except (ValueError, TypeError):
+        raise CommandError(
+            f"{text!r} is not a rank set; write e.g. ranks(0:4), ranks(1,3) or 0-3"
+        ) from None
+
+
 def parse(line: str, size: int | None = None) -> Command:
     """What ``line`` asks for; raises :class:`CommandError` for a malformed mesh command.
 
@@ -109,13 +143,20 @@ def parse(line: str, size: int | None = None) -> Command:
         case "help" if not rest:
             return Help()
         case "attach":
+            named = rest.split()
+            if len(named) == 2 and named[1].isdecimal():  # Monarch's `attach NAME R`
+                rest = named[1]
             if not rest.isdecimal() or len(rest) > 9:
                 raise CommandError(f"attach needs one rank number, e.g. `attach 1`; got {rest!r}")
             return Attach(int(rest))
         case "cast":
             targets, _, command = rest.partition(" ")
+            if not targets.startswith("ranks(") and command.lstrip().startswith("ranks("):
+                targets, _, command = command.lstrip().partition(" ")  # Monarch's NAME first
             if not targets or not command.strip():
                 raise CommandError("cast needs ranks and a pdb command, e.g. `cast 0-3 p loss`")
+            if targets.startswith("ranks("):
+                return Cast(parse_monarch_ranks(targets, size), command.strip())
             return Cast(parse_ranks(targets, size), command.strip())
         case "continue" | "c" | "cont" if rest == "all":
             return ContinueAll()

@@ -130,6 +130,13 @@ class Prompt:
             except cmd.CommandError as exc:
                 self._write(f"*** {exc}\n")
                 continue
+            # While the line was typed the rank may have left that pause (the
+            # script's Ctrl-C, a death, or a later breakpoint): never send it on.
+            was, paused = paused[rank], session.snapshot()
+            now = paused.get(rank)
+            if isinstance(command, cmd.PdbLine) and (now is None or now.serial != was.serial):
+                self._write(f"*** rank {rank} is no longer paused there; not sent: {line}\n")
+                continue
             self._run(command, rank, paused)
 
     def _run(self, command: cmd.Command, rank: int, paused: dict[int, Any]) -> None:

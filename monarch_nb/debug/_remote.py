@@ -1,7 +1,7 @@
 """The worker side of the debugger: pdb whose terminal is the controller's prompt.
 
-Installed on every rank at start (``install_on_worker``, through the core's
-``WORKER_IMPORTS``): ``breakpoint()`` and ``pdb.set_trace()`` open a
+Imported on a rank at its first ``breakpoint()`` or ``import pdb`` (see
+:mod:`._hook`, which every rank loads at start): they open a
 :class:`RemotePdb` whose output goes to the controller as ``DebugOutput`` and
 whose input lines arrive as ``DebugInput``. Those are handed over by the wire
 thread (the main thread is inside pdb, waiting), through a queue the main
@@ -11,24 +11,15 @@ that wait with KeyboardInterrupt, which leaves pdb and stops the rank's code.
 
 from __future__ import annotations
 
-import os
 import pdb
-import queue
 import sys
-from collections.abc import Iterable
 from typing import Any
 
-from .._wire._messages import (
-    DebugEnded,
-    DebugInput,
-    DebugOutput,
-    DebugPrompt,
-    DebugRefused,
-    Message,
-)
+from .._wire._messages import DebugEnded, DebugOutput, DebugPrompt, DebugRefused
+from . import _hook
+from ._hook import breakpoint, install_on_worker, set_trace
 
-_worker: Any = None  # the rank's Worker, once installed
-_lines: queue.SimpleQueue[DebugInput | DebugRefused] = queue.SimpleQueue()
+_lines = _hook.lines
 
 
 class DebuggerRefused(RuntimeError):
@@ -48,7 +39,7 @@ class _Channel:
     def flush(self) -> None:
         if self._pending:
             text, self._pending = "".join(self._pending), []
-            _worker.send(DebugOutput(text))
+            _hook.worker().send(DebugOutput(text))
 
     def readline(self) -> str:
         raise AssertionError("RemotePdb reads through its own prompt")  # pragma: no cover
@@ -79,8 +70,8 @@ class RemotePdb(pdb.Pdb):
 
     def _read_line(self) -> str:
         self._channel.flush()
-        _worker.send(DebugPrompt(self.prompt, self._location()))
-        _worker.wire.watch()  # the answer comes to the wire thread: have it watch now
+        _hook.worker().send(DebugPrompt(self.prompt, self._location()))
+        _hook.worker().wire.watch()  # the answer comes to the wire thread: have it watch now
         item = _lines.get()  # a SIGINT (the kernel's interrupt) raises here
         if isinstance(item, DebugRefused):
             raise DebuggerRefused(item.reason)
@@ -134,7 +125,7 @@ class RemotePdb(pdb.Pdb):
         if self._active:
             self._active = False
             self._channel.flush()
-            _worker.send(DebugEnded(how))
+            _hook.worker().send(DebugEnded(how))
 
     def _stop_tracing(self) -> None:
         self.set_quit()  # no trace function left behind in the rank's frames
@@ -144,59 +135,18 @@ class RemotePdb(pdb.Pdb):
             frame = frame.f_back
 
 
-def set_trace(*, header: str | None = None) -> None:
-    """``pdb.set_trace()`` on a rank (it replaces it there): pause the caller until the
-    controller's prompt continues it."""
-    debugger = RemotePdb(_worker.rank)
-    if header is not None:
-        debugger.message(header)
-    debugger.set_trace(sys._getframe().f_back)
-
-
-def breakpoint(*, ranks: Iterable[int] | None = None) -> None:
-    """Pause the calling code in the debugger, on ``ranks`` only (default: every rank).
-
-    On a rank, opens the ``(Pdb rank N)`` prompt in the controller's cell; the
-    other ranks run on. On the controller itself, the ordinary ``pdb``.
-    """
-    frame = sys._getframe().f_back
-    if _worker is None:
-        pdb.Pdb().set_trace(frame)
-        return
-    if ranks is not None and _worker.rank not in set(ranks):
-        return
-    RemotePdb(_worker.rank).set_trace(frame)
-
-
 def post_mortem() -> None:
     """pdb at the frame where this rank's last failed cell or endpoint call raised."""
     tb = getattr(sys, "last_traceback", None)
     if tb is None:
         raise RuntimeError(
-            f"rank {_worker.rank if _worker else '?'} has no failed call to debug: "
+            f"rank {_hook.worker().rank if _hook.worker() else '?'} has no failed call to debug: "
             "%mesh debug works after a %%mesh cell or an endpoint call raised on this rank"
         )
-    debugger = RemotePdb(_worker.rank)
+    debugger = RemotePdb(_hook.worker().rank)
     debugger.reset()
     debugger.interaction(None, tb)
     debugger._end("quit" if debugger.quitting else "continued")
 
 
-def _on_line(message: Message) -> None:
-    _lines.put(message)  # type: ignore[arg-type]  # registered for these two types only
-
-
-def _sys_breakpointhook(*args: Any, **kwargs: Any) -> None:
-    RemotePdb(_worker.rank).set_trace(sys._getframe().f_back)
-
-
-def install_on_worker(worker: Any) -> None:
-    """Make ``breakpoint()`` and ``pdb.set_trace()`` on this rank use the controller's prompt."""
-    global _worker
-    _worker = worker
-    worker.wire.control_handlers[DebugInput] = _on_line
-    worker.wire.control_handlers[DebugRefused] = _on_line
-    # PYTHONBREAKPOINT=0 still disables breakpoint(), as it does for plain Python.
-    if os.environ.get("PYTHONBREAKPOINT") != "0":
-        sys.breakpointhook = _sys_breakpointhook
-    pdb.set_trace = set_trace
+__all__ = ["RemotePdb", "breakpoint", "install_on_worker", "post_mortem", "set_trace"]
