@@ -266,6 +266,7 @@ class Restarter:
             time.monotonic() - started,
         )
         self.records.append(record)
+        self._group.timeline.restarted(ranks)  # marks of the old processes go
         if self._group.events.observed:
             self._group.events.emit(
                 ev.RanksRestarted(

@@ -11,16 +11,22 @@ stay on for every mesh. The log is read back into spans when asked.
 :class:`Timeline`: its ``spans`` (one per rank and call), ``stragglers()``
 (a rank that took more than 1.5x the median of the others on the same call),
 a text chart for ``print`` and an SVG chart in a notebook.
+
+Time a rank spent paused in the debugger is not time it was slow: the
+recorder logs each pause and resume, and a span's ``active`` seconds leave
+them out. A restart logs the ranks it replaced: a dashboard's marks
+(:meth:`Timeline.latest_stragglers`) are of the processes running now.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import itertools
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -46,11 +52,17 @@ class Span:
     end: float | None  # None while the rank still runs it
     outcome: Outcome
     detail: str = ""  # the error, one line
+    paused: float = 0.0  # seconds of it the rank spent stopped in the debugger
 
     @property
     def seconds(self) -> float:
         """How long it ran (so far, for a running span)."""
         return (self.end if self.end is not None else time.time()) - self.start
+
+    @property
+    def active(self) -> float:
+        """How long it ran, leaving out the time paused in the debugger."""
+        return max(0.0, self.seconds - self.paused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +72,18 @@ class Straggler:
     rank: int
     call_id: int
     label: str
-    seconds: float
+    seconds: float  # its active seconds (time paused in the debugger left out)
     median: float  # of every rank of the call that finished
+    at: float = 0.0  # wall clock when the call began
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds / self.median if self.median > 0 else 0.0
 
     def __str__(self) -> str:
         return (
             f"rank {self.rank} took {self.seconds:.2f} s in {self.label} (call {self.call_id}), "
-            f"{self.seconds / self.median:.1f}x the median {self.median:.2f} s"
+            f"{self.ratio:.1f}x the median {self.median:.2f} s"
             if self.median > 0
             else f"rank {self.rank} took {self.seconds:.2f} s in {self.label}"
         )
@@ -79,7 +96,8 @@ class Straggler:
 # more than a tenth of its rate (34,200 against 39,400 calls/s with the
 # recorder off, same run). Each entry is a tuple of atoms, which the garbage
 # collector stops tracking at the first collection it sees.
-_BEGAN, _ANSWERED, _FAILED, _LAST, _ENDED = range(5)
+_BEGAN, _ANSWERED, _FAILED, _LAST, _ENDED, _PAUSED, _RESUMED, _RESTARTED = range(8)
+_RANK_EVENTS = (_PAUSED, _RESUMED, _RESTARTED)
 
 
 class TimelineRecorder:
@@ -121,6 +139,17 @@ class TimelineRecorder:
             outcome = _outcome_of(error or "CancelledError: the call ended first")
         self._log.append((_ENDED, call_id, time.time(), *outcome))
 
+    def paused(self, rank: int) -> None:
+        """``rank`` stopped in the debugger (its time there is not its calls' time)."""
+        self._log.append((_PAUSED, rank, time.time()))
+
+    def resumed(self, rank: int) -> None:
+        self._log.append((_RESUMED, rank, time.time()))
+
+    def restarted(self, ranks: Iterable[int]) -> None:
+        """``ranks`` got fresh processes: what their old ones did marks them no more."""
+        self._log.append((_RESTARTED, tuple(ranks), time.time()))
+
     def _copy(self) -> list[tuple[Any, ...]]:
         """The log as it is: a copy in one step in C, which appends wait for;
         should another thread ever run meanwhile, the copy notices, and is made again."""
@@ -130,9 +159,8 @@ class TimelineRecorder:
             except RuntimeError:  # "deque mutated during iteration"
                 continue
 
-    def _calls(self) -> dict[int, _Call]:
+    def _calls(self, events: list[tuple[Any, ...]]) -> dict[int, _Call]:
         """The newest calls within the limits, each with its ranks' ends, from the log."""
-        events = self._copy()
         # Where the oldest call kept begins (the newest calls that fit, always
         # one): what comes before it is of calls no longer kept, not read at all.
         first, kept, entries = len(events), 0, 0
@@ -147,6 +175,8 @@ class TimelineRecorder:
         calls: dict[int, _Call] = {}
         for event in itertools.islice(events, first, None):
             kind, call_id = event[0], event[1]
+            if kind in _RANK_EVENTS:
+                continue
             if kind == _BEGAN:
                 calls[call_id] = _Call(event[2], event[3], event[4])
                 continue
@@ -169,17 +199,55 @@ class TimelineRecorder:
     def timeline(self, ranks: Iterable[int], since: float) -> Timeline:
         """The spans of ``ranks`` that ran at or after ``since`` (wall clock)."""
         wanted = set(ranks)
+        events = self._copy()
+        pauses, restarts = _rank_events(events)
         spans: list[Span] = []
-        for call_id, call in self._calls().items():
+        for call_id, call in self._calls(events).items():
             for rank in call.ranks:
                 if rank not in wanted:
                     continue
                 end = call.ends.get(rank)
                 if end is None:
-                    spans.append(Span(rank, call_id, call.label, call.start, None, "running"))
+                    span = Span(rank, call_id, call.label, call.start, None, "running")
                 elif end[0] >= since:
-                    spans.append(Span(rank, call_id, call.label, call.start, *end))
-        return Timeline(spans, sorted(wanted), since, time.time())
+                    span = Span(rank, call_id, call.label, call.start, *end)
+                else:
+                    continue
+                if rank in pauses:
+                    paused = _overlap(pauses[rank], span.start, span.end)
+                    span = dataclasses.replace(span, paused=paused) if paused else span
+                spans.append(span)
+        return Timeline(spans, sorted(wanted), since, time.time(), restarts)
+
+
+def _rank_events(
+    events: list[tuple[Any, ...]],
+) -> tuple[dict[int, list[tuple[float, float | None]]], dict[int, float]]:
+    """Each rank's debugger pauses (start, end or None while paused) and its last restart."""
+    pauses: dict[int, list[tuple[float, float | None]]] = {}
+    restarts: dict[int, float] = {}
+    for event in events:
+        kind = event[0]
+        if kind == _PAUSED:
+            pauses.setdefault(event[1], []).append((event[2], None))
+        elif kind == _RESUMED:
+            open_ = pauses.get(event[1])
+            if open_ and open_[-1][1] is None:
+                open_[-1] = (open_[-1][0], event[2])
+        elif kind == _RESTARTED:
+            for rank in event[1]:
+                restarts[rank] = event[2]
+    return pauses, restarts
+
+
+def _overlap(pauses: list[tuple[float, float | None]], start: float, end: float | None) -> float:
+    """Seconds of [start, end] (end None: now) that fall within ``pauses``."""
+    now = time.time()
+    stop = end if end is not None else now
+    total = 0.0
+    for a, b in pauses:
+        total += max(0.0, min(stop, b if b is not None else now) - max(start, a))
+    return total
 
 
 @dataclass(slots=True)
@@ -217,6 +285,21 @@ _TEXT_WIDTH = 60  # columns of the text chart
 _PRIORITY = ("ok", "running", "cancelled", "interrupted", "error", "died")
 
 
+def _legend(x: float, y: float, stragglers: bool) -> str:
+    """A swatch and a word per outcome (and the straggler outline, when one is drawn)."""
+    parts = ['<g class="legend">']
+    entries = [(outcome, _COLOURS[outcome], "") for outcome in _PRIORITY]
+    if stragglers:
+        entries.append(("straggler", "none", ' stroke="#ff9800" stroke-width="2"'))
+    for name, colour, stroke in entries:
+        parts.append(
+            f'<rect x="{x:.0f}" y="{y - 9}" width="10" height="10" fill="{colour}"{stroke}/>'
+            f'<text class="legendtext" x="{x + 14:.0f}" y="{y}" fill="currentColor">{name}</text>'
+        )
+        x += 14 + 6.7 * len(name) + 12
+    return "".join(parts) + "</g>"
+
+
 def _drawing_order(span: Span) -> int:
     """Where spans overlap on a chart (short calls, narrow columns), the worse
     outcome is drawn last, on top."""
@@ -236,13 +319,15 @@ class Timeline:
     ranks: list[int]
     since: float
     until: float
+    restarts: dict[int, float] = field(default_factory=dict)  # rank -> last restart
 
     def stragglers(
         self, factor: float = STRAGGLER_FACTOR, min_gap: float = STRAGGLER_MIN_GAP_S
     ) -> list[Straggler]:
         """Ranks that took more than ``factor`` times the median rank of the same call
         (and at least ``min_gap`` seconds longer), slowest first. Calls to a single
-        rank and ranks that did not finish well are left out."""
+        rank and ranks that did not finish well are left out; time a rank spent
+        paused in the debugger does not count (``Span.active``)."""
         by_call: dict[int, list[Span]] = {}
         for span in self.spans:
             if span.outcome == "ok" and span.end is not None:
@@ -251,17 +336,22 @@ class Timeline:
         for spans in by_call.values():
             if len(spans) < 2:
                 continue
-            median = statistics.median(s.seconds for s in spans)
+            median = statistics.median(s.active for s in spans)
             found += [
-                Straggler(s.rank, s.call_id, s.label, s.seconds, median)
+                Straggler(s.rank, s.call_id, s.label, s.active, median, s.start)
                 for s in spans
-                if s.seconds > factor * median and s.seconds - median >= min_gap
+                if s.active > factor * median and s.active - median >= min_gap
             ]
         return sorted(found, key=lambda s: s.seconds, reverse=True)
 
-    def latest_stragglers(self, calls: int = 5) -> dict[int, Straggler]:
+    def latest_stragglers(
+        self, calls: int = 5, dismissed: Mapping[int, int] | None = None
+    ) -> dict[int, Straggler]:
         """Rank -> its slowest straggling among the last ``calls`` calls that
-        finished on two or more ranks (what a dashboard marks: slow *now*)."""
+        finished on two or more ranks (what a dashboard marks: slow *now*). A
+        rank restarted since is not marked for what its old process did, nor
+        for calls up to ``dismissed[rank]`` (a call id: a mark someone dismissed)."""
+        dismissed = dismissed or {}
         ends: dict[int, float] = {}
         counts: dict[int, int] = {}
         for span in self.spans:
@@ -272,6 +362,10 @@ class Timeline:
         recent = set(sorted(finished, key=ends.__getitem__)[-calls:])
         marked: dict[int, Straggler] = {}
         for straggler in self.stragglers():  # slowest first: the first per rank wins
+            if straggler.at < self.restarts.get(straggler.rank, float("-inf")):
+                continue  # the slow process was replaced
+            if straggler.call_id <= dismissed.get(straggler.rank, -1):
+                continue
             if straggler.call_id in recent and straggler.rank not in marked:
                 marked[straggler.rank] = straggler
         return marked
@@ -314,13 +408,17 @@ class Timeline:
         t0, t1 = self._window()
         label_w, width = 64, 720
         row_h = 16 if len(self.ranks) <= 32 else 8
-        height = row_h * len(self.ranks) + 24
+        legend_y = row_h * len(self.ranks) + 36
+        height = legend_y + 8
         slow = {(s.rank, s.call_id): s for s in self.stragglers()}
         rows = {rank: i for i, rank in enumerate(self.ranks)}
+        # Drawn at its width, shrunk to fit a narrower output (text and all):
+        # never a horizontal scrollbar, never a label cut off.
+        full = label_w + width + 8
         parts = [
             f'<svg class="monarch-nb-timeline" xmlns="http://www.w3.org/2000/svg" '
-            f'width="{label_w + width + 8}" height="{height}" font-family="monospace" '
-            f'font-size="11">'
+            f'viewBox="0 0 {full} {height}" width="{full}" height="{height}" '
+            f'style="max-width:100%;height:auto" font-family="monospace" font-size="11">'
         ]
         if row_h >= 12:
             for rank, i in rows.items():
@@ -334,6 +432,7 @@ class Timeline:
             straggler = slow.get((span.rank, span.call_id))
             tip = f"rank {span.rank} · {span.label} (call {span.call_id}) · "
             tip += f"{span.seconds:.3f} s · {span.outcome}"
+            tip += f" ({span.paused:.1f} s of it paused in the debugger)" if span.paused else ""
             tip += f": {span.detail}" if span.detail else ""
             tip += f" · straggler: {straggler}" if straggler else ""
             stroke = ' stroke="#ff9800" stroke-width="2"' if straggler else ""
@@ -343,11 +442,12 @@ class Timeline:
                 f'height="{row_h - 4}" fill="{_COLOURS[span.outcome]}"{stroke}>'
                 f"<title>{html.escape(tip)}</title></rect>"
             )
-        axis_y = height - 6
+        axis_y = legend_y - 18
         parts.append(
             f'<text x="{label_w}" y="{axis_y}" fill="currentColor">-{t1 - t0:.1f} s</text>'
             f'<text x="{label_w + width}" y="{axis_y}" text-anchor="end" '
-            f'fill="currentColor">now</text></svg>'
+            f'fill="currentColor">now</text>'
         )
+        parts.append(_legend(label_w, legend_y, bool(slow)) + "</svg>")
         notes = "".join(f"<li>{html.escape(str(s))}</li>" for s in list(slow.values())[:5])
         return "".join(parts) + (f"<ul>{notes}</ul>" if notes else "")

@@ -166,6 +166,7 @@ class WorkerMessages:
         match message:
             case DebugPrompt(prompt, location):
                 self._group.paused.add(rank)
+                self._group.timeline.paused(rank)  # not slow: waiting for a person
                 self._group.events.emit(
                     ev.RankStateChanged(self._group.name, rank, ev.RankState.PAUSED, location)
                 )
@@ -174,6 +175,7 @@ class WorkerMessages:
                 self._group.events.emit(ev.DebuggerOutput(self._group.name, rank, text))
             case DebugEnded(how):
                 self._group.paused.discard(rank)
+                self._group.timeline.resumed(rank)
                 self._group.events.emit(ev.DebuggerResumed(self._group.name, rank, how))
                 self._group.events.emit(
                     ev.RankStateChanged(self._group.name, rank, ev.RankState.BUSY, how)

@@ -341,6 +341,7 @@ class MeshMagics(Magics):
                 ordered=ordered,
                 fail_fast=args.fail_fast,
                 replay=not args.no_replay,
+                figures=args.figures,
                 # <mesh-cell-N> is In [N]; an uncounted cell takes the next of our own count.
                 number=cell_number(self.shell) if self.counted else None,
                 on_done=self._done_callback(mesh, args.out) if args.no_block else None,

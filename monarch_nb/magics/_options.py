@@ -303,9 +303,17 @@ SUBCOMMANDS = {
 @argument(
     "--ordered",
     "--group-by-rank",
+    "--group-outputs",
     action="store_true",
     help="hold output back and show it rank by rank when the cell ends "
-    "(deterministic; also MONARCH_NB_DETERMINISTIC=1)",
+    "(deterministic; also MONARCH_NB_DETERMINISTIC=1; ipyparallel's --group-outputs)",
+)
+@argument(
+    "--figures",
+    choices=("arrival", "rank", "grid"),
+    default="arrival",
+    help="figures (rich displays) as they arrive (default), held and shown in rank "
+    "order when the cell ends, or as one grid captioned by rank",
 )
 @argument(
     "--no-replay",

@@ -11,7 +11,9 @@ no cell goes wherever the kernel is writing now.
 
 Two modes per cell: *live* (each line written as it arrives, prefixed by
 rank) and *ordered* (buffered, then written rank by rank when the cell ends:
-deterministic, for nbval and CI).
+deterministic, for nbval and CI). Figures (rich displays) may be held back
+in either mode and shown by rank, or as one grid, when the cell ends
+(``figures``: see ``_figures``).
 
 Progress bars (updates ending in ``\r``) are shown live as one display per
 rank updated in place, where the frontend can (Jupyter); elsewhere, and in
@@ -35,6 +37,7 @@ from .._controller._events import DisplayData, Event, Output, RankFailed
 from .._controller._log_stream import OutputPrinter
 from .._model._errors import format_ranks
 from ..widgets import _render
+from ._figures import grid_bundle
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ class CellOutput:
         # other work on the same ranks, its waiting ranks who still runs.
         self.future: Any = None
         self.fail_fast = False
+        self.figures = "arrival"  # or "rank", "grid": held until the cell ends
+        self._held: list[tuple[int, dict[str, Any], dict[str, Any]]] = []
         self._lock = threading.Lock()
         self._early: list[RankFailed] = []  # failures that came before the future
         # procs.logging_option() (stream_to_client, aggregate_window_sec): lines
@@ -182,7 +187,9 @@ class CellOutput:
             del self._progress[rank]  # the next bar on this rank is a new one
 
     def display(self, rank: int, data: dict[str, Any], metadata: dict[str, Any]) -> None:
-        if self.ordered:
+        if self.figures != "arrival":
+            self._held.append((rank, data, metadata))
+        elif self.ordered:
             self._items[rank].append(("display", (data, metadata)))
         else:
             self.wrote = True
@@ -234,8 +241,22 @@ class CellOutput:
                     else:
                         self.frontend.write(self.parent, kind, _render.rank_prefix(rank, item))
             self._items.clear()
+            self._show_held()
         finally:
             self.closed.set()
+
+    def _show_held(self) -> None:
+        """The figures held back: by rank (each rank's in the order it made them),
+        or as one grid."""
+        held, self._held = sorted(self._held, key=lambda item: item[0]), []
+        if not held:
+            return
+        self.wrote = True
+        if self.figures == "grid":
+            self.frontend.display(self.parent, *grid_bundle(held))
+            return
+        for rank, data, metadata in held:
+            self.frontend.display(self.parent, *_render.label_bundle(rank, data, metadata))
 
 
 class MapProgress:

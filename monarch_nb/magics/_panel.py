@@ -13,7 +13,14 @@ when the panel connects, when a mesh's events say something changed (at most
 ``MAX_RATE_HZ`` times a second) and every ``REFRESH_S`` seconds for the
 heartbeats. The panel sends ``{"action": "stop" | "restart" | "interrupt" |
 "refresh", "mesh": NAME}`` and gets ``{"type": "result", "ok": ..., "message":
-...}`` back, then a fresh snapshot.
+...}`` back, then a fresh snapshot. With a ``"rank": R`` the action is one
+rank's (restart, logs, debug, why: :mod:`..widgets._rank_actions`), and the
+result also carries ``"rank"``, ``"detail"`` (a log, a stack) and
+``"command"`` (a cell for what a button cannot do).
+
+A mesh's failure is in its own entry (``meshes[i].failure``), not again in
+``failures``, which lists the ranks' failures; a dead rank has no CPU or
+memory (the last sample of a dead process is not its state).
 
 Snapshots are sent from a small daemon thread (the I/O thread only sets a
 flag), so the panel stays live while a cell runs. Actions arrive on the
@@ -36,6 +43,7 @@ from .._controller._events import (
     RankStateChanged,
 )
 from .._model._errors import MonarchNbError
+from ..widgets._rank_actions import rank_action
 from ..widgets._render import NotebookMeshStatus, work_text
 from ._registry import REGISTRY, MeshRegistry
 
@@ -60,7 +68,7 @@ def panel_snapshot(registry: MeshRegistry = REGISTRY) -> dict[str, Any]:
     "point", "host", "pid", "state", "work", "work_text", "work_seconds",
     "cpu_percent", "rss_bytes", "gpu_memory_allocated", "heartbeat_age",
     "returncode", "failure"}]}], "failures": [{"mesh", "rank", "failure",
-    "returncode"}]}``; ``rank`` is None for a failure of the whole mesh.
+    "returncode"}]}``; the mesh's own failure is its ``failure``, not in ``failures``.
     """
     meshes = []
     failures: list[dict[str, Any]] = []
@@ -70,11 +78,6 @@ def panel_snapshot(registry: MeshRegistry = REGISTRY) -> dict[str, Any]:
         except MonarchNbError:  # stopped between all() and status()
             continue
         meshes.append(_mesh_json(status))
-        if status.status.failure:
-            failures.append(
-                {"mesh": status.name, "rank": None, "failure": status.status.failure,
-                 "returncode": None}
-            )  # fmt: skip
         failures.extend(
             {"mesh": status.name, "rank": r.rank, "failure": r.failure,
              "returncode": r.returncode}
@@ -86,6 +89,7 @@ def panel_snapshot(registry: MeshRegistry = REGISTRY) -> dict[str, Any]:
 
 def _mesh_json(status: NotebookMeshStatus) -> dict[str, Any]:
     s = status.status
+    gone = ("dead", "stopped")  # a sample of a process that is no more says nothing
     return {
         "name": s.name,
         "state": str(s.state),
@@ -103,10 +107,10 @@ def _mesh_json(status: NotebookMeshStatus) -> dict[str, Any]:
                 "work": r.work,
                 "work_text": work_text(r),
                 "work_seconds": r.work_seconds,
-                "cpu_percent": r.cpu_percent,
-                "rss_bytes": r.rss_bytes,
-                "gpu_memory_allocated": r.gpu_memory_allocated,
-                "gpu_utilization": r.gpu_utilization,
+                "cpu_percent": None if str(r.state) in gone else r.cpu_percent,
+                "rss_bytes": None if str(r.state) in gone else r.rss_bytes,
+                "gpu_memory_allocated": None if str(r.state) in gone else r.gpu_memory_allocated,
+                "gpu_utilization": None if str(r.state) in gone else r.gpu_utilization,
                 "heartbeat_age": r.heartbeat_age,
                 "returncode": r.returncode,
                 "failure": r.failure,
@@ -136,6 +140,25 @@ def run_action(action: str, mesh_name: str, registry: MeshRegistry = REGISTRY) -
     except MonarchNbError as exc:
         return _result(action, mesh_name, False, str(exc))
     return _result(action, mesh_name, True, message)
+
+
+def run_rank_action(
+    action: str, mesh_name: str, rank: Any, registry: MeshRegistry = REGISTRY
+) -> dict[str, Any]:
+    """Do what a rank's button in the panel asks (restart, logs, debug, why)."""
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        return _result(action, mesh_name, False, f"rank {rank!r} is not a rank number")
+    try:
+        mesh = registry.get(mesh_name)
+    except MonarchNbError as exc:
+        return {**_result(action, mesh_name, False, str(exc)), "rank": rank}
+    done = rank_action(mesh, action, rank)
+    return {
+        **_result(action, mesh_name, done.ok, done.message),
+        "rank": rank,
+        "detail": done.detail,
+        "command": done.command,
+    }
 
 
 def _result(action: str, mesh: str, ok: bool, message: str) -> dict[str, Any]:
@@ -183,7 +206,10 @@ class PanelServer:
         data = msg.get("content", {}).get("data", {}) or {}
         action, mesh = str(data.get("action")), str(data.get("mesh"))
         try:
-            result = run_action(action, mesh, self.registry)
+            if data.get("rank") is not None:
+                result = run_rank_action(action, mesh, data["rank"], self.registry)
+            else:
+                result = run_action(action, mesh, self.registry)
         except Exception as exc:  # a button must never fail in silence: say what broke
             _log.exception("monarch_nb panel: %s of mesh %r failed", action, mesh)
             result = _result(action, mesh, False, f"{action} failed: {type(exc).__name__}: {exc}")

@@ -42,6 +42,7 @@ from .._services._logs import LogLine
 from ..widgets import _render
 from ..widgets._model import FailureLog
 from ._comms import CommRelay
+from ._figures import FIGURE_MODES
 from ._output import CellOutput, MapProgress, OutputRouter
 from ._selection import select
 
@@ -148,6 +149,7 @@ class NotebookMesh:
         on_done: Any = None,
         number: int | None = None,
         replay: bool = True,
+        figures: str = "arrival",
     ) -> ValueMesh[Any] | CellHandle:
         """Run ``source`` on the selected ranks (default: all); its last expression's values.
 
@@ -158,14 +160,21 @@ class NotebookMesh:
         busy ranks (see :func:`wait_for`); so does the first failure with
         ``fail_fast``. A CellError keeps the succeeded ranks' values (``.values``).
         ``number`` names the cell ``<mesh-cell-number>`` (the notebook's execution
-        count; default: the next of a process-wide count).
+        count; default: the next of a process-wide count). ``figures``: "arrival"
+        (as they come), "rank" (held, then in rank order) or "grid" (held, then
+        one grid captioned by rank).
         """
+        if figures not in FIGURE_MODES:
+            raise MeshUsageError(
+                f"figures={figures!r}: use one of {', '.join(map(repr, FIGURE_MODES))}"
+            )
         view = select(self.procs, ranks, where)
         _, filename = next_cell_name(number)
         compile_cell(source, filename)  # SyntaxError here, with the cell's own line numbers
         label = _render.cell_label(filename)
         cell = self._open(view, label, ordered)
         cell.fail_fast = fail_fast
+        cell.figures = figures
         future = view.exec(source, name=filename, fail_fast=fail_fast, replay=replay)
         cell.attach(future)
         finished = self._finish_after_output(future, cell, on_done)

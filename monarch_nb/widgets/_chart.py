@@ -56,6 +56,23 @@ def chart_ranks(latest: Mapping[int, float], limit: int = MAX_LINES) -> list[int
     return sorted(highest)
 
 
+def value_range(metric: str, values: Any) -> tuple[float, float]:
+    """The value axis for ``metric``: resources from zero (flat memory is not a
+    wave; CPU up to at least 100 %), a logged metric around its own values with a
+    twentieth of their range to spare (a flat line sits mid-axis)."""
+    import numpy as np
+
+    finite = values[np.isfinite(values)] if values.size else values
+    if not finite.size:
+        return 0.0, 1.0
+    low, high = float(finite.min()), float(finite.max())
+    if metric in RESOURCES:
+        top = max(high, 100.0 if metric in ("cpu_percent", "gpu_utilization") else 0.0)
+        return 0.0, (top * 1.05) or 1.0
+    spare = (high - low) / 20 or abs(high) / 20 or 1.0
+    return low - spare, high + spare
+
+
 class MetricChart:
     """A bqplot figure of one metric, a line per rank, time along the bottom."""
 
@@ -64,15 +81,25 @@ class MetricChart:
         import ipywidgets as w
 
         self._value = value = bq.LinearScale()
+        # The metric's name sits left of the tick labels ("27.3M" is the widest),
+        # inside the figure's margin: none of it is cut off.
         self.value_axis = bq.Axis(
-            scale=value, orientation="vertical", tick_format=".3s", grid_lines="dashed"
+            scale=value,
+            orientation="vertical",
+            tick_format=".3s",
+            grid_lines="dashed",
+            label_offset="48px",
         )
         # Two x axes: time for resources, the step for a metric logged with one
         # (a fast loop logs many steps within one heartbeat).
         self._x = {}
         for x, scale, axis in (
             ("time", bq.DateScale(), {"tick_format": "%H:%M:%S", "num_ticks": 5}),
-            ("step", bq.LinearScale(), {"tick_format": "d", "label": "step"}),
+            (
+                "step",
+                bq.LinearScale(),
+                {"tick_format": "d", "label": "step", "label_offset": "28px"},
+            ),
         ):
             lines = bq.Lines(
                 x=[],
@@ -88,7 +115,7 @@ class MetricChart:
             marks=[self.lines],
             axes=[time_axis, self.value_axis],
             legend_location="top-left",
-            fig_margin={"top": 10, "bottom": 35, "left": 55, "right": 10},
+            fig_margin={"top": 10, "bottom": 40, "left": 64, "right": 16},
             layout=w.Layout(width="100%", height="220px"),
         )
         self.widget.add_class("mnb-chart")
@@ -98,39 +125,53 @@ class MetricChart:
     def draw(self, metric: str, series: Mapping[int, Sequence[TelemetrySample]]) -> bool:
         """Show ``series`` (each rank's rows, oldest first); False if nothing changed.
 
-        Along steps where every row has one, else along time. Every line gets
-        the same number of points (the shortest rank's newest ones): ranks
-        report at the same rate, so this drops a point or two at most."""
+        A metric logged with a step (``log_metric(name, v, step=i)``) is drawn
+        along its steps, each rank's own (lines of different lengths end where
+        their rank got to); anything else along time, every line with the same
+        number of points (the shortest rank's newest ones: ranks report at the
+        same rate, so this drops a point or two at most). The value axis is
+        fitted to this metric's values at every draw: switching from CPU (0-50)
+        to a loss (0.03-1.2) rescales it."""
         import numpy as np
 
         ranks = [rank for rank, rows in sorted(series.items()) if len(rows) >= 2]
-        length = min((len(series[rank]) for rank in ranks), default=0)
-        signature = (metric, tuple((rank, series[rank][-1].time) for rank in ranks), length)
+        if not ranks:
+            return False  # nothing to draw yet: the axis stays as it is
+        by_step = bool(ranks) and all(row.step is not None for r in ranks for row in series[r])
+        length = (max if by_step else min)((len(series[r]) for r in ranks), default=0)
+        signature = (metric, tuple((r, len(series[r]), series[r][-1].time) for r in ranks))
         if signature == self._drawn:
             return False
         self._drawn = signature
-        rows = [series[rank][-length:] for rank in ranks]
-        by_step = bool(rows) and all(row.step is not None for line in rows for row in line)
-        lines, x_axis = self._x["step" if by_step else "time"]
+        values = np.full((len(ranks), length), np.nan)
         if by_step:
-            x = np.array([[row.step for row in line] for line in rows], dtype=float)
+            x = np.full((len(ranks), length), np.nan)
+            for i, rank in enumerate(ranks):
+                rows = series[rank][-length:]
+                # A line shorter than the longest repeats its last point: bqplot
+                # draws every column, and a repeated point draws nothing new.
+                steps = [row.step for row in rows] + [rows[-1].step] * (length - len(rows))
+                ys = [row.value for row in rows] + [rows[-1].value] * (length - len(rows))
+                x[i], values[i] = steps, ys
         else:
-            times = np.array([[row.time for row in line] for line in rows], dtype=float)
-            x = (times * 1000).astype("datetime64[ms]")
-        values = np.array([[row.value for row in line] for line in rows], dtype=float)
+            times = np.array([[row.time for row in series[r][-length:]] for r in ranks])
+            x = (times.reshape(len(ranks), length) * 1000).astype("datetime64[ms]")
+            for i, rank in enumerate(ranks):
+                values[i] = [row.value for row in series[rank][-length:]]
+        low, high = value_range(metric, values)
         with self.widget.hold_sync():
+            lines, x_axis = self._x["step" if by_step else "time"]
             if lines is not self.lines:
+                # The other mark keeps no data: a scale's range would follow it too.
+                self.lines.x, self.lines.y, self.lines.labels = [], [], []
                 self.lines = lines
                 self.widget.marks = [lines]
                 self.widget.axes = [x_axis, self.value_axis]
-            self.lines.x = x.reshape(len(ranks), length)
-            self.lines.y = values.reshape(len(ranks), length)
-            # Resources from zero (flat memory is not a wave), in whole units or
-            # with an SI prefix (27M bytes); a logged metric in its own range.
-            self._value.min = 0.0 if metric in RESOURCES else None
+            self._value.min, self._value.max = low, high
             self.value_axis.tick_format = (
                 ".3~s" if metric.endswith("_bytes") or metric.startswith("gpu_memory") else ".4~g"
             )
+            self.lines.x, self.lines.y = x, values
             self.lines.labels = [f"rank {rank}" for rank in ranks]
             self.value_axis.label = metric
         self.sent += 1

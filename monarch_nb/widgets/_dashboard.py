@@ -32,9 +32,11 @@ from .._controller._timeline import Straggler
 from .._model._shape import Shape
 from ._chart import CHART_POINTS, MetricChart, chart_ranks, load_library
 from ._model import DashboardFeed, FailureLog, FailureRecord, Progress, Throttle
+from ._rank_actions import RankActions, rank_action
 from ._render import NotebookMeshStatus, render_status_html
 from ._sparks import SPARK_POINTS, SPARK_POINTS_COMPACT, spark_html
 from ._text import as_notebook_status, failures_html, render_text
+from ._theme import style_sheet
 
 MIN_INTERVAL_S = 0.1  # at most ~10 redraws a second
 REFRESH_S = 1.0  # heartbeat ages and resources, even when no event is urgent
@@ -91,6 +93,8 @@ class Dashboard:
         self.feed = DashboardFeed()
         self.throttle = Throttle(MIN_INTERVAL_S, REFRESH_S)
         self.header = w.HTML()
+        self.style = w.HTML(style_sheet())  # the dark theme's colours
+        self.style.add_class("mnb-style")
         self.shape = procs.shape  # a resized mesh (mesh.procs replaced) redraws its tiles
         self.grid = TileGrid(procs.shape, heartbeat_s=_heartbeat_s())
         self.failures = FailurePanel(
@@ -100,6 +104,12 @@ class Dashboard:
             search=lambda rank, grep: [
                 str(line) for line in procs.logs(ranks=[rank], grep=grep, tail=TAIL_LINES)
             ],
+        )
+        self.dismissed: dict[int, int] = {}  # rank -> the call of the slow mark hidden
+        self.actions = RankActions(
+            procs.shape.ranks,
+            lambda action, rank: rank_action(self.mesh, action, rank),
+            self.dismiss,
         )
         # The metric the tiles' sparklines and the chart show; options grow as
         # ranks log metrics of their own.
@@ -137,7 +147,14 @@ class Dashboard:
         self._thread.start()
 
     def _sections(self) -> list[Any]:
-        return [self.header, self.grid.widget, self.history, self.failures.widget]
+        return [
+            self.style,
+            self.header,
+            self.grid.widget,
+            self.actions.widget,
+            self.history,
+            self.failures.widget,
+        ]
 
     # -- what it shows ------------------------------------------------------------------
 
@@ -164,7 +181,8 @@ class Dashboard:
         failure = ""
         if status.status.failure:
             failure = (
-                f"<br><small style='color:#b71c1c'>{html.escape(status.status.failure)}</small>"
+                "<br><small style='color:var(--jp-error-color1,#b71c1c)'>"
+                f"{html.escape(status.status.failure)}</small>"
             )
         return (
             f'<div class="mnb-header"><b>{html.escape(status.headline())}</b> · '
@@ -198,10 +216,21 @@ class Dashboard:
             self._stragglers_at = now
             try:
                 timeline = self.mesh.procs.timeline(minutes=STRAGGLER_MINUTES)
-                self.stragglers = timeline.latest_stragglers()
+                self.stragglers = timeline.latest_stragglers(dismissed=self.dismissed)
             except Exception:  # a stopped or replaced mesh: nothing to mark
                 self.stragglers = {}
         return self.stragglers
+
+    def dismiss(self, rank: int) -> str:
+        """Hide ``rank``'s straggler mark (until it straggles on a later call); what
+        the dashboard says about it."""
+        mark = self.stragglers.get(rank)
+        if mark is None:
+            return f"rank {rank} has no slow mark"
+        self.dismissed[rank] = mark.call_id
+        self._stragglers_at = 0.0  # redraw without it now
+        self.feed.wake.set()
+        return f"rank {rank}'s slow mark (call {mark.call_id}) dismissed"
 
     def _pick_metric(self, change: dict[str, Any]) -> None:
         self.metric = change["new"]
@@ -264,6 +293,7 @@ class Dashboard:
         old, self.grid = self.grid, TileGrid(shape, heartbeat_s=_heartbeat_s())
         self.shape = shape
         self.failures.set_ranks(shape.ranks)
+        self.actions.set_ranks(shape.ranks)
         self.sparks, self._spark_keys = {}, {}
         self._history_at = 0.0
         self.widget.children = self._sections()
@@ -310,6 +340,8 @@ class Dashboard:
             self._thread.join(5)
         self._subscription.close()
         self.failures.close()
+        self.actions.close()
+        self.style.close()
         self.grid.close()
         if self.chart is not None:
             self.chart.close()

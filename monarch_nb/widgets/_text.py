@@ -13,6 +13,7 @@ from .._controller._events import RankState
 from .._controller._status import MeshStatus, RankStatus
 from .._controller._timeline import Straggler
 from .._model._errors import format_ranks
+from . import _theme
 from ._model import FailureGroup, FailureRecord, Progress, fold_failures
 from ._render import NotebookMeshStatus, cell_label, megabytes, render_status
 
@@ -21,15 +22,7 @@ from ._render import NotebookMeshStatus, cell_label, megabytes, render_status
 STALE_HEARTBEATS = 3.0
 MAX_FAILURE_GROUPS_SHOWN = 5  # newest first; older groups are counted ("... and 3 more")
 
-COLOURS: dict[RankState, tuple[str, str]] = {  # background, text
-    RankState.STARTING: ("#cfd8dc", "#263238"),
-    RankState.IDLE: ("#c8e6c9", "#1b5e20"),
-    RankState.BUSY: ("#bbdefb", "#0d47a1"),
-    RankState.PAUSED: ("#ffe082", "#5d4037"),
-    RankState.FAILED: ("#ef9a9a", "#7f0000"),
-    RankState.DEAD: ("#c62828", "#ffffff"),
-    RankState.STOPPED: ("#e0e0e0", "#616161"),
-}
+COLOURS = _theme.LIGHT  # state -> (background, text) in a light theme
 
 
 def as_notebook_status(status: MeshStatus | NotebookMeshStatus) -> NotebookMeshStatus:
@@ -141,7 +134,7 @@ def tile_html(
 
     Numbers are rounded so that an idle rank's tile stays the same string from
     one refresh to the next (an unchanged tile sends nothing)."""
-    background, colour = COLOURS.get(rank.state, ("#ffffff", "#000000"))
+    background, colour = _theme.background(rank.state), _theme.foreground(rank.state)
     stale = (
         rank.heartbeat_age is not None
         and rank.heartbeat_age > STALE_HEARTBEATS * heartbeat_s
@@ -152,14 +145,9 @@ def tile_html(
     cpu = "-" if rank.cpu_percent is None else f"{int(rank.cpu_percent)}%"
     rows = [f"<b>rank {rank.rank}</b> <span>{html.escape(str(rank.state))}</span>"]
     if straggler is not None and straggler.median > 0:
-        ratio = straggler.seconds / straggler.median
-        title = html.escape(str(straggler))
-        rows[0] += (
-            f' <span class="mnb-straggler" title="{title}" style="background:#e65100;'
-            f'color:#fff;border-radius:3px;padding:0 3px">slow {ratio:.1f}x</span>'
-        )
+        rows.append(straggler_html(straggler))
         if not stale:
-            border = "2px dashed #e65100"
+            border = f"2px dashed {_theme.STRAGGLER_BG}"
     if not compact:
         rows.append(f"{html.escape(rank.host)} · pid {rank.pid}")
     rows.append(html.escape(_work(rank)))
@@ -198,6 +186,17 @@ def tile_html(
         f"padding:3px 5px;font-size:{size};line-height:1.3;box-sizing:content-box;"
         f"height:calc({lines} * 1.3em + {_BAR_PX}px);overflow:hidden;"
         'font-family:var(--jp-code-font-family,monospace)">' + body + "</div>"
+    )
+
+
+def straggler_html(straggler: Straggler) -> str:
+    """A tile's straggler row: ``slow 3.1x in cell [3]``, its numbers in the tooltip."""
+    title = html.escape(f"{straggler} (time paused in the debugger left out)")
+    where = cell_label(straggler.label).removeprefix("%%mesh ")
+    return (
+        f'<span class="mnb-straggler" data-call="{straggler.call_id}" title="{title}" '
+        f'style="background:{_theme.STRAGGLER_BG};color:#fff;border-radius:3px;padding:0 3px">'
+        f"slow {straggler.ratio:.1f}x</span> in {html.escape(where)}"
     )
 
 
