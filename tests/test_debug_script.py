@@ -38,8 +38,9 @@ class Trainer(Actor):
 
 with this_host().spawn_procs(per_host={"procs": 2}, echo_output=False) as procs:
     trainers = procs.spawn("trainers", Trainer)
-    print("first", sorted(trainers.step.call(5).get(timeout=300).values()), flush=True)
-    print("second", trainers.slice(procs=0).step.call_one(7).get(timeout=300), flush=True)
+    # One write each: the debugger thread writes to the same terminal meanwhile.
+    print(f"first {sorted(trainers.step.call(5).get(timeout=300).values())}", flush=True)
+    print(f"second {trainers.slice(procs=0).step.call_one(7).get(timeout=300)}", flush=True)
 print("done", flush=True)
 """
 
@@ -226,13 +227,19 @@ def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminal
     again.expect("── rank 0 paused at ")
     at = again.expect("(Pdb rank 0) ")
     again.send("attach 1")
-    at = again.expect("(Pdb rank 1) ", again.expect("── rank 1 paused at ", at))
-    again.send("continue all")
-    # The second call pauses rank 0 again: the same client is given it.
-    at = again.expect("── rank 0 paused at ", at)
-    again.send("c")
-    again.expect("the program ended", at)
+    again.expect("(Pdb rank 1) ", again.expect("── rank 1 paused at ", at))
+
+    third = Terminal([*argv, "debug"], script.parent)  # takes over, as Monarch's does
+    terminals.append(third)
+    again.expect("another client attached; this one is detached")
     assert again.wait() == 0, again.text
+    at = third.expect("(Pdb rank 1) ", third.expect("── rank 1 paused at "))
+    third.send("continue all")
+    # The second call pauses rank 0 again: the same client is given it.
+    at = third.expect("── rank 0 paused at ", at)
+    third.send("c")
+    third.expect("the program ended", at)
+    assert third.wait() == 0, third.text
     assert run.wait() == 0, run.text
     assert "first [5, 10]" in run.text
     assert "second 7" in run.text

@@ -24,7 +24,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import queue
 import select
+import signal
 import socket
 import struct
 import sys
@@ -257,6 +259,10 @@ def choose_socket(pid: int | None, wait: float | None, say: Callable[[str], None
         time.sleep(0.2)
 
 
+DETACHED = "\n── detached; the ranks stay paused (run monarch-nb debug again) ──\n"
+ENDED = "\n── the program ended ──\n"
+
+
 def run_client(pid: int | None = None, wait: float | None = None) -> int:
     """Attach this terminal to a paused program; returns the exit status."""
 
@@ -274,30 +280,75 @@ def run_client(pid: int | None = None, wait: float | None = None) -> int:
     try:
         conn.connect(path)
         send(conn, HELLO)
-        reader = LineReader(conn)
-        while True:
-            while not reader.pending():
-                if not reader.feed():
-                    say("\n── the program ended ──\n")
-                    return 0
-            message = reader.take()
-            if "out" in message:
-                say(str(message["out"]))
-            elif "prompt" in message:
-                try:
-                    line = input(str(message["prompt"]))
-                except EOFError:
-                    say("\n── detached; the ranks stay paused (run monarch-nb debug again) ──\n")
-                    return 0
-                send(conn, {"line": line})
-            elif "bye" in message:
-                say(f"── {message['bye']} ──\n")
-                return 0
-    except KeyboardInterrupt:
-        say("\n── detached; the ranks stay paused (run monarch-nb debug again) ──\n")
-        return 0
-    except (OSError, ValueError) as exc:
-        say(f"monarch-nb debug: lost the connection to {path}: {exc}\n")
-        return 1
-    finally:
+    except OSError as exc:
         conn.close()
+        say(f"monarch-nb debug: cannot attach to {path}: {exc}\n")
+        return 1
+    return _Session(conn, say).run()
+
+
+class _Session:
+    """The client's two threads: one reads the server's messages; the main one shows
+    them and reads the user's lines with ``input()`` (line editing, history). The
+    end of the session (the server's bye, or the program's end) arriving while the
+    user is at the prompt interrupts ``input()`` with a SIGINT to ourselves, so
+    that readline restores the terminal as it does on Ctrl-C."""
+
+    def __init__(self, conn: socket.socket, say: Callable[[str], None]) -> None:
+        self.conn = conn
+        self.say = say
+        self.messages: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.ended: str | None = None  # why the server side ended, once it did
+        self.in_input = False
+
+    def _read(self) -> None:
+        reader = LineReader(self.conn)
+        try:
+            while True:
+                while not reader.pending():
+                    if not reader.feed():
+                        raise EOFError
+                message = reader.take()
+                if "bye" in message:
+                    self._end(f"\n── {message['bye']} ──\n")
+                    return
+                self.messages.put(message)
+        except (OSError, ValueError, EOFError):
+            self._end(ENDED)
+
+    def _end(self, why: str) -> None:
+        self.ended = why
+        self.messages.put({})
+        if self.in_input:
+            os.kill(os.getpid(), signal.SIGINT)  # to the main thread, in input()
+
+    def run(self) -> int:
+        threading.Thread(target=self._read, name="monarch-nb-debug-reader", daemon=True).start()
+        try:
+            while True:
+                message = self.messages.get()
+                if self.ended is not None and not message:
+                    self.say(self.ended)
+                    return 0
+                if "out" in message:
+                    self.say(str(message["out"]))
+                elif "prompt" in message:
+                    self.in_input = True
+                    try:
+                        if self.ended is not None:
+                            raise KeyboardInterrupt
+                        line = input(str(message["prompt"]))
+                    finally:
+                        self.in_input = False
+                    send(self.conn, {"line": line})
+        except EOFError:
+            self.say(DETACHED)
+            return 0
+        except KeyboardInterrupt:
+            self.say(self.ended if self.ended is not None else DETACHED)
+            return 0
+        except OSError:
+            self.say(self.ended or ENDED)
+            return 0
+        finally:
+            self.conn.close()

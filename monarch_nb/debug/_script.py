@@ -167,7 +167,10 @@ class FrontEnd:
                     if self._paused_session() is None:
                         client.write(IDLE)
                 except Detached:
-                    client.close()
+                    took_over = self._offered is not None
+                    client.close(
+                        "another client attached; this one is detached" if took_over else None
+                    )
                     client = None
                     self._changed.set()  # look at the offers (the one that took over)
 
