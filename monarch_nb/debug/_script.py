@@ -81,9 +81,25 @@ class FrontEnd:
     def _run(self) -> None:
         if os.isatty(0):
             self._serve_terminal()
-        else:
+            return
+        try:
             self.server = AttachServer(self._offer)
-            self._serve_clients()
+        except OSError as exc:  # no socket: say why, and have the breakpoints raise it
+            why = f"this script's stdin is not a terminal and the debugger's socket failed: {exc}"
+            sys.stderr.write(f"monarch_nb: {why}\n")
+            self._refuse_all(why)
+            return
+        self._serve_clients()
+
+    def _refuse_all(self, why: str) -> None:
+        def refuse(prompt: str) -> str:
+            raise NoStdin(why)
+
+        while True:
+            self._changed.wait()
+            self._changed.clear()
+            while (session := self._paused_session()) is not None:
+                Prompt(session, read=refuse).serve()
 
     # -- on the terminal ----------------------------------------------------------------
 
