@@ -1,4 +1,5 @@
-"""Monarch's ownership rules over real workers: what an actor starts goes when it goes.
+"""Monarch's ownership rules over real workers: what an actor starts goes when it
+goes, and a failure's report says which actor failed, where, and through whom.
 
 An actor that spawns a process mesh, or an actor mesh on a mesh it was handed,
 owns them: stopping the actor stops them too (their ``__cleanup__`` runs, the
@@ -12,7 +13,8 @@ import time
 
 import pytest
 
-from monarch_nb import Actor, endpoint, this_host
+import monarch_nb.actor
+from monarch_nb import Actor, MeshFailure, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -70,4 +72,58 @@ def test_stopping_an_actor_stops_what_it_started(procs2):
     deadline = time.monotonic() + T
     while os.path.exists(f"/proc/{owned_pid}"):
         assert time.monotonic() < deadline, "the owned process mesh outlived its owner"
+        time.sleep(0.05)
+
+
+class Runs(Actor):
+    @endpoint
+    def run(self, fail: bool) -> int:
+        if fail:
+            raise ValueError("run failed")
+        return 1
+
+
+class Nest(Actor):
+    """Owns a one-process mesh with a ``Runs`` actor named "nested"; handles nothing."""
+
+    def __init__(self) -> None:
+        self.nest = this_host().spawn_procs(per_host={"a_dim": 1}).spawn("nested", Runs)
+
+    @endpoint
+    def fail_nested(self) -> None:
+        self.nest.run.broadcast(True)
+
+
+def test_a_failure_report_names_the_actor_its_point_and_the_chain(procs2):
+    failures: list[MeshFailure] = []
+    monarch_nb.actor.unhandled_fault_hook = failures.append
+    try:
+        runs = procs2.spawn("runs", Runs)
+        runs.slice(procs=1).run.broadcast(True)
+        _wait_until(lambda: failures, "the broadcast's failure never reached the hook")
+        report = failures[0].report()
+        assert report.startswith(
+            "The actor test_monarch_supervision.Runs runs{'procs': 1/2} and all its "
+            "descendants have failed: broadcast of Runs.run failed on rank 1"
+        )
+        assert "ValueError: run failed" in report  # and the remote traceback
+        # One level down: a child mesh of an actor fails, and its owner does not
+        # handle it. The client's report names the descendant that failed first.
+        nest = procs2.slice(procs=0).spawn("nest", Nest)
+        nest.fail_nested.call_one().get(timeout=T)
+        _wait_until(lambda: len(failures) > 1, "the nested failure never reached the hook")
+    finally:
+        monarch_nb.actor.unhandled_fault_hook = None
+    report = failures[1].report()
+    assert "Nest did not handle" in report
+    assert (
+        "The actor test_monarch_supervision.Runs nested{'a_dim': 0/1} and all its "
+        "descendants have failed" in report
+    )
+
+
+def _wait_until(predicate, what: str) -> None:
+    deadline = time.monotonic() + T
+    while not predicate():
+        assert time.monotonic() < deadline, what
         time.sleep(0.05)

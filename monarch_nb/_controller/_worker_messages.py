@@ -14,6 +14,7 @@ from typing import Any
 
 from .._model._errors import MeshFailure, RemoteError
 from .._model._future import Future
+from .._model._shape import Point, Shape
 from .._runtime import _context
 from .._wire._messages import (
     BroadcastFailure,
@@ -36,7 +37,7 @@ from .._wire._messages import (
 from .._wire._signed import decode_payload
 from . import _events as ev
 from ._group_core import GroupCore
-from ._lifecycle import Running, Starting
+from ._lifecycle import Running, SpawnRecord, Starting
 
 _log = logging.getLogger("monarch_nb")
 NO_DEBUGGER = (
@@ -99,6 +100,8 @@ class WorkerMessages:
                     cause=error,
                     mesh=self._group.name,
                     actor=record.name if record is not None else actor,
+                    actor_class=_qualified(record.cls) if record is not None else None,
+                    point=_point(record, rank) if record is not None else None,
                 )
                 _log.error("monarch_nb: %s", self._group.actor_failures[actor_id])
                 self._group.note_failure(rank, f"{failure.type_name}: {failure.message}")
@@ -245,3 +248,14 @@ class WorkerMessages:
         if len(replies) == expected:
             del self._queries[reply.query_id]
             future.set_result(replies)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _point(record: SpawnRecord, rank: int) -> Point | None:
+    """Where ``rank`` is in the actor mesh ``record`` spawned (None: not one of its)."""
+    if rank not in record.ranks:
+        return None
+    return Shape(list(record.labels), list(record.sizes), list(record.ranks)).point_of_rank(rank)

@@ -274,10 +274,26 @@ class MeshFailure(MonarchNbError):
         cause: object = None,
         mesh: str | None = None,
         actor: str | None = None,
+        actor_class: str | None = None,
+        point: object = None,
     ):
         super().__init__(message)
         self.ranks, self.cause = tuple(ranks), cause
         self.mesh, self.actor = mesh, actor
+        # Where an actor failed: its class (module.Class) and its point in its mesh.
+        self.actor_class, self.point = actor_class, point
+
+    def headline(self) -> str:
+        """One line naming the actor that failed, its point, and why, as Monarch's
+        supervision events do: ``The actor mod.Cls name{'gpus': 1/2} and all its
+        descendants have failed: ...`` (just the message where no actor is known)."""
+        if self.actor_class is None or self.actor is None:
+            return str(self)
+        point = "" if self.point is None else str(self.point)
+        return (
+            f"The actor {self.actor_class} {self.actor}{point} and all its descendants "
+            f"have failed: {self}"
+        )
 
     def _render_traceback_(self) -> list[str]:
         lines = [f"MeshFailure: {self}"]
@@ -286,8 +302,10 @@ class MeshFailure(MonarchNbError):
         return ipython_lines(self, lines)
 
     def report(self) -> str:
-        """The whole story as text: the failure, and the remote traceback of its cause."""
-        return "\n".join(self._render_traceback_())
+        """The whole story as text: which actor failed where (:meth:`headline`), the
+        failure, and the remote traceback of its cause."""
+        story = "\n".join(self._render_traceback_())
+        return story if self.actor_class is None else f"{self.headline()}\n{story}"
 
 
 class CallTimeout(MonarchNbError, TimeoutError):

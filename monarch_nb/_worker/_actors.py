@@ -409,7 +409,11 @@ class Actors:
             self._active.pop()
             _context.set_current(previous)
         if not handled:
-            self._send(Supervision(f"{type(owner).__name__} did not handle ({why}): {error}"))
+            # The headline names the failed actor and its point, so the chain of
+            # descendants reads as one story up to the client.
+            self._send(
+                Supervision(f"{type(owner).__name__} did not handle ({why}): {error.headline()}")
+            )
 
 
 def _construct(cls: type, args: tuple, kwargs: dict) -> Any:
