@@ -16,7 +16,9 @@ ARTIFACTS = Path(__file__).parent / "artifacts"
 CELLS = [
     "%load_ext monarch_nb",
     "%mesh start --procs 2",
+    "%%mesh\nimport time\ntime.sleep(0.6 if rank == 1 else 0)",  # a straggler's badge
     "%%mesh\n1 / (rank - 1)",  # rank 1 fails: a failure in the dashboard and the panel
+    "%mesh timeline",  # its chart and legend
 ]
 
 # WCAG 2 contrast of an element's text against the first opaque background
@@ -40,9 +42,29 @@ CONTRAST = """el => {
   return (a + 0.05) / (b + 0.05);
 }"""
 
+# The same for SVG text, whose colour is its fill.
+FILL_CONTRAST = CONTRAST.replace("getComputedStyle(el).color", "getComputedStyle(el).fill")
+LUMINANCE = """el => {
+  const [r, g, b] = (getComputedStyle(el).backgroundColor.match(/[\\d.]+/g) || []).map(Number);
+  const lin = v => (v /= 255) <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4);
+  return 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+}"""
+# Output areas wider than their content scroll sideways: none of ours may.
+OVERFLOWING = """() => [...document.querySelectorAll('.jp-OutputArea-output')]
+  .filter(el => el.querySelector('.mnb-dashboard, .monarch-nb-timeline'))
+  .filter(el => el.scrollWidth > el.clientWidth + 1)
+  .map(el => el.scrollWidth + ' > ' + el.clientWidth)"""
+
+CHECKED_SVG = {
+    "the chart's legend": ".mnb-chart .legendtext",
+    "the timeline's legend": ".monarch-nb-timeline .legendtext",
+}
+
 CHECKED = {
     "the %%mesh badge": ".jp-Notebook .jp-MonarchNb-badge",
     "a failure in the dashboard": ".mnb-failure",
+    "the straggler badge": ".mnb-straggler",
+    "a rank's tile": ".mnb-tile",
     "a failure in the Mesh panel": "#monarch-nb-panel .jp-MonarchNb-failures li",
     "a failed rank in the Mesh panel": (
         "#monarch-nb-panel tr[data-state='failed'] .jp-MonarchNb-rankState"
@@ -69,8 +91,13 @@ def test_text_keeps_its_contrast_in_either_theme(themed_lab: tuple[str, str]) ->
     with notebook_page(url, height=1200) as page:
         page.keyboard.press("Shift+Enter")  # %mesh start
         page.locator(".mnb-tile").nth(1).wait_for(**wait)
+        page.keyboard.press("Shift+Enter")  # rank 1 straggles
+        page.locator(".mnb-straggler").first.wait_for(**wait)
         page.keyboard.press("Shift+Enter")  # the failing cell
         page.locator(".mnb-failure").first.wait_for(**wait)
+        page.keyboard.press("Shift+Enter")  # %mesh timeline
+        page.locator(".monarch-nb-timeline").wait_for(**wait)
+        page.locator(".mnb-chart .legendtext").first.wait_for(**wait)
         page.click('.jp-SideBar [data-id="monarch-nb-panel"]')
         page.locator("#monarch-nb-panel .jp-MonarchNb-mesh").wait_for(**wait)
         page.locator("#monarch-nb-panel .jp-MonarchNb-failures li").first.wait_for(**wait)
@@ -81,7 +108,16 @@ def test_text_keeps_its_contrast_in_either_theme(themed_lab: tuple[str, str]) ->
             found = page.locator(selector)
             found.first.wait_for(**wait)
             ratios[what] = min(found.nth(i).evaluate(CONTRAST) for i in range(found.count()))
+        for what, selector in CHECKED_SVG.items():
+            found = page.locator(selector)
+            ratios[what] = min(found.nth(i).evaluate(FILL_CONTRAST) for i in range(found.count()))
+        tiles = page.locator(".mnb-tile")
+        brightest = max(tiles.nth(i).evaluate(LUMINANCE) for i in range(tiles.count()))
+        overflowing = page.evaluate(OVERFLOWING)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"theme_{theme.split()[-1].lower()}.png"))
     low = {what: round(r, 2) for what, r in ratios.items() if r < 4.5}
     assert not low, f"below 4.5:1 in {theme}: {low} (all: {ratios})"
+    if theme == "JupyterLab Dark":  # dark tiles on a dark page, not bright pastel
+        assert brightest < 0.15, f"a tile's background has luminance {brightest:.2f}"
+    assert not overflowing, f"outputs that scroll sideways: {overflowing}"

@@ -1,6 +1,8 @@
 /**
  * The "Mesh" side panel: every mesh of the current notebook's kernel, its
- * ranks' states, its failures, and stop / restart / interrupt buttons.
+ * ranks' states, its failures, and stop / restart / interrupt buttons; a
+ * click on a rank shows that rank's actions (restart it alone, its log, debug,
+ * why), as Ray's dashboard offers per worker.
  *
  * It talks to the kernel over a comm to target `monarch_nb.panel` (served by
  * `monarch_nb/magics/_panel.py` once `%load_ext monarch_nb` ran): the kernel
@@ -12,7 +14,7 @@
 import { Dialog, showDialog } from '@jupyterlab/apputils';
 import type { ISessionContext } from '@jupyterlab/apputils';
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -78,7 +80,22 @@ interface IResult {
   mesh: string;
   ok: boolean;
   message: string;
+  rank?: number; // a rank's action: its detail (a log, a stack) and a cell to run
+  detail?: string;
+  command?: string;
 }
+
+/** What a rank's buttons do (see `monarch_nb/widgets/_rank_actions.py`). */
+const RANK_ACTIONS: Record<string, string> = {
+  restart: "a fresh process for this rank alone (the other ranks keep theirs)",
+  logs: "the last lines this rank wrote to its log",
+  debug: "its stack now; inserts the cell that opens pdb where its last call raised",
+  why: "%mesh why: which ranks wait in which collective, and where the others are"
+};
+
+/** A result message is shown until what it speaks of changes (a new failure) or
+ * this long has passed: an old "restarted" line must not sit under a new failure. */
+const MESSAGE_TTL_MS = 20_000;
 
 function escape(text: unknown): string {
   const div = document.createElement('div');
@@ -100,11 +117,15 @@ export class MeshPanel extends Widget {
   private _connections = new Map<Kernel.IKernelConnection, IConnection>();
   private _session: ISessionContext | null = null;
   private _message = '';
+  private _messageAt = 0;
+  private _messageFailures: string[] = []; // the failures shown when it was set
   private _revealed = ''; // the mesh %mesh dashboard --side asked for, outlined
+  private _selected: { mesh: string; rank: number } | null = null; // its actions shown
+  private _detail: IResult | null = null; // the last rank action's log or stack
 
   /** `activate()` brings the panel into view (the shell's activateById). */
   constructor(
-    tracker: INotebookTracker,
+    private _tracker: INotebookTracker,
     private _activate: () => void = () => undefined
   ) {
     super();
@@ -113,8 +134,8 @@ export class MeshPanel extends Widget {
     this.title.icon = meshIcon;
     this.title.caption = 'Mesh (monarch_nb)';
     this.node.addEventListener('click', event => this._onClick(event));
-    tracker.currentChanged.connect((_, panel) => this._follow(panel));
-    this._follow(tracker.currentWidget);
+    _tracker.currentChanged.connect((_, panel) => this._follow(panel));
+    this._follow(_tracker.currentWidget);
   }
 
   /** The kernel of the notebook in focus, if any. */
@@ -187,7 +208,13 @@ export class MeshPanel extends Widget {
       if (data.type === 'snapshot') {
         connection.snapshot = data;
       } else if (data.type === 'result' && data.action !== 'refresh') {
-        this._message = data.message;
+        this._setMessage(data.message, connection.snapshot);
+        if (data.rank !== undefined && data.rank !== null) {
+          this._detail = data;
+          if (data.command && data.ok) {
+            this._insertCell(data.command);
+          }
+        }
       }
       if (kernel === this.kernel) {
         this._render();
@@ -214,10 +241,61 @@ export class MeshPanel extends Widget {
     node?.scrollIntoView({ block: 'nearest' });
   }
 
+  /** The failures the panel shows: a message is older than any not among them. */
+  private _failuresKey(snapshot: ISnapshot | null): string[] {
+    if (!snapshot) {
+      return [];
+    }
+    return [
+      ...snapshot.meshes.filter(m => m.failure).map(m => `${m.name}: ${m.failure}`),
+      ...snapshot.failures.map(f => `${f.mesh} ${f.rank}: ${f.failure}`)
+    ];
+  }
+
+  private _setMessage(message: string, snapshot: ISnapshot | null): void {
+    this._message = message;
+    this._messageAt = Date.now();
+    this._messageFailures = this._failuresKey(snapshot);
+  }
+
+  /** The message, unless a new failure came since or it is old. */
+  private _currentMessage(snapshot: ISnapshot | null | undefined): string {
+    if (!this._message) {
+      return '';
+    }
+    const known = new Set(this._messageFailures);
+    const stale =
+      Date.now() - this._messageAt > MESSAGE_TTL_MS ||
+      this._failuresKey(snapshot ?? null).some(failure => !known.has(failure));
+    if (stale) {
+      this._message = '';
+    }
+    return this._message;
+  }
+
+  /** A cell below the active one with `command`, ready to run (pdb needs a cell). */
+  private _insertCell(command: string): void {
+    const notebook = this._tracker.currentWidget?.content;
+    if (!notebook) {
+      return;
+    }
+    NotebookActions.insertBelow(notebook);
+    notebook.activeCell?.model.sharedModel.setSource(command);
+    this._message += ` (inserted \`${command}\` below the active cell: run it)`;
+  }
+
   private _onClick(event: MouseEvent): void {
-    const button = (event.target as HTMLElement).closest<HTMLButtonElement>(
-      'button[data-action]'
-    );
+    const target = event.target as HTMLElement;
+    const button = target.closest<HTMLButtonElement>('button[data-action]');
+    const row = target.closest<HTMLElement>('tr.jp-MonarchNb-rank');
+    if (!button && row) {
+      const mesh = row.closest<HTMLElement>('.jp-MonarchNb-mesh')?.dataset.mesh ?? '';
+      const rank = Number(row.dataset.rank);
+      const same = this._selected?.mesh === mesh && this._selected?.rank === rank;
+      this._selected = same ? null : { mesh, rank };
+      this._render();
+      return;
+    }
     const kernel = this.kernel;
     const comm = kernel ? this._connections.get(kernel)?.comm : null;
     if (!button || !kernel || !comm) {
@@ -225,6 +303,10 @@ export class MeshPanel extends Widget {
     }
     const action = button.dataset.action!;
     const mesh = button.dataset.mesh!;
+    if (button.dataset.rank !== undefined) {
+      this._rankAction(kernel, comm, action, mesh, Number(button.dataset.rank));
+      return;
+    }
     if (action === 'restart' || action === 'stop') {
       // Both end every rank's process: its variables, actors and tensors are gone.
       void showDialog({
@@ -252,17 +334,45 @@ export class MeshPanel extends Widget {
     }
   }
 
+  private _rankAction(
+    kernel: Kernel.IKernelConnection,
+    comm: Kernel.IComm,
+    action: string,
+    mesh: string,
+    rank: number
+  ): void {
+    if (action !== 'restart') {
+      this._send(kernel, comm, action, mesh, rank);
+      return;
+    }
+    void showDialog({
+      title: `Restart rank ${rank} of '${mesh}'?`,
+      body:
+        `Rank ${rank} gets a fresh process: its variables, actors and tensors are lost. ` +
+        'The other ranks keep theirs.',
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'restart rank' })]
+    }).then(answer => {
+      if (answer.button.accept) {
+        this._send(kernel, comm, action, mesh, rank);
+      }
+    });
+  }
+
   private _send(
     kernel: Kernel.IKernelConnection,
     comm: Kernel.IComm,
     action: string,
-    mesh: string
+    mesh: string,
+    rank?: number
   ): void {
-    comm.send({ action, mesh });
-    this._message =
+    comm.send(rank === undefined ? { action, mesh } : { action, mesh, rank });
+    const what = rank === undefined ? `'${mesh}'` : `rank ${rank} of '${mesh}'`;
+    this._setMessage(
       kernel.status === 'busy'
-        ? `${action} of '${mesh}' runs when the current cell ends`
-        : `${action} of '${mesh}'...`;
+        ? `${action} of ${what} runs when the current cell ends`
+        : `${action} of ${what}...`,
+      this._connections.get(kernel)?.snapshot ?? null
+    );
     this._render();
   }
 
@@ -296,8 +406,9 @@ export class MeshPanel extends Widget {
       }
       parts.push('</ul></div>');
     }
-    if (this._message) {
-      parts.push(`<p class="jp-MonarchNb-message">${escape(this._message)}</p>`);
+    const message = this._currentMessage(connection?.snapshot);
+    if (message) {
+      parts.push(`<p class="jp-MonarchNb-message">${escape(message)}</p>`);
     }
     this.node.innerHTML = parts.join('');
   }
@@ -322,8 +433,9 @@ export class MeshPanel extends Widget {
     const rows = mesh.ranks
       .map(
         r =>
-          `<tr class="jp-MonarchNb-rank" data-rank="${r.rank}" data-pid="${r.pid}" data-state="${escape(r.state)}"` +
-          ` title="${escape(`${r.host} pid ${r.pid}` + (r.failure ? `\n${r.failure}` : ''))}">` +
+          `<tr class="jp-MonarchNb-rank${this._isSelected(mesh, r) ? ' jp-MonarchNb-selected' : ''}"` +
+          ` data-rank="${r.rank}" data-pid="${r.pid}" data-state="${escape(r.state)}"` +
+          ` title="${escape(`${r.host} pid ${r.pid}` + (r.failure ? `\n${r.failure}` : '') + '\nclick: this rank\'s actions')}">` +
           `<td class="jp-MonarchNb-rankNumber">${r.rank}</td><td class="jp-MonarchNb-rankState">${escape(r.state)}</td>` +
           `<td class="jp-MonarchNb-work" title="${escape(r.work_text)}">` +
           `${escape(r.work_text.replace(/^%%mesh /, ''))}</td>` +
@@ -344,7 +456,42 @@ export class MeshPanel extends Widget {
       `</div><table class="jp-MonarchNb-ranks"><thead><tr><th class="jp-MonarchNb-rankNumber">rank</th>` +
       `<th class="jp-MonarchNb-rankState">state</th><th class="jp-MonarchNb-work">work</th>` +
       `<th class="jp-MonarchNb-cpu">cpu</th><th class="jp-MonarchNb-rss">rss</th>` +
-      `<th class="jp-MonarchNb-pid">pid</th></tr></thead><tbody>${rows}</tbody></table></div>`
+      `<th class="jp-MonarchNb-pid">pid</th></tr></thead><tbody>${rows}</tbody></table>` +
+      this._renderRankActions(mesh) +
+      '</div>'
+    );
+  }
+
+  private _isSelected(mesh: IMesh, rank: IRank): boolean {
+    return this._selected?.mesh === mesh.name && this._selected?.rank === rank.rank;
+  }
+
+  /** The selected rank's buttons, and what its last action brought back. */
+  private _renderRankActions(mesh: IMesh): string {
+    const rank = mesh.ranks.find(r => this._isSelected(mesh, r));
+    if (!rank) {
+      const troubled = mesh.ranks.some(r => r.state === 'failed' || r.state === 'dead');
+      return troubled
+        ? '<p class="jp-MonarchNb-note jp-MonarchNb-rankHint">Click a rank for its ' +
+            'actions: restart it alone, its log, debug, why.</p>'
+        : '';
+    }
+    const buttons = Object.entries(RANK_ACTIONS)
+      .map(
+        ([action, title]) =>
+          `<button class="jp-Button jp-mod-styled jp-MonarchNb-action jp-MonarchNb-rankAction" ` +
+          `data-action="${action}" data-mesh="${escape(mesh.name)}" data-rank="${rank.rank}" ` +
+          `title="${escape(title)}">${action}</button>`
+      )
+      .join('');
+    const detail =
+      this._detail && this._detail.mesh === mesh.name && this._detail.rank === rank.rank
+        ? `<pre class="jp-MonarchNb-rankDetail">${escape(this._detail.detail || this._detail.message)}</pre>`
+        : '';
+    return (
+      `<div class="jp-MonarchNb-rankActions" data-mesh="${escape(mesh.name)}" data-rank="${rank.rank}">` +
+      `<div class="jp-MonarchNb-subtitle">rank ${rank.rank} · ${escape(rank.state)}</div>` +
+      `<div class="jp-MonarchNb-actions">${buttons}</div>${detail}</div>`
     );
   }
 }

@@ -115,7 +115,8 @@ class MetricChart:
             marks=[self.lines],
             axes=[time_axis, self.value_axis],
             legend_location="top-left",
-            fig_margin={"top": 10, "bottom": 40, "left": 64, "right": 16},
+            # Room on the right for half of the last time label ("08:45:11").
+            fig_margin={"top": 10, "bottom": 40, "left": 64, "right": 36},
             layout=w.Layout(width="100%", height="220px"),
         )
         self.widget.add_class("mnb-chart")

@@ -176,7 +176,8 @@ class RankActions:
         self.picker = w.Dropdown(
             options=[(f"rank {r}", r) for r in ranks],
             description="rank",
-            layout=w.Layout(width="150px"),
+            style={"description_width": "initial"},
+            layout=w.Layout(width="auto"),
         )
         self.buttons = {}
         for name in (*RANK_ACTIONS, "dismiss"):
