@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     )
     from .tensor._gradient import grad_function, grad_generator
     from .tensor._remote import call_on_shard_and_fetch, remote
+    from .tensor._simulator import Simulator
     from .tensor._streams import Stream, get_active_stream
     from .tensor._tensor import MeshTensor
 
@@ -130,6 +131,7 @@ _DEFINED_IN = {
     "RestartRecord": "_controller._status",
     "SerializationError": "_model._errors",
     "Shape": "_model._shape",
+    "Simulator": "tensor._simulator",
     "SpawnError": "_model._errors",
     "TelemetrySample": "_controller._telemetry",
     "Timeline": "_controller._timeline",
@@ -255,6 +257,7 @@ __all__ = [
     "RestartRecord",
     "SerializationError",
     "Shape",
+    "Simulator",
     "SpawnError",
     "Stacks",
     "Stream",

@@ -16,10 +16,11 @@ one ``monarch_nb`` itself exports (loaded on first use, as there), except:
 
 Names of ``monarch.actor`` not provided here: ``as_endpoint``,
 ``enable_transport``, ``ChannelTransport``, ``ProcId``, ``Uid``, ``config``,
-``debug_controller``, ``hosts_from_config``, ``default_bootstrap_cmd``,
-``run_worker_loop_forever``,
-``attach_to_workers``, ``attach`` (ours, :func:`monarch_nb.attach`, attaches
-to running agents with other arguments), ``get_meter``, ``span``, ``traced``.
+``debug_controller``, ``hosts_from_config``, ``attach`` (ours,
+:func:`monarch_nb.attach`, attaches to running agents with other arguments),
+``get_meter``, ``span``, ``traced``, ``run_worker_loop_forever``,
+``attach_to_workers`` (start agents with ``monarch-nb agent --listen ADDR
+--key-file F --host-index I`` and attach with :func:`monarch_nb.attach`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._controller._actor_mesh import ActorMesh, Endpoint
+    from ._controller._bootstrap_command import BootstrapCommand, default_bootstrap_cmd
+    from ._controller._legacy_spawn import proc_mesh
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._model._errors import MeshFailure
     from ._model._errors import RemoteError as ActorError
@@ -59,6 +62,7 @@ _DEFINED_IN = {
     "Actor": ("_runtime._actors", "Actor"),
     "ActorError": ("_model._errors", "RemoteError"),
     "ActorMesh": ("_controller._actor_mesh", "ActorMesh"),
+    "BootstrapCommand": ("_controller._bootstrap_command", "BootstrapCommand"),
     "Context": ("_runtime._context", "Context"),
     "Endpoint": ("_controller._actor_mesh", "Endpoint"),
     "Extent": ("_model._shape", "Extent"),
@@ -72,8 +76,10 @@ _DEFINED_IN = {
     "current_actor_name": ("_runtime._context", "current_actor_name"),
     "current_rank": ("_runtime._context", "current_rank"),
     "current_size": ("_runtime._context", "current_size"),
+    "default_bootstrap_cmd": ("_controller._bootstrap_command", "default_bootstrap_cmd"),
     "endpoint": ("_runtime._actors", "endpoint"),
     "get_or_spawn_controller": ("_runtime._singletons", "get_or_spawn_controller"),
+    "proc_mesh": ("_controller._legacy_spawn", "proc_mesh"),
     "shutdown_context": ("_controller._proc_mesh", "shutdown_context"),
     "this_host": ("_controller._proc_mesh", "this_host"),
     # Actors that talk to actors: ports and channels, this process, send().
@@ -130,6 +136,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "ActorMesh",
+    "BootstrapCommand",
     "Channel",
     "Context",
     "Endpoint",
@@ -147,8 +154,10 @@ __all__ = [
     "current_actor_name",
     "current_rank",
     "current_size",
+    "default_bootstrap_cmd",
     "endpoint",
     "get_or_spawn_controller",
+    "proc_mesh",
     "send",
     "shutdown_context",
     "this_host",

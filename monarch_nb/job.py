@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from ._jobs._admin import MeshAdminConfig
 from ._jobs._job import (
     DEFAULT_JOB_PATH,
     JobState,
@@ -31,6 +32,7 @@ __all__ = [
     "JobTrait",
     "KubernetesJob",
     "LocalJob",
+    "MeshAdminConfig",
     "PortForwarder",
     "ProcessJob",
     "SSHJob",

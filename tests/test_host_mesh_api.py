@@ -81,7 +81,7 @@ def test_proc_bind_sets_each_process_affinity() -> None:
 @pytest.mark.parametrize(
     ("proc_bind", "match"),
     [
-        ([{"cpus": "0"}], "has 1 entries but each host runs 2"),
+        ([{"cpus": "0"}], r"proc_bind length \(1\) must equal procs_per_host \(2\)"),
         ([{"cpus": "0"}, {"cpus": "3-1"}], r"proc_bind\[1\]\['cpus'\] = '3-1'"),
         ([{"cpus": "0"}, {"cores": "1"}], "has key 'cores'"),
         ([{"cpus": "0"}, {"membind": "0"}], "needs numactl"),

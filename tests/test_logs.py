@@ -320,8 +320,11 @@ def test_logging_option_checks_its_arguments(procs2):
         procs2.logging_option(stream_to_client="yes")
     assert procs2.logging_option().get() is None
     assert procs2.logging_option(level=logging.INFO).get() is None
-    with pytest.raises(MeshUsageError, match=r"logging_option\(level=30\): only the default"):
-        procs2.logging_option(level=logging.WARNING)
+    with pytest.raises(MeshUsageError, match=r"logging_option\(level='LOUD'\): Unknown level"):
+        procs2.logging_option(level="LOUD")
+    procs2.logging_option(level=logging.WARNING)
+    levels = procs2.run("__import__('logging').getLogger().level").values()
+    assert levels == [logging.WARNING] * 2
 
 
 def test_logging_option_aggregates_a_real_meshs_lines(capsys):

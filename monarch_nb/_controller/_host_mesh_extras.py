@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._model._errors import MeshUsageError
@@ -126,11 +126,21 @@ class HostMeshBase(MeshShape):
         bootstrap: Callable[[], Any] | None,
         proc_bind: Sequence[dict[str, str]] | None,
         per_host: int,
+        command: tuple[Any, Mapping[str, int]] | None = None,
     ) -> dict[str, Any]:
-        """What every worker of a new process mesh reads at start, checked here."""
+        """What every worker of a new process mesh reads at start, checked here;
+        ``command`` is ``spawn_procs``'s (bootstrap_command, per_host), if given."""
         extras: dict[str, Any] = {}
         if self._python is not None:
             extras["python"] = self._python
+        if command is not None and command[0] is not None:
+            from . import _bootstrap_command
+
+            bootstrap_command, sizes = command
+            if self._agents is not None:
+                sizes = {"hosts": len(self._agents.agents), **sizes}
+            shape = Shape(tuple(sizes), tuple(sizes.values()), range(_product(sizes)))
+            extras.update(_bootstrap_command.boot_extras(bootstrap_command, shape))
         if proc_bind is not None:
             extras["proc_bind"] = check_proc_bind(proc_bind, per_host)
         if bootstrap is not None:
@@ -148,3 +158,10 @@ class HostMeshBase(MeshShape):
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
         return extras
+
+
+def _product(sizes: Mapping[str, int]) -> int:
+    total = 1
+    for size in sizes.values():
+        total *= size
+    return total

@@ -12,7 +12,7 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from .._model import _checks
@@ -44,6 +44,7 @@ class MeshObservation:
 
     _group: ProcGroup
     _shape: Shape
+    run: Callable[..., Any]  # ProcMesh's: runs source on every rank of this view
 
     def status(self) -> MeshStatus:
         """A snapshot of this view's ranks: state, current work, resources, heartbeats.
@@ -257,20 +258,22 @@ class MeshObservation:
 
         Applies to every view of the mesh, in a script and in a notebook (there
         to the cells run after it). Returns a done future (``await`` works as in
-        Monarch). Monarch's ``level`` is accepted at its default only: every
-        record is kept in the log files with its level instead.
+        Monarch). ``level`` (``logging.WARNING``, or its name) is the level of the
+        ranks' root logger, set on every rank now, as Monarch's: records below it
+        are dropped there, from the output and the log files alike.
         """
-        if level != logging.INFO:
+        try:
+            logging.Logger("check").setLevel(level)  # what setLevel refuses, refused here
+        except (TypeError, ValueError) as exc:
             raise MeshUsageError(
-                f"logging_option(level={level!r}): only the default (logging.INFO) is "
-                "supported; set the ranks' own level in their code "
-                "(logging.getLogger().setLevel(...)), and filter what was kept with "
-                "procs.logs(level='WARNING')"
-            )
+                f"logging_option(level={level!r}): {exc}; give a level such as "
+                "logging.WARNING or 'WARNING'"
+            ) from None
         option = check_option(stream_to_client, aggregate_window_sec)
         self._group.output_option = option
         if self._group.printer is not None:
             self._group.printer.configure(*option)
+        self.run(f"__import__('logging').getLogger().setLevel({level!r})")
         return completed(None)
 
     @property

@@ -468,6 +468,7 @@ class HostMesh(HostMeshBase):
         restart: RestartPolicy | None = None,
         bootstrap: Callable[[], Any] | None = None,
         proc_bind: Sequence[dict[str, str]] | None = None,
+        bootstrap_command: Any = None,
     ) -> ProcMesh:
         """Start worker processes: ``per_host={"procs": 4}`` or ``{"gpus": 4}``.
 
@@ -493,7 +494,9 @@ class HostMesh(HostMeshBase):
         starts); if it raises, the spawn fails with MeshFailure naming the rank,
         with its traceback. ``proc_bind``: CPU affinity, one dict per process of
         a host, as Monarch's: ``[{"cpus": "0-3"}, {"cpus": "4-7"}]`` (also
-        ``physcpubind``, ``cpunodebind``); see docs/hosts.md.
+        ``physcpubind``, ``cpunodebind``); see docs/hosts.md. ``bootstrap_command``:
+        Monarch's (``default_bootstrap_cmd().with_env({...})``, or a function of
+        the point returning one): its program and environment start each process.
         """
         if not isinstance(per_host, Mapping | None):
             raise MeshUsageError(
@@ -531,7 +534,9 @@ class HostMesh(HostMeshBase):
             if bad:
                 raise MeshUsageError(f"env values must be strings; {bad[0]!r} is not")
         self._check_whole("spawn_procs()")
-        boot_extras = self._boot_extras(bootstrap, proc_bind, per_host_total)
+        boot_extras = self._boot_extras(
+            bootstrap, proc_bind, per_host_total, command=(bootstrap_command, per_host)
+        )
         agents = self._agents
         if agents is None:
             if gpus:

@@ -41,11 +41,15 @@ from .._services import _config
 from .._wire import _keys
 from .._wire._network import free_port
 from . import _state_file
+from ._admin import MeshAdminConfig, note_admin_requested
 from ._launchers import attach, host_prelude
 
 DEFAULT_JOB_PATH = ".monarch_nb/job_state.json"
 # Where a job written to Monarch's contract (below) is saved by default: a pickle, as Monarch's.
 _PICKLED_JOB_PATH = ".monarch_nb/job_state.pkl"
+# Set in a client script a job launched (apply(client_script=...)): where the
+# launching job is saved. That script's job.state() answers the launcher's meshes.
+BATCH_JOB_ENV = "MONARCH_NB_BATCH_JOB"
 # Agents this process started: kept so they are reaped, not warned about.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 _AGENT = ("-m", "monarch_nb.agent")
@@ -148,6 +152,13 @@ class JobTrait:
         """The constructor arguments: what makes two jobs the same job."""
         raise NotImplementedError
 
+    def enable_admin(self, config: MeshAdminConfig | None = None, **kwargs: Any) -> JobTrait:
+        """Monarch's: configure its mesh admin server. Accepted; none runs here (a
+        warning says so once; see :mod:`monarch_nb._jobs._admin`). Returns the job."""
+        self.admin_config = config if config is not None else MeshAdminConfig(**kwargs)
+        note_admin_requested(self.admin_config)
+        return self
+
     def can_run(self, other: JobTrait) -> bool:
         """Whether this running job serves ``other``'s spec (a job written to
         Monarch's contract says so itself; by default it serves none)."""
@@ -225,6 +236,16 @@ class JobTrait:
         killed and its file removed, as Monarch's)."""
         if cached_path == DEFAULT_JOB_PATH:
             cached_path = _PICKLED_JOB_PATH
+        if self._via is None and os.environ.get(BATCH_JOB_ENV):
+            # A client script a job launched (batch mode): its state() is that job's.
+            launcher = _load_pickled(os.environ[BATCH_JOB_ENV])
+            if launcher is None:
+                raise MeshUsageError(
+                    f"{BATCH_JOB_ENV}={os.environ[BATCH_JOB_ENV]!r} names no saved job: "
+                    "this script was started as a job's client_script, but that job's "
+                    "state is gone; unset the variable to run the script on its own"
+                )
+            self._via = launcher
         if self._via is not None:
             return self._via._state()
         if self._running is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._controller._proc_mesh import this_host
 from .._model._errors import MeshUsageError
-from ._job import JobState, JobTrait
+from ._job import BATCH_JOB_ENV, JobState, JobTrait
 
 
 class LocalJob(JobTrait):
@@ -23,7 +23,8 @@ class LocalJob(JobTrait):
     by changing only the job. ``apply()`` starts nothing (the local host always
     exists); ``apply(client_script="train.py")`` runs the script as a detached
     client, its output in ``job.log_dir`` (``stdout.log``, ``stderr.log``),
-    its process ``job.process``. Written to Monarch's job contract.
+    its process ``job.process``; in it, any job's ``state()`` is this job's
+    (batch mode, as Monarch's). Written to Monarch's job contract.
     """
 
     kind = "local"
@@ -56,6 +57,11 @@ class LocalJob(JobTrait):
         base = os.path.abspath(".monarch_nb/logs")
         os.makedirs(base, mode=0o700, exist_ok=True)
         self._log_dir = tempfile.mkdtemp(prefix="job_", dir=base)
+        # Batch mode, as Monarch's: the script's own job.state() finds this job (its
+        # meshes), whatever job the script describes; saved in the private log dir.
+        saved = os.path.join(self._log_dir, "job_state.pkl")
+        self.dump(saved)
+        env = {**os.environ, BATCH_JOB_ENV: saved, "MONARCH_BATCH_JOB": "1"}
         with (
             open(os.path.join(self._log_dir, "stdout.log"), "wb") as out,
             open(os.path.join(self._log_dir, "stderr.log"), "wb") as err,
@@ -65,6 +71,7 @@ class LocalJob(JobTrait):
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
+                env=env,
                 start_new_session=True,  # a client of its own: it outlives this one
             )
 

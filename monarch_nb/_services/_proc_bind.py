@@ -49,8 +49,8 @@ def check_proc_bind(proc_bind: Any, per_host: int) -> list[dict[str, str]]:
         raise MeshUsageError(f"proc_bind takes a list of dicts, e.g. {example}; got {proc_bind!r}")
     if len(proc_bind) != per_host:
         raise MeshUsageError(
-            f"proc_bind has {len(proc_bind)} entries but each host runs {per_host} "
-            f"processes: give one dict per process, e.g. {example}"
+            f"proc_bind length ({len(proc_bind)}) must equal procs_per_host ({per_host}): "
+            f"give one dict per process of a host, e.g. {example}"
         )
     checked = []
     for index, bind in enumerate(proc_bind):
@@ -96,12 +96,16 @@ def cpus_of(bind: Mapping[str, str]) -> set[int]:
 
 
 def start_rank(boot: Mapping[str, Any], rank: int) -> None:
-    """Bind this process's CPUs and run the bootstrap function, as ``boot`` says.
+    """Set this rank's environment, bind its CPUs and run the bootstrap function,
+    as ``boot`` says.
 
     A failure prints its traceback to stderr, which the controller reads, and
     exits with BOOTSTRAP_FAILED: the spawn fails naming this rank.
     """
     try:
+        envs = boot.get("rank_env")  # spawn_procs(bootstrap_command=...)'s, by rank
+        if envs:
+            os.environ.update(envs[rank % len(envs)])
         binds = boot.get("proc_bind")
         if binds:
             cpus = cpus_of(binds[rank % len(binds)])
