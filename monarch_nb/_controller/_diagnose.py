@@ -203,6 +203,9 @@ class Diagnosis:
     mesh: str
     places: tuple[RankPlace, ...]
     source: str
+    # Ranks of the mesh that were not read (a view's diagnosis): a collective may
+    # wait for one of them, so the verdict never says "every rank" then.
+    unread: tuple[int, ...] = ()
 
     def collectives(self) -> dict[str, tuple[int, ...]]:
         """``{"all_reduce #5": (0, 2, 3)}``: the ranks waiting in each collective
@@ -245,7 +248,19 @@ class Diagnosis:
             )
         if missing:
             name = next(iter(collectives))
-            return f"→ {_label(missing)} never entered {name}: the others wait for it"
+            idle = [r for r in missing if self._place(r).idle]
+            why = ""
+            if idle:
+                who = "" if len(idle) == len(missing) else f"{_label(idle)}: "
+                why = f" ({who}idle: the call or cell ended there without calling it)"
+
+            return f"→ {_label(missing)} never entered {name}{why}: the others wait for it"
+        if collectives and self.unread:
+            return (
+                f"→ every rank read is in the collective; {_label(self.unread)} of mesh "
+                f"{self.mesh!r} {'was' if len(self.unread) == 1 else 'were'} not read and may "
+                "be the one it waits for: diagnose the whole mesh"
+            )
         if collectives:
             return (
                 "→ every rank is in the collective: it is slow or stuck in the backend "
@@ -261,6 +276,13 @@ class Diagnosis:
                 "ranks (procs.interrupt(), the panel's interrupt) cancels them"
             )
         return "→ no rank is in a torch.distributed collective"
+
+    def _place(self, rank: int) -> RankPlace:
+        return next(p for p in self.places if p.rank == rank)
+
+    def verdict(self) -> str:
+        """The last line of the report: who holds up whom (``→ rank 1 never entered ...``)."""
+        return self._verdict()
 
     def _repr_pretty_(self, printer: object, cycle: bool) -> None:
         printer.text(str(self))  # type: ignore[attr-defined]
@@ -284,7 +306,12 @@ def diagnose(
     group: StackedGroup, ranks: tuple[int, ...], timeout: float, *, py_spy: bool = True
 ) -> Diagnosis:
     """Place every rank of ``ranks``; ``py_spy``: read a rank that cannot answer from
-    outside with py-spy (up to 30 s), where py-spy is installed."""
+    outside with py-spy (up to 30 s), where py-spy is installed.
+
+    The one diagnosis: ``%mesh why``, ``procs.diagnose()``, the message of a stop
+    that had to kill, and the dashboard's hang mark all come from here. Ranks of
+    the group left out of ``ranks`` are named as not read (see :meth:`Diagnosis._verdict`).
+    """
     answers = query(group, ranks, timeout)
     silent = [r for r, a in answers.items() if not isinstance(a, StatusReply)]
     live = [r for r in silent if group.workers[r].returncode is None] if py_spy else []
@@ -314,7 +341,14 @@ def diagnose(
     if used_py_spy:
         source += " (py-spy for ranks that could not answer)"
     source += "; torch.distributed's flight recorder (NCCL only) is not read"
-    return Diagnosis(group.name, tuple(places), source)
+    unread = tuple(w.rank for w in group.workers if w.rank not in answers and w.returncode is None)
+    return Diagnosis(group.name, tuple(places), source, unread)
+
+
+def diagnose_all(group: StackedGroup, timeout: float, *, py_spy: bool = True) -> Diagnosis:
+    """:func:`diagnose` of every rank of ``group``: a rank that never joined a
+    collective is often idle, so not among the ranks still running the call."""
+    return diagnose(group, tuple(w.rank for w in group.workers), timeout, py_spy=py_spy)
 
 
 publish(globals())

@@ -18,11 +18,19 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from .._model._errors import CallTimeout, MeshFailure, RemoteError, RemoteFailure, format_ranks
+from .._model._errors import (
+    CallTimeout,
+    MeshFailure,
+    RemoteError,
+    RemoteFailure,
+    StuckRanksKilled,
+    format_ranks,
+)
 from .._model._hints import restart_hint, restart_ranks_hint
-from ._diagnose import diagnose
+from ._diagnose import diagnose_all
 
 if TYPE_CHECKING:
     from .._runtime._pending import CallFuture, PendingCall
@@ -69,21 +77,27 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
         killed = future.waiting_ranks()  # interrupted twice: do not wait any longer
     except TimeoutError:
         killed = future.waiting_ranks()
-    if killed and group is not None:
+    if killed and group is not None and call is not None:
         # Where they are stuck (a collective a rank never joined?), read before the kill.
-        where_stuck = _where_stuck(group, busy)
-        group.kill_ranks(killed)
-        try:
-            future.exception(timeout=_AFTER_KILL_S)
-        except TimeoutError:
-            pass
-        raise MeshFailure(
+        where_stuck = _where_stuck(group)
+        stuck = (
             f"{label} {why}; rank(s) {format_ranks(killed)} did not stop within {grace} s "
-            f"of the interrupt (stuck outside Python?) and were killed; "
-            f"{_after_kill(group.name, killed)}{where_stuck}",
-            ranks=killed,
-            cause=future.exception(timeout=0) if future.done() else None,
+            f"of the interrupt (stuck outside Python?) and were killed"
         )
+        failure = StuckRanksKilled(
+            f"{stuck}; {_after_kill(group.name, killed)}{where_stuck}",
+            ranks=killed,
+            cause=call.error_so_far() if call.failures else None,
+            mesh=group.name,
+            stuck=stuck,
+            where=where_stuck,
+        )
+        # The call fails with this error, not with the deaths the kill brings: a
+        # --no-block cell's handle says the same as a blocking cell.
+        call.fail(failure)
+        group.kill_ranks(killed, why=f"it did not stop within {grace} s of the interrupt")
+        _wait_dead(group, killed)
+        raise failure
     error = future.exception(timeout=0)
     if error is None and why != "interrupted":
         return future.get(timeout=0)  # it finished just as the timeout struck: no harm
@@ -102,10 +116,22 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
     ) from error
 
 
-def _where_stuck(group: InterruptibleGroup, ranks: list[int]) -> str:
-    """The hang diagnosis of ``ranks`` as a paragraph of an error message, or ""."""
+def _wait_dead(group: InterruptibleGroup, ranks: list[int]) -> None:
+    """Until the I/O thread has seen ``ranks`` exit (their pidfds report a SIGKILL at
+    once), so that what follows (a restart, a status) sees them dead."""
+    deadline = time.monotonic() + _AFTER_KILL_S
+    while time.monotonic() < deadline:
+        if all(group.workers[r].returncode is not None for r in ranks):
+            return
+        time.sleep(0.02)
+
+
+def _where_stuck(group: InterruptibleGroup) -> str:
+    """The hang diagnosis as a paragraph of an error message, or "" when no rank is in a
+    collective. Of every rank of the mesh, not only those still busy: the
+    rank a collective waits for has often finished its cell and is idle."""
     try:
-        report = diagnose(group, tuple(sorted(ranks)), timeout=1.0, py_spy=False)
+        report = diagnose_all(group, timeout=1.0, py_spy=False)
     except BaseException:  # never in the way of the kill: not even a second Ctrl-C
         return ""
     if not report.collectives():
@@ -175,7 +201,7 @@ def _kill_stuck(
         cause=call.error_so_far(),
     )
     call.fail(error)  # before the kill, so this error wins over the mesh failure's
-    group.kill_ranks(stuck)
+    group.kill_ranks(stuck, why=f"it did not stop within {grace} s of fail-fast's interrupt")
 
 
 def _after_kill(mesh: str, killed: list[int]) -> str:

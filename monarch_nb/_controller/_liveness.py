@@ -86,7 +86,13 @@ class Liveness:
             return
         # Its RankFailed goes out once the rank is marked dead, so a listener
         # that reacts with healthy() already gets the survivors.
-        self.ranks_lost((rank,), died, worker.returncode, announce=lambda: self._emit_exit(worker))
+        self.ranks_lost(
+            (rank,),
+            died,
+            worker.returncode,
+            announce=lambda: self._emit_exit(worker),
+            quiet=bool(worker.killed_because),
+        )
 
     def host_lost(self, workers: list[WorkerProcess], host: str, why: str) -> None:
         """Every rank on ``host`` is gone at once (its agent stopped answering, or its
@@ -136,11 +142,14 @@ class Liveness:
         what: str,
         cause: object,
         announce: Callable[[], None] = lambda: None,
+        *,
+        quiet: bool = False,
     ) -> None:
         """``ranks`` died (``what`` says how): fail the calls waiting on them; the
         other ranks go on. A restart policy brings them back while it may; past
         that, the mesh fails (I/O thread). ``announce`` emits their deaths: called
-        once they count as dead, before any MeshFailed."""
+        once they count as dead, before any MeshFailed. ``quiet``: monarch_nb
+        killed them on purpose and its caller reports it: nothing is logged."""
         budget = self._group.restart_budget
         if budget is not None and not budget.take():
             if self._group.events.observed:
@@ -176,7 +185,7 @@ class Liveness:
             for rank in ranks:
                 self._group.dead[rank] = error
 
-        if not self.end_ranks(ranks, error, mark):
+        if not self.end_ranks(ranks, error, mark) and not quiet:
             _log.warning("monarch_nb: %s", error)  # nobody was waiting: say it here
         if self._group.events.observed:
             announce()
@@ -320,11 +329,15 @@ class Liveness:
             message = self._group.signer.encode(Interrupt(call_id))
             self._group.controller.send(self._group, live, message, even_if_failed=True)
 
-    def kill_ranks(self, ranks: Iterable[int]) -> None:
-        """SIGKILL ``ranks`` (a rank stuck in C ignores interrupts); the mesh fails."""
+    def kill_ranks(self, ranks: Iterable[int], why: str | None = None) -> None:
+        """SIGKILL ``ranks`` (a rank stuck in C ignores interrupts); the mesh fails.
+        ``why``: monarch_nb kills them on purpose, and says so (their exit is then
+        reported with that reason, not as a crash, and not logged again)."""
         for rank in ranks:
             worker = self._group.workers[rank]
             if worker.returncode is None:
+                if why:
+                    worker.killed_because = why
                 worker.kill()
 
     def silent_ranks(self, ranks: Iterable[int]) -> dict[int, float]:

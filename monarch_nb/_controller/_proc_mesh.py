@@ -326,7 +326,14 @@ class ProcMesh(MeshObservation, MeshShape):
             self._group.printer.flush()
         return completed(None)
 
-    def restart(self, ranks: Iterable[int] | None = None, *, replay: bool = False) -> RestartRecord:
+    def restart(
+        self,
+        ranks: Iterable[int] | None = None,
+        *,
+        replay: bool = False,
+        on_step: Any = None,
+        skip: Any = None,
+    ) -> RestartRecord:
         """Replace processes with fresh ones (blocking); returns what was done.
 
         ``restart()`` replaces every process: namespaces start empty and actor
@@ -343,14 +350,17 @@ class ProcMesh(MeshObservation, MeshShape):
         restarted; actor meshes spawned again this way keep working through
         the handles you hold. A step that fails stops the replay with a
         ReplayError naming it. Without replay, a restart of every rank starts
-        the history over.
+        the history over. ``on_step(i, n, step)`` is told of each step before it
+        is sent, and ``skip(step)`` true leaves one out (see ``_replay.replay``).
         """
         from ._replay import replay as replay_history
 
         self._check_current("restart")
         record = self._group.restart(ranks)
         if replay:
-            sent = replay_history(self, record.ranks, spawns=ranks is None)
+            sent = replay_history(
+                self, record.ranks, spawns=ranks is None, on_step=on_step, skip=skip
+            )
             return dataclasses.replace(record, replayed=sent)
         if ranks is None:
             self._group.history.clear()

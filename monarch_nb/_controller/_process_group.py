@@ -415,9 +415,10 @@ class ProcGroup:
         """Stop call ``call_id`` on ``ranks`` (0: whatever user code runs there)."""
         self.liveness.interrupt(ranks, call_id)
 
-    def kill_ranks(self, ranks: Iterable[int]) -> None:
-        """SIGKILL ``ranks`` (a rank stuck in C ignores interrupts)."""
-        self.liveness.kill_ranks(ranks)
+    def kill_ranks(self, ranks: Iterable[int], why: str | None = None) -> None:
+        """SIGKILL ``ranks`` (a rank stuck in C ignores interrupts); ``why``: on
+        purpose, reported with that reason rather than as a crash."""
+        self.liveness.kill_ranks(ranks, why)
 
     def silent_ranks(self, ranks: Iterable[int]) -> dict[int, float]:
         """Of ``ranks``, those alive whose heartbeat is overdue (rank -> seconds since it)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from .._model._errors import ReplayError
@@ -28,12 +29,26 @@ class Replayable(Protocol):
     def _new_with_shape(self, shape: Shape) -> _cells.CellTarget: ...
 
 
-def replay(procs: Replayable, ranks: tuple[int, ...], *, spawns: bool) -> tuple[str, ...]:
+# Told of each step before it is sent: (its place, 1-based, how many there are, the step).
+StepHook = Callable[[int, int, Step], None]
+
+
+def replay(
+    procs: Replayable,
+    ranks: tuple[int, ...],
+    *,
+    spawns: bool,
+    on_step: StepHook | None = None,
+    skip: Callable[[Step], bool] | None = None,
+) -> tuple[str, ...]:
     """Send the replayable steps of ``procs``' history to ``ranks`` (just restarted),
     in order, each to the part of its view on ``ranks``; wait for each. Spawns
     are sent only if ``spawns`` (a partial restart spawned its actors again
     already). Returns the labels of the steps sent; raises ReplayError naming
-    the first step that failed (the ones after it are not sent)."""
+    the first step that failed (the ones after it are not sent).
+
+    ``on_step(i, n, step)`` is called before each step is sent (a notebook's
+    header); ``skip(step)`` true leaves a step out (a cell that only displays)."""
     group = procs._group
     history = group.history
     if history.dropped:
@@ -43,12 +58,16 @@ def replay(procs: Replayable, ranks: tuple[int, ...], *, spawns: bool) -> tuple[
             "build the state again yourself (run the notebook's cells)",
             step=None,
         )
-    steps = history.to_replay(ranks)
+    steps = [
+        s
+        for s in history.to_replay(ranks)
+        if (s.kind != "spawn" or spawns) and (skip is None or not skip(s))
+    ]
     sent: list[str] = []
     for index, step in enumerate(steps):
-        if step.kind == "spawn" and not spawns:
-            continue
         shape = _on_ranks(step.shape, ranks)
+        if on_step is not None:
+            on_step(index + 1, len(steps), step)
         try:
             _send(procs, step, shape)
         except BaseException as exc:

@@ -47,6 +47,9 @@ class WorkerProcess:
         self.host = host
         self.returncode: int | None = None
         self.lost: str | None = None  # why its host stopped answering, if it did
+        # Why monarch_nb itself killed it (a rank that did not stop after an
+        # interrupt): its exit is then reported as that, not as a crash.
+        self.killed_because: str | None = None
         self.partial = {"stdout": b"", "stderr": b""}
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL_LINES)
         # What faulthandler printed when the process crashed (a segfault, an abort):
@@ -69,6 +72,8 @@ class WorkerProcess:
             return self.lost
         if self.out_of_memory:
             return describe_oom(self.out_of_memory)
+        if self.killed_because:
+            return f"was killed by monarch_nb: {self.killed_because}"
         return describe_exit(self.returncode)
 
     @property

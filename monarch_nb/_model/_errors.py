@@ -4,7 +4,9 @@
 
     MonarchNbError
      ├── MeshFailure          a process died, a broadcast failed, or the mesh was stopped:
-     │                        the mesh is unusable until restart()
+     │    │                   the mesh is unusable until restart()
+     │    └── StuckRanksKilled  ranks that did not stop within the grace after an
+     │                        interrupt were killed (stuck in C, in a collective)
      ├── RemoteError          user code raised on one or more ranks (the mesh stays usable)
      │    ├── SpawnError      an actor's __init__ raised
      │    └── CellError       a %%mesh cell raised
@@ -24,10 +26,12 @@ traceback and labelled with the rank set.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ._failure_fold import differing, failure_key, fold_traceback
 from ._fold import MAX_GROUPS_SHOWN, fold, fold_lines, format_ranks, more, value_text
 from ._public import publish
 
@@ -162,15 +166,32 @@ class RemoteError(MonarchNbError):
         return interrupts if len(interrupts) < len(self.failures) else ()
 
     def groups(self) -> list[tuple[tuple[int, ...], RemoteFailure]]:
-        """Failures grouped by identical traceback: ``[(ranks, failure), ...]``,
-        without the ranks that were only :attr:`interrupted`."""
+        """Failures grouped by exception type and code location (the traceback's
+        frames): ``[(ranks, failure), ...]``, without the ranks that were only
+        :attr:`interrupted`. Where the ranks' messages differ, the group's failure
+        is the first rank's, its traceback ending in every message folded by rank."""
         interrupted = set(self.interrupted)
-        failures = (f for f in self.failures if f.rank not in interrupted)
-        return fold(((f.rank, f) for f in failures), key=lambda f: f.traceback)
+        failures = [f for f in self.failures if f.rank not in interrupted]
+        groups = fold(
+            ((f.rank, f) for f in failures), key=lambda f: failure_key(f.type_name, f.traceback)
+        )
+        out = []
+        for ranks, first in groups:
+            chosen = set(ranks)
+            messages = [(f.rank, f.message) for f in failures if f.rank in chosen]
+            traceback = fold_traceback(first.traceback, first.type_name, messages)
+            out.append((ranks, dataclasses.replace(first, traceback=traceback)))
+        return out
 
     def _summary(self) -> str:
+        failed = [f for f in self.failures if f.rank not in set(self.interrupted)]
+
+        def messages(ranks: tuple[int, ...], f: RemoteFailure) -> str:
+            count = differing([(x.rank, x.message) for x in failed if x.rank in ranks])
+            return f" (rank {ranks[0]}'s; {count} different messages)" if count > 1 else ""
+
         head = ", ".join(
-            f"ranks {format_ranks(ranks)}: {f.type_name}: {f.message}"
+            f"ranks {format_ranks(ranks)}: {f.type_name}: {f.message}{messages(ranks, f)}"
             if len(ranks) > 1
             else f"rank {ranks[0]}: {f.type_name}: {f.message}"
             for ranks, f in self.groups()[:MAX_GROUPS_SHOWN]
@@ -296,8 +317,8 @@ class MeshFailure(MonarchNbError):
         )
 
     def _render_traceback_(self) -> list[str]:
-        lines = [f"MeshFailure: {self}"]
-        if isinstance(self.cause, RemoteError):
+        lines = [f"{type(self).__name__}: {self}"]
+        if isinstance(self.cause, RemoteError) and self.cause.failures:
             lines += self.cause.render().splitlines()
         return ipython_lines(self, lines)
 
@@ -306,6 +327,17 @@ class MeshFailure(MonarchNbError):
         failure, and the remote traceback of its cause."""
         story = "\n".join(self._render_traceback_())
         return story if self.actor_class is None else f"{self.headline()}\n{story}"
+
+
+class StuckRanksKilled(MeshFailure):
+    """Ranks still running a call ``grace`` s after its interrupt (stuck outside Python:
+    in C, in a collective) were killed by monarch_nb; ``.ranks`` names them, ``.stuck``
+    says which call and why in one sentence, ``.where`` where the ranks were before the
+    kill (the hang diagnosis, or ""). The notebook replaces them with fresh processes."""
+
+    def __init__(self, message: str, *, stuck: str = "", where: str = "", **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.stuck, self.where = stuck or message, where
 
 
 class CallTimeout(MonarchNbError, TimeoutError):

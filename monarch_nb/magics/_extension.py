@@ -21,6 +21,7 @@ from .._model._errors import (
     MeshUsageError,
     ProfilerUnavailable,
     RemoteError,
+    StuckRanksKilled,
     ipython_lines,
     set_ipython_style,
 )
@@ -30,8 +31,10 @@ from . import _debug_magic, _options, _run_script
 from ._autorun import AutoRun
 from ._frontend import IPythonFrontend
 from ._panel import register_panel, reveal_panel
+from ._quiet_replay import replay_restart
 from ._registry import REGISTRY, CellHandle, NotebookMesh
 from ._selection import select
+from ._stop import arm_idle_stop
 from ._tracebacks import IPythonStyle, restart_hint
 
 
@@ -180,14 +183,15 @@ class MeshMagics(Magics):
 
     def _restart(self, args: Any) -> None:
         mesh = self.registry.get(args.mesh)
-        record = mesh.restart(args.ranks, replay=args.replay)
         if args.replay:
-            display(
-                _render.Notice(
-                    f"replayed {len(record.replayed)} step(s) of mesh {mesh.name!r} "
-                    "(%mesh history lists them)"
-                )
+            _, summary = replay_restart(
+                mesh, args.ranks, show_output=args.show_output, skip_display=args.skip_display
             )
+            display(_render.Notice(summary))
+        else:
+            if args.show_output or args.skip_display:
+                raise UsageError("--show-output and --skip-display go with --replay")
+            mesh.restart(args.ranks)
         display(mesh.dashboard())  # live, following the new processes
 
     def _resize(self, args: Any) -> None:
@@ -353,6 +357,7 @@ class MeshMagics(Magics):
         except SyntaxError as exc:
             raise _LocalSyntaxError(self.shell, exc) from None
         if isinstance(result, CellHandle):
+            arm_idle_stop(self.shell, self.registry)  # the stop button reaches it
             return result
         self.shell.user_ns[args.out] = result
         if not _render.all_none(result):
@@ -372,6 +377,8 @@ class MeshMagics(Magics):
                 if not _render.all_none(value):
                     frontend.display(cell.parent, {"text/plain": _render.fold_values(value)}, {})
                 return
+            if isinstance(error, StuckRanksKilled):
+                return  # the stop that killed its ranks says so, once (see _stop)
             render = getattr(error, "_render_traceback_", None)
             lines = render() if render else [f"{type(error).__name__}: {error}"]
             frontend.write(cell.parent, "stderr", "\n".join(lines) + "\n")

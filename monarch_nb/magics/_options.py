@@ -112,7 +112,19 @@ def stop_options() -> None:
     "--replay",
     action="store_true",
     help="then run again, in order, the pushes, cells and spawns that built the ranks' "
-    "state (%%mesh history lists them; cells run with --no-replay are left out)",
+    "state (%%mesh history lists them; cells run with --no-replay are left out); one "
+    "line per step (replaying [3] (1/5)), its output not shown again",
+)
+@argument(
+    "--show-output",
+    action="store_true",
+    help="with --replay: show what the replayed steps print and display, under their headers",
+)
+@argument(
+    "--skip-display",
+    action="store_true",
+    help="with --replay: leave out cells that only display (every statement calls only "
+    "print, display or plt.*, or names a value)",
 )
 @_mesh_option
 def restart_options() -> None:

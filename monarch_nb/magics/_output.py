@@ -306,9 +306,14 @@ class OutputRouter:
         option: tuple[bool, float | None] = (True, None),
     ) -> CellOutput:
         cell = CellOutput(self, mesh, ranks, label=label, ordered=ordered, option=option)
+        return self.attach(cell)
+
+    def attach(self, cell: CellOutput) -> CellOutput:
+        """Route the output of ``cell.ranks`` of ``cell.mesh`` to ``cell``, once the cells
+        opened before it on those ranks are closed."""
         with self._lock:
-            for rank in ranks:
-                self._cells.setdefault((mesh, rank), deque()).append(cell)
+            for rank in cell.ranks:
+                self._cells.setdefault((cell.mesh, rank), deque()).append(cell)
         return cell
 
     def detach(self, cell: CellOutput) -> None:

@@ -46,6 +46,7 @@ from .._model._errors import MonarchNbError
 from ..widgets._rank_actions import rank_action
 from ..widgets._render import NotebookMeshStatus, work_text
 from ._registry import REGISTRY, MeshRegistry
+from ._stop import stop_in_flight
 
 COMM_TARGET = "monarch_nb.panel"
 REFRESH_S = 2.0
@@ -135,8 +136,8 @@ def run_action(action: str, mesh_name: str, registry: MeshRegistry = REGISTRY) -
             mesh.restart()
             message = f"mesh {mesh_name!r} restarted"
         else:
-            busy = mesh.interrupt()
-            message = f"interrupted ranks {busy}" if busy else "no rank was busy"
+            # --no-block cells' ranks that do not stop are killed and replaced.
+            message = stop_in_flight(mesh)
     except MonarchNbError as exc:
         return _result(action, mesh_name, False, str(exc))
     return _result(action, mesh_name, True, message)

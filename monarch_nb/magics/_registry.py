@@ -31,7 +31,7 @@ from .._controller._cells import run_cell
 from .._controller._events import DisplayData, Output, RankFailed
 from .._controller._interrupt import wait_for
 from .._controller._proc_mesh import HostMesh, ProcMesh, this_host
-from .._model._errors import MeshUsageError, format_ranks
+from .._model._errors import MeshUsageError, StuckRanksKilled, format_ranks
 from .._model._future import Future
 from .._model._value_mesh import ValueMesh
 from .._runtime._actors import Actor
@@ -44,6 +44,7 @@ from ..widgets._model import FailureLog
 from ._comms import CommRelay
 from ._figures import FIGURE_MODES
 from ._output import CellOutput, MapProgress, OutputRouter
+from ._replace import replace_stuck
 from ._selection import select
 
 A = TypeVar("A", bound=Actor)
@@ -64,8 +65,11 @@ class CellHandle:
     ValueMesh of the last expression (or raises the cell's error).
     """
 
-    def __init__(self, future: CallFuture, label: str, ranks: tuple[int, ...]) -> None:
+    def __init__(
+        self, future: CallFuture, label: str, ranks: tuple[int, ...], cell: Any = None
+    ) -> None:
         self.future, self.label, self.ranks = future, label, ranks
+        self.cell = cell  # its CellOutput: where a stop says what it did
 
     def done(self) -> bool:
         return self.future.done()
@@ -116,6 +120,8 @@ class NotebookMesh:
         self._failure_subscription = procs.events.subscribe(self.failures, kinds=(RankFailed,))
         self._comms = CommRelay(procs)  # widgets made on ranks show in the notebook
         self._dashboards: list[Any] = []
+        # --no-block cells still running: what the stop button and the panel stop.
+        self.in_flight: set[CellHandle] = set()
         # After ranks get new processes (restart(ranks=...), a RestartPolicy), the
         # process group is set up again on every rank: the old one included the dead.
         procs.add_restart_hook(lambda ranks: self._setup_dist(again=True))
@@ -179,9 +185,15 @@ class NotebookMesh:
         cell.attach(future)
         finished = self._finish_after_output(future, cell, on_done)
         if not block:
-            return CellHandle(future, label, view.shape.ranks)
+            handle = CellHandle(future, label, view.shape.ranks, cell)
+            self.in_flight.add(handle)
+            future.add_done_callback(lambda _: self.in_flight.discard(handle))
+            return handle
         try:
             return wait_for(future, timeout=timeout)
+        except StuckRanksKilled as exc:
+            # Killed after the grace: replaced at once, so the mesh is usable again.
+            raise replace_stuck(self, exc) from None
         finally:
             if future.done():
                 finished.wait(_OUTPUT_SETTLE_S)
@@ -277,17 +289,20 @@ class NotebookMesh:
             self._dashboards.clear()
             self.registry._forget(self)
 
-    def restart(self, ranks: str | list[int] | None = None, *, replay: bool = False) -> Any:
+    def restart(
+        self, ranks: str | list[int] | None = None, *, replay: bool = False, **replaying: Any
+    ) -> Any:
         """Fresh processes; torch.distributed is set up again on every rank.
 
         Without ``ranks`` every process is replaced (empty namespaces, actors to
         spawn again); with ``ranks`` (``"1"``, ``[1, 3]``) only those, and the
         other ranks keep their namespaces and actors. Returns the RestartRecord.
+        ``replaying``: ``on_step`` and ``skip`` of ProcMesh.restart (see ``_quiet_replay``).
         """
         if ranks is None:
-            return self.procs.restart(replay=replay)
+            return self.procs.restart(replay=replay, **replaying)
         chosen = select(self.procs, ranks, None).shape.ranks
-        return self.procs.restart(ranks=chosen, replay=replay)
+        return self.procs.restart(ranks=chosen, replay=replay, **replaying)
 
     def resize(self, procs: int) -> ProcMesh:
         """Go on with the first ``procs`` live ranks, renumbered 0..procs-1 (see

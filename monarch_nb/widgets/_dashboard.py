@@ -31,6 +31,7 @@ from .._controller._status import MeshState
 from .._controller._timeline import Straggler
 from .._model._shape import Shape
 from ._chart import CHART_POINTS, MetricChart, chart_ranks, load_library
+from ._hang import HangWatch
 from ._model import DashboardFeed, FailureLog, FailureRecord, Progress, Throttle
 from ._rank_actions import RankActions, rank_action
 from ._render import NotebookMeshStatus, render_status_html
@@ -136,6 +137,7 @@ class Dashboard:
         self.progress: dict[int, Progress] = {}
         self.failure_records: tuple[FailureRecord, ...] = ()
         self.stragglers: dict[int, Straggler] = {}
+        self.hang = HangWatch()  # the tile of a rank a collective waits for (see _hang)
         self._stragglers_at = 0.0
         self._drawn = threading.Condition()
         self._closed = threading.Event()
@@ -200,7 +202,10 @@ class Dashboard:
             if self.header.value != headline:
                 self.header.value = headline
             self._refresh_history()
-            self.grid.update(status.ranks, progress, self._stragglers(), self.sparks)
+            # A hang mark is one more row of the tile, after the sparkline.
+            marks = self.hang.update(self.mesh.procs, status.ranks)
+            rows = {r: self.sparks.get(r, "") + marks.get(r, "") for r in {*self.sparks, *marks}}
+            self.grid.update(status.ranks, progress, self._stragglers(), rows)
             self.failures.update(failures)
         with self._drawn:
             self.status, self.progress, self.failure_records = status, progress, failures

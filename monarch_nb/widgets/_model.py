@@ -7,6 +7,7 @@ own thread turns that into widget updates (see :class:`Throttle`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -23,6 +24,7 @@ from .._controller._events import (
     RankState,
     RankStateChanged,
 )
+from .._model._failure_fold import differing, failure_key, fold_traceback
 
 MAX_FAILURES = 200  # kept per mesh; older ones are dropped (the count says how many)
 
@@ -66,17 +68,45 @@ class FailureGroup:
 
 
 def fold_failures(records: Iterable[FailureRecord]) -> list[FailureGroup]:
-    """Identical failures folded by rank set, newest group first."""
-    groups: dict[tuple[str, str, str, int | None], list[FailureRecord]] = {}
+    """Failures folded by rank set, newest group first: those of one call that raised
+    the same exception type at the same code location are one group (their
+    messages folded by rank in the group's cause and traceback, as the cell's
+    error shows them); deaths fold when their cause is the same."""
+    groups: dict[tuple[object, ...], list[FailureRecord]] = {}
     for record in records:
-        key = (record.cause, record.traceback, record.label, record.returncode)
+        key = (*_where(record), record.label, record.returncode)
         groups.setdefault(key, []).append(record)
     folded = [
-        FailureGroup(tuple(sorted({r.rank for r in members})), members[-1], len(members))
+        FailureGroup(tuple(sorted({r.rank for r in members})), _one(members), len(members))
         for members in groups.values()
     ]
     folded.sort(key=lambda group: group.at, reverse=True)
     return folded
+
+
+def _where(record: FailureRecord) -> tuple[str, str]:
+    if record.died or not record.traceback:
+        return record.cause, record.traceback
+    return failure_key(record.cause.partition(":")[0], record.traceback)
+
+
+def _one(members: list[FailureRecord]) -> FailureRecord:
+    """The newest of ``members``, with every member's message folded in when they differ."""
+    newest = members[-1]
+    if newest.died or not newest.traceback:
+        return newest
+    type_name = newest.cause.partition(":")[0]
+    messages = [(r.rank, r.cause.partition(": ")[2]) for r in sorted(members, key=_rank)]
+    count = differing(messages)
+    if count <= 1:
+        return newest
+    traceback = fold_traceback(min(members, key=_rank).traceback, type_name, messages)
+    cause = f"{newest.cause} ({count} different messages, by rank in the traceback)"
+    return dataclasses.replace(newest, cause=cause, traceback=traceback)
+
+
+def _rank(record: FailureRecord) -> int:
+    return record.rank
 
 
 def is_interrupt(event: RankFailed) -> bool:
