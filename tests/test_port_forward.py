@@ -11,6 +11,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import psutil
 import pytest
 
 from monarch_nb import RemoteError, this_host
@@ -78,6 +79,12 @@ def test_round_trip_half_close_and_stop_closes_the_port(procs: Any) -> None:
         await forwarder.forward.call_one(
             procs.slice(procs=0), service, procs.slice(procs=1), source
         )
+        listening = {
+            c.laddr.ip
+            for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == source
+        }
+        assert listening == {LOOPBACK}
         payload = bytes(range(256)) * 4096  # 1 MiB, several chunks each way
         assert await send_and_read_back(source, payload) == payload
         assert await send_and_read_back(source, b"again") == b"again"
