@@ -26,20 +26,29 @@ pytestmark = pytest.mark.timeout(240)
 DEADLINE_S = 60.0  # for each awaited output: the machine's cores are shared
 
 SCRIPT = """\
-import sys
+import os, time
 from monarch_nb import Actor, endpoint, current_rank, this_host
 
 class Trainer(Actor):
     @endpoint
-    def step(self, x):
+    def step(self, x, flag=None):
         loss = x * (current_rank().rank + 1)
-        breakpoint()
+        # Rank 1 pauses once rank 0, paused first, made the flag (a pdb command):
+        # the first prompt is rank 0's.
+        while flag and current_rank().rank == 1 and not os.path.exists(flag):
+            time.sleep(0.01)
+        if x == 7:
+            import pdb  # imported on the rank after start: its set_trace is the remote one
+            pdb.set_trace()
+        else:
+            breakpoint()
         return loss
 
 with this_host().spawn_procs(per_host={"procs": 2}, echo_output=False) as procs:
     trainers = procs.spawn("trainers", Trainer)
     # One write each: the debugger thread writes to the same terminal meanwhile.
-    print(f"first {sorted(trainers.step.call(5).get(timeout=300).values())}", flush=True)
+    first = trainers.step.call(5, os.path.abspath("rank0-paused")).get(timeout=300)
+    print(f"first {sorted(first.values())}", flush=True)
     print(f"second {trainers.slice(procs=0).step.call_one(7).get(timeout=300)}", flush=True)
 print("done", flush=True)
 """
@@ -131,6 +140,7 @@ def test_a_script_on_a_terminal_prompts_there(script, terminals):
     at = run.expect("(Pdb rank 0) ")
     run.send("p loss")
     at = run.expect("\n5\n", at)
+    run.send("!open(flag, 'w').close()")  # rank 1 may pause now
     listed = ""
     while "  rank 1: " not in listed:  # `ranks` until rank 1 is listed as paused too
         run.send("ranks")
@@ -207,6 +217,7 @@ def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminal
     at = client.expect("(Pdb rank 0) ")
     client.send("p loss")
     at = client.expect("\n5\n", at)
+    client.send("!open(flag, 'w').close()")  # rank 1 may pause now
     listed = ""
     while "  rank 1: " not in listed:  # `ranks` until rank 1 is listed as paused too
         client.send("ranks")
