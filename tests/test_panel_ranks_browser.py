@@ -1,7 +1,8 @@
 """The Mesh panel after a rank died, in JupyterLab in headless Chromium: the dead
 rank shows no CPU or memory, nothing is said twice, and a click on the rank gives
 its actions (its log, restart it alone, debug); a result line goes when a new
-failure comes."""
+failure comes. A click on the rank's dashboard tile picks it for the dashboard's
+actions."""
 
 from __future__ import annotations
 
@@ -51,6 +52,14 @@ def test_a_dead_ranks_actions_in_the_panel(tmp_path: Path) -> None:
             lines = [line for line in panel.inner_text().splitlines() if len(line) > 30]
             assert len(lines) == len(set(lines)), lines  # no long message twice
             mesh.locator(".jp-MonarchNb-rankHint").wait_for(**wait)
+
+            # In the dashboard, a click on a tile picks that rank for the actions bar.
+            dashboard = page.locator(".mnb-dashboard").first
+            dashboard.locator('.mnb-tile[data-rank="1"]').click()
+            dashboard.locator(".mnb-action-logs").click()
+            dashboard.locator(
+                '.mnb-action-result[data-action="logs"][data-rank="1"]', has_text="hello from 1"
+            ).wait_for(**wait)
 
             # Its actions: the log, then a restart of this rank alone (asked first).
             dead.click()

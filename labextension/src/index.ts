@@ -3,8 +3,10 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 
 import { CellBadges } from './badges';
 import { MeshPanel } from './panel';
+import { pickRankOnTileClick } from './tiles';
 
-/** The Mesh panel in the left sidebar, and badges on %%mesh cells. */
+/** The Mesh panel in the left sidebar, badges on %%mesh cells, and dashboard tiles
+ * that pick their rank's actions when clicked. */
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'monarch-nb:panel',
   description: 'The meshes of the current kernel (monarch_nb), their ranks and controls',
@@ -20,6 +22,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     app.shell.add(panel, 'left', { rank: 650 });
     restorer?.add(panel, panel.id);
     new CellBadges(tracker);
+    pickRankOnTileClick(document);
   }
 };
 
