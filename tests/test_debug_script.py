@@ -186,6 +186,8 @@ def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminal
     run = Terminal([sys.executable, str(script)], script.parent, stdin_is_terminal=False)
     terminals.append(run)
     run.expect("this script's stdin is not a terminal: attach from another one")
+    assert "monarch_nb: rank(s) 0 paused (rank 0 at " in run.text
+    assert f"`python -m monarch_nb debug --pid {run.proc.pid}`" in run.text
     found = dict(find_sockets(run.proc.pid))
     path = found[run.proc.pid]
     assert (os.stat(os.path.dirname(path)).st_mode & 0o777) == 0o700

@@ -24,14 +24,15 @@ import threading
 from typing import Any
 
 from .._controller._process_group import ProcGroup
+from .._model._errors import format_ranks
 from ._attach import AttachServer, Client, Detached, LineReader
 from ._prompt import NoStdin, Prompt
 from ._session import DebugSession
 from ._session import session_for as _plain_session_for
 
 ATTACH_HINT = (
-    "monarch_nb: rank {rank} paused at {location}; this script's stdin is not a "
-    "terminal: attach from another one with `monarch-nb debug` "
+    "monarch_nb: rank(s) {ranks} paused (rank {rank} at {location}); this script's stdin "
+    "is not a terminal: attach from another one with `monarch-nb debug` "
     "(or `python -m monarch_nb debug --pid {pid}`)\n"
 )
 BANNER = (
@@ -191,13 +192,20 @@ class FrontEnd:
                     self._changed.set()  # look at the offers (the one that took over)
 
     def _tell_stderr(self, session: DebugSession, told: dict[int, int]) -> None:
-        for rank, pause in sorted(session.snapshot().items()):
-            if told.get(rank) != pause.serial:
-                told[rank] = pause.serial
-                sys.stderr.write(
-                    ATTACH_HINT.format(rank=rank, location=pause.location, pid=os.getpid())
-                )
-                sys.stderr.flush()
+        """One line for the ranks that paused since the last (not one per rank)."""
+        paused = session.snapshot()
+        news = sorted(r for r, pause in paused.items() if told.get(r) != pause.serial)
+        if not news:
+            return
+        for rank in news:
+            told[rank] = paused[rank].serial
+        first = paused[news[0]]
+        sys.stderr.write(
+            ATTACH_HINT.format(
+                ranks=format_ranks(news), rank=news[0], location=first.location, pid=os.getpid()
+            )
+        )
+        sys.stderr.flush()
 
 
 _front_end: FrontEnd | None = None
