@@ -95,7 +95,9 @@ from .._wire._signed import (
     receive,
     sender_tag,
 )
+from .._wire._tree import TREE, TreeListen
 from ._background import BackgroundRequests
+from ._tree import TreeRelay
 
 _log = logging.getLogger("monarch_nb.agent")
 _CHUNK = 65536
@@ -185,6 +187,7 @@ class Agent:
         # this loop (the one owner of the sockets) sends when woken.
         self.background = BackgroundRequests(self.fd_warning)
         self.poller.register(self.background.wake_fd, zmq.POLLIN)
+        self.tree = TreeRelay(self.context, self.poller, config["curve"])  # casts to relay on
 
     # -- sockets ------------------------------------------------------------------
 
@@ -294,6 +297,7 @@ class Agent:
             elif not self.connected and 0 < self.idle_timeout_s < now - self.idle_since:
                 self._idle_exit(now - self.idle_since)
         self.kill_all()
+        self.tree.close()
         self.context.destroy(linger=0)
         for dialed in self.tunnels.values():  # our ssh's sockets: gone with it
             with contextlib.suppress(OSError):
@@ -305,6 +309,8 @@ class Agent:
                 self._from_controller()
             elif item is self.down:
                 self._from_workers()
+            elif self.tree.owns(item):
+                self.tree.readable(item, self.down)
             elif self.guard is not None and item is self.guard.monitor:
                 self.guard.readable()
             elif item == self.background.wake_fd:
@@ -330,6 +336,7 @@ class Agent:
         """This controller is done: a launched agent exits, an attached one waits for
         the next (whose sequence numbers start afresh)."""
         self.kill_all()
+        self.tree.close()  # the next controller opens it again if it builds a tree
         if self.listen is None:
             self.stopping = True
         else:
@@ -376,6 +383,9 @@ class Agent:
                 body = frames[1:]
                 for identity in envelope[1:].split(b"\n"):
                     forward(self.down, body, identity)
+                self.last_heard = time.monotonic()
+            elif envelope.startswith(TREE):  # to its workers and on down the tree
+                self.tree.relay(frames[0].buffer[1:], frames[1:], self.down)
                 self.last_heard = time.monotonic()
             elif envelope == OWN:
                 try:
@@ -457,6 +467,8 @@ class Agent:
                 self.background.run_py_spy(message, None if child is None else child.popen.pid)
             case SyncWorkspace():
                 self.background.sync_workspace(message)
+            case TreeListen():
+                self.send_own(self.tree.listen(self.address, f"agent {self.host_index}'s tree"))
             case _:
                 _log.error("agent %d: unexpected %s", self.host_index, type(message).__name__)
 

@@ -83,6 +83,14 @@ _log = logging.getLogger("monarch_nb")
 T = TypeVar("T")
 
 
+def _relay_envelope(identities: Any) -> bytes:
+    """What an agent's relay starts with: its workers named (RELAY), or made already
+    by the cast tree (bytes: ``_agent_tree``)."""
+    if type(identities) is bytes:
+        return identities
+    return RELAY + b"\n".join(identities)
+
+
 class Controller(CallerReceiver):
     """The client of every mesh one process started (see the module docstring)."""
 
@@ -269,9 +277,9 @@ class Controller(CallerReceiver):
                         finally:
                             if behind:
                                 router.write_behind = False
-                    else:  # once per host: its agent relays to each
+                    else:  # once per host, or per subtree (_agent_tree): its agent relays
                         router = self.agent_links.socket()
-                        message.send(router, via, frames, RELAY + b"\n".join(identities))
+                        message.send(router, via, frames, _relay_envelope(identities))
                 self.stats.sent += len(ranks)
                 pending_input = socket_events(router) & _POLLIN
         if failure is not None:

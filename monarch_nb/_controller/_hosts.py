@@ -59,6 +59,8 @@ from .._wire._messages import (
     WorkspaceSynced,
 )
 from .._wire._signed import CONTROLLER, ReplayWindow, Signer, sender_tag
+from .._wire._tree import TreeListening
+from ._agent_tree import AgentTree
 from ._client import Controller
 from ._workers import HEARTBEAT_S, START_TIMEOUT_S, WorkerProcess
 
@@ -219,6 +221,7 @@ class HostAgents:
         self._log_read_ids = itertools.count(1)
         self._syncs: dict[int, tuple[concurrent.futures.Future[WorkspaceSynced], AgentLink]] = {}
         self.py_spy_requests: dict[int, Future[_py_spy.Outcome]] = {}
+        self.tree = AgentTree(self)  # casts to many hosts go down it (_agent_tree)
         controller.host_meshes.add(self)
         for agent in self.agents:
             controller.agent_links.add(agent.identity, agent)
@@ -307,6 +310,11 @@ class HostAgents:
                     )
                     self.shutdown()
                     raise MeshFailure(f"could not start the host mesh: {why}{self.advice}")
+        try:
+            self.tree.start(timeout)
+        except MeshFailure as exc:
+            self.shutdown()
+            raise MeshFailure(f"could not start the host mesh: {exc}") from None
         self.controller.run(lambda: self.controller.loop.call_later(self.heartbeat_s, self._tick))
 
     def _launcher_words(self, agent: AgentLink) -> str:
@@ -555,6 +563,8 @@ class HostAgents:
                 future = self.py_spy_requests.pop(request_id, None)
                 if future is not None:
                     future.set_result(_py_spy.Outcome(returncode, stdout, stderr, data))
+            case TreeListening():
+                self.tree.on_listening(agent, message)
             case AgentSuperseded(hostname, pid):
                 self.lose(
                     agent,
@@ -614,6 +624,7 @@ class HostAgents:
         agent.workers.clear()
         for group, workers in by_group.values():
             group.host_lost(workers, agent.label, why)
+        self.tree.lost(agent, why)
 
     def _launcher_exited(self, launcher: LauncherProcess, pidfd: int) -> None:
         loop = self.controller.loop

@@ -201,6 +201,8 @@ class ProcGroup:
         workers = self.workers
         if self.agents is None:
             return [(None, [workers[r].identity for r in ranks])]
+        if self.agents.tree.active:  # a few subtrees' roots, each with its relay plan
+            return self.agents.tree.routes(workers, ranks)  # type: ignore[return-value]
         by_route: dict[bytes | None, list[bytes]] = {}
         for r in ranks:
             worker = workers[r]

@@ -107,6 +107,14 @@ SETTINGS: dict[str, Setting] = {
             "(0: never); read when the agent starts",
         ),
         Setting(
+            "host_tree_fanout",
+            str,
+            "32",
+            "how many host agents each level of a multi-host cast tree sends to: '32', or "
+            "one per level, '8,16' (the last repeats below); a host mesh of no more hosts "
+            "than the first is flat; '0': never a tree; read when a host mesh starts",
+        ),
+        Setting(
             "bind",
             str,
             "127.0.0.1",
