@@ -108,3 +108,20 @@ def test_a_client_script_finds_the_job_that_launched_it(tmp_path: Path) -> None:
 def test_simulator_says_what_to_do_instead() -> None:
     with pytest.raises(NotImplementedError, match=r"spawn_procs\(per_host=\{'gpus': 8\}\)"):
         monarch_nb.Simulator(hosts=2, gpus=8, trace_mode="stream_only")
+
+
+def test_a_host_handle_stops_only_its_own_process_meshes() -> None:
+    from monarch_nb.job import ProcessJob
+
+    job = ProcessJob({"hosts": 1})
+    try:
+        first, second = job.state(cached_path=None).hosts, job.state(cached_path=None).hosts
+        mine = first.spawn_procs(per_host={"procs": 1}, name="mine")
+        theirs = second.spawn_procs(per_host={"procs": 1}, name="theirs")
+        assert first.stop().get(timeout=60) is None
+        assert mine.state == "stopped"
+        assert theirs.run("1 + 1").item() == 2
+        second.stop()
+        assert theirs.state == "stopped"
+    finally:
+        job.kill()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,9 +36,14 @@ class HostMeshBase(MeshShape):
         *,
         shape: Shape | None = None,
         python: str | None = None,
+        owner: str | None = None,
     ) -> None:
         self._controller = controller
         self._agents = agents
+        # Which handle of the hosts spawned a process mesh: stop() stops only those
+        # of its own handle (its slices and views share it), as Monarch's, so two
+        # job.state() handles on the same agents do not stop each other's meshes.
+        self._owner = owner or uuid.uuid4().hex
         count = 1 if agents is None else len(agents.agents)
         self._shape = shape if shape is not None else Shape(("hosts",), (count,), range(count))
         self._python = python
@@ -52,7 +58,13 @@ class HostMeshBase(MeshShape):
         return tuple(self._shape.labels)
 
     def _new_with_shape(self, shape: Shape) -> Any:
-        return type(self)(self._controller, self._agents, shape=shape, python=self._python)
+        return type(self)(
+            self._controller, self._agents, shape=shape, python=self._python, owner=self._owner
+        )
+
+    def _new_handle(self) -> Any:
+        """Another handle on the same hosts: its process meshes are its own to stop()."""
+        return type(self)(self._controller, self._agents, shape=self._shape, python=self._python)
 
     @property
     def hosts(self) -> list[str]:
@@ -83,9 +95,10 @@ class HostMeshBase(MeshShape):
         return completed(True)
 
     def stop(self) -> Future[None]:
-        """Stop every process mesh started on these hosts, keeping the hosts (their
-        agents) for new ones: ``spawn_procs`` works again afterwards. Blocking;
-        returns a future that is already done (``hosts.stop().get()`` works).
+        """Stop every process mesh this handle started on these hosts (another
+        ``job.state()``'s are left running), keeping the hosts (their agents) for
+        new ones: ``spawn_procs`` works again afterwards. Blocking; returns a
+        future that is already done (``hosts.stop().get()`` works).
         :meth:`shutdown` stops the hosts too. Raises MeshUsageError on a slice."""
         self._check_whole("stop()")
         from ._client import Controller
@@ -93,7 +106,10 @@ class HostMeshBase(MeshShape):
         controller = self._controller or Controller._default
         if controller is not None and not controller.loop.stopping:
             for group in list(controller.groups):
-                if getattr(group, "agents", None) is self._agents:
+                if getattr(group, "agents", None) is self._agents and (
+                    self._agents is None
+                    or getattr(group, "boot_extras", {}).get("spawned_by") == self._owner
+                ):
                     group.stop()
         return completed(None)
 
@@ -118,7 +134,11 @@ class HostMeshBase(MeshShape):
                     "this host; give the interpreter's full path"
                 )
         return type(self)(
-            self._controller, self._agents, shape=self._shape, python=python_executable
+            self._controller,
+            self._agents,
+            shape=self._shape,
+            python=python_executable,
+            owner=self._owner,
         )
 
     def _boot_extras(
@@ -133,6 +153,8 @@ class HostMeshBase(MeshShape):
         extras: dict[str, Any] = {}
         if self._python is not None:
             extras["python"] = self._python
+        if self._agents is not None:
+            extras["spawned_by"] = self._owner  # read by stop(); the workers ignore it
         if command is not None and command[0] is not None:
             from . import _bootstrap_command
 

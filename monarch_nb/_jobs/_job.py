@@ -222,7 +222,8 @@ class JobTrait:
         if self._monarch_style():
             return self._monarch_job_state(cached_path)
         if self._connected is not None:
-            return self._connected
+            # A new handle per call, as Monarch's: its stop() stops only its meshes.
+            return JobState({n: h._new_handle() for n, h in self._connected._hosts.items()})
         if self._running is None and cached_path is not None:
             self._adopt_saved(cached_path)
         self.apply(cached_path=cached_path)
