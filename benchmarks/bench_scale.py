@@ -3,7 +3,9 @@
 Run: ``python benchmarks/bench_scale.py`` (``--quick``: the 256-rank rows only;
 ``--cpu``: where the 1,024-rank gather's CPU goes, thread by thread;
 ``--processes [N ...]``: what many single-process ranks cost to start and to
-keep, default 256 and 1,024, against as many bare echo processes).
+keep, default 256 and 1,024, against as many bare echo processes; ranks fork
+from the zygote, as by default, or with ``MONARCH_NB_ZYGOTE=0`` each is a fresh
+interpreter, as the floor's processes are).
 
 A *rank* here is one actor: ``A`` actor meshes spawned on a process mesh of
 ``P`` workers give ``P * A`` ranks, and one gather is ``A`` calls (one per actor
@@ -201,7 +203,11 @@ def measure_processes(procs: int, repeat: int = 20) -> ProcessesRow:
 
 def render_processes(rows: list[ProcessesRow]) -> str:
     mib = 1 << 20
+    fresh = os.environ.get("MONARCH_NB_ZYGOTE", "1").strip().lower() in ("0", "false", "no", "off")
+    how = "each a fresh interpreter (MONARCH_NB_ZYGOTE=0)" if fresh else "forked from the zygote"
     lines = [
+        f"monarch_nb's ranks: {how}; the floor's: fresh interpreters.",
+        "",
         "| single-process ranks | metric | floor (bare pyzmq echo processes) "
         "| monarch_nb | ratio |",
         "|---|---|---:|---:|---:|",

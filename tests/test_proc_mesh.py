@@ -195,6 +195,8 @@ def test_no_hello_is_lost_while_slow_launches_are_under_way(monkeypatch):
 
     monkeypatch.setattr(subprocess, "Popen", SlowLaunches)
     monkeypatch.setattr(_process_group, "START_TIMEOUT_S", 15.0)
+    # Each rank a fresh interpreter, launched by Popen: not forked by the zygote.
+    monkeypatch.setenv("MONARCH_NB_ZYGOTE", "0")
     dropped = Controller.get().stats.dropped_unknown_peer
     with this_host().spawn_procs(per_host={"procs": 3}) as procs:
         assert procs.state == "running"

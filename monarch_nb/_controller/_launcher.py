@@ -18,7 +18,7 @@ from typing import Any
 from .._model._errors import MeshFailure
 from .._runtime import _peer, _refs
 from .._services._dist import STORE_ENV, fresh_store_path
-from .._services._spawn import start_worker
+from .._services._spawn import start_local_worker
 from .._wire import _rundir
 from .._wire._network import free_port, interface_of, visible_gpus
 from .._wire._signed import CONTROLLER, Signer, new_key
@@ -237,7 +237,7 @@ class Launcher:
             rank=rank,
             controller_pid=os.getpid(),
         )
-        popen = start_worker(env, bootstrap)
+        popen = start_local_worker(env, bootstrap)
         return LocalWorker(rank, identity, popen)
 
     def _register_peers(self, identities: list[bytes]) -> None:

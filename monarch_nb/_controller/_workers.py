@@ -16,7 +16,7 @@ from typing import Any
 
 from .._services import _py_spy
 from .._services._descendants import kill_tree
-from .._services._spawn import kill_leftovers
+from .._services._spawn import WorkerHandle, kill_leftovers, open_pidfd
 from .._wire._messages import ResourceSample
 from . import _events as ev
 from ._oom import OomWitness, describe_oom
@@ -95,12 +95,13 @@ class WorkerProcess:
 
 
 class LocalWorker(WorkerProcess):
-    """A worker this process started: a child with a pidfd and two pipes."""
+    """A worker this process started (a child, or the child of its zygote) with a
+    pidfd and two pipes."""
 
-    def __init__(self, rank: int, identity: bytes, popen: subprocess.Popen[bytes]) -> None:
+    def __init__(self, rank: int, identity: bytes, popen: WorkerHandle) -> None:
         super().__init__(rank, identity, popen.pid, socket.gethostname())
         self.popen = popen
-        self.pidfd = os.pidfd_open(popen.pid)
+        self.pidfd = open_pidfd(popen)
         self.oom = OomWitness(popen.pid)
         self._leftovers_killed = False
 

@@ -1,4 +1,6 @@
-"""Starting a worker process: the one way, for the controller and host agents alike."""
+"""Starting a worker process: fresh (``start_worker``: host agents, and where the
+zygote is off or cannot serve) or forked from a zygote (``start_local_worker``:
+the controller's own ranks, by default; see ``_zygote``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,12 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+from . import _zygote
+from ._zygote import ForkedWorker
+
+# What the controller watches a local rank by: a fresh interpreter, or a forked one.
+WorkerHandle = subprocess.Popen[bytes] | ForkedWorker
 
 
 def start_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> subprocess.Popen[bytes]:
@@ -38,6 +46,25 @@ def start_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> subpro
         with contextlib.suppress(OSError):
             popen.stdin.close()
     return popen
+
+
+def start_local_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> WorkerHandle:
+    """A rank of this host: forked from the zygote unless ``MONARCH_NB_ZYGOTE=0``
+    (in ``env`` or ours), fresh where the zygote cannot serve. Either way the
+    rank sees the same environment, working directory, session and bootstrap."""
+    if _zygote.enabled(env):
+        try:
+            return _zygote.fork_worker(_zygote.python_of(bootstrap), env, bootstrap)
+        except _zygote.ZygoteError:
+            pass  # a fresh interpreter says better why a rank cannot start, if it cannot
+    return start_worker(env, bootstrap)
+
+
+def open_pidfd(handle: WorkerHandle) -> int:
+    """A pidfd of the rank (the caller closes it): readable once the rank exited."""
+    if isinstance(handle, ForkedWorker):
+        return handle.pidfd()
+    return os.pidfd_open(handle.pid)
 
 
 def kill_leftovers(pid: int) -> None:

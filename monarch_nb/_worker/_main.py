@@ -63,6 +63,7 @@ from .._wire._messages import (
 from .._wire._signed import Signer, WireStats, sender_tag
 from .._wire._unix_link import SCHEME as LINK_SCHEME
 from .._wire._unix_link import LinkDealer
+from . import _zygote
 from ._actors import Actors
 from ._answers import FAILED, Answers, ControllerRoute, Route
 from ._cells import Cells
@@ -264,12 +265,19 @@ def _quiet_torch_without_numpy() -> None:
 
 
 def main() -> None:
+    boot = json.loads(sys.stdin.buffer.readline())
+    if "zygote" in boot:  # this process forks ranks: returns only in a forked one
+        boot = _zygote.serve(boot["zygote"])
+    run(boot)
+
+
+def run(boot: dict[str, Any]) -> None:
+    """Be the rank ``boot`` describes until told to stop (exits the process)."""
     global _this_worker
     # Interrupts are how calls stop: whatever mask or disposition the process
     # that launched us had (a blocked or ignored SIGINT is inherited), take
     # SIGINT back for the main thread.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    boot = json.loads(sys.stdin.buffer.readline())
     _die_with_parent(boot["controller_pid"])
     # What user code starts stays in this rank's tree, even after a setsid and its
     # parent's exit, to be killed with it (see _services._descendants).

@@ -1,0 +1,212 @@
+"""The zygote: one pre-imported, single-threaded worker process that forks ranks.
+
+Started as ``python -m monarch_nb.worker`` like any rank, with ``{"zygote":
+...}`` for its bootstrap (see ``_services._zygote``, the controller's side). It
+imports what a rank imports, freezes the garbage collector, and then waits on
+the socket it inherited (a socketpair: nobody else can reach it) for requests:
+each is one JSON message (a rank's environment, working directory and
+bootstrap) with its stdout and stderr pipes attached (``SCM_RIGHTS``). It
+forks; the child becomes the rank (:func:`serve` returns its bootstrap to
+``_main.main``, which runs it as if it had been read from stdin), and the
+zygote answers with the child's pid and a pidfd for it. When a child exits,
+the zygote reports its exit code without reaping it, and reaps it when the
+controller has the code (``reap``): until then its pid names no other process,
+so the controller may still kill its tree (``_descendants.kill_tree``).
+
+Why fork: a rank's imports cost about as much CPU as the rest of its start,
+and each fresh interpreter keeps its own copy of every module it imported; a
+forked rank shares them, copy-on-write, with the zygote and every other rank.
+The zygote never unpickles: requests are JSON, from the one process that holds
+the other end of its socketpair. It dies with that process (parent-death
+signal), and its ranks die with it.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from typing import Any
+
+_MAX_REQUEST = 1 << 20  # a request's JSON (an environment, a bootstrap): far below
+_MAX_FDS = 2  # stdout, stderr
+
+
+def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        sock.sendmsg([data], ancillary)
+    else:
+        sock.sendmsg([data])
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
+    data, ancillary, _flags, _addr = sock.recvmsg(_MAX_REQUEST, socket.CMSG_SPACE(_MAX_FDS * 4))
+    fds: list[int] = []
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds.extend(received)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None, []
+    return json.loads(data), fds
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(70)
+
+
+def serve(config: dict[str, Any]) -> dict[str, Any]:
+    """Serve fork requests until the controller closes the socket (then exit);
+    returns only in a forked child, with its rank's bootstrap."""
+    sock = socket.socket(fileno=config["fd"])
+    _die_with_parent(config["parent"])
+    # What it imported is what a fresh rank imports at start, no more: a rank
+    # imports the rest (cloudpickle, torch) when it needs it, as a fresh one would.
+    # Pages holding the imported modules' objects stay shared: a collection in a
+    # rank must not write every object's header (and copy its page).
+    gc.collect()
+    gc.freeze()
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    cwd = os.getcwd()
+    children: dict[int, int] = {}  # pidfd -> pid, not yet exited
+    exited: dict[int, int] = {}  # pid -> pidfd, exited, reported, not yet reaped
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    _send(sock, {"ready": os.getpid()})
+    while True:
+        try:
+            events = poller.poll()
+        except InterruptedError:
+            continue
+        for fd, _mask in events:
+            if fd == wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+            elif fd == sock.fileno():
+                request, fds = _receive(sock)
+                if request is None:  # the controller closed its end: our ranks die with us
+                    os._exit(0)
+                if "reap" in request:
+                    pidfd = exited.pop(request["reap"], -1)
+                    if pidfd >= 0:
+                        with contextlib.suppress(ChildProcessError):
+                            os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+                        os.close(pidfd)
+                    continue
+                inherited = [wake_r, wake_w, *children, *exited.values()]
+                try:
+                    child = _fork(request, fds, sock, inherited, cwd)
+                except _Refused:
+                    continue
+                if child is None:
+                    sock.close()
+                    return _child_boot(request)
+                pid, pidfd = child
+                children[pidfd] = pid
+                poller.register(pidfd, select.POLLIN)
+            else:  # a child exited: its code, not yet reaped
+                pid = children.pop(fd)
+                poller.unregister(fd)
+                result = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)
+                code = _returncode(result) if result is not None else -signal.SIGKILL
+                exited[pid] = fd
+                _send(sock, {"exit": pid, "code": code})
+
+
+def _returncode(result: os.waitid_result) -> int:
+    if result.si_code == os.CLD_EXITED:
+        return result.si_status
+    return -result.si_status  # killed (or dumped core) by signal si_status
+
+
+class _Refused(Exception):
+    """A request the zygote answered with an error: nothing to watch."""
+
+
+def _refuse(sock: socket.socket, fds: list[int], why: str) -> _Refused:
+    for fd in fds:
+        os.close(fd)
+    _send(sock, {"error": why})
+    return _Refused(why)
+
+
+def _fork(
+    request: dict[str, Any], fds: list[int], sock: socket.socket, inherited: list[int], cwd: str
+) -> tuple[int, int] | None:
+    """Fork one rank; in the parent return (pid, pidfd) after answering the
+    controller, in the child None once its process is set up as a rank's."""
+    if len(fds) != _MAX_FDS:
+        raise _refuse(sock, fds, f"a fork request carries 2 pipes (stdout, stderr), not {len(fds)}")
+    zygote = os.getpid()
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        raise _refuse(sock, fds, f"fork failed: {exc}") from None
+    if pid == 0:
+        _become_rank(request, fds, inherited, zygote, cwd)
+        return None
+    for fd in fds:
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)  # before any wait: the pid is ours until we reap it
+    _send(sock, {"pid": pid}, [pidfd])
+    return pid, pidfd
+
+
+def _become_rank(
+    request: dict[str, Any], fds: list[int], inherited: list[int], zygote: int, zygote_cwd: str
+) -> None:
+    """In the forked child: what a fresh ``Popen(start_new_session=True)`` of the
+    worker would have had, as far as the rank can tell."""
+    try:
+        os.setsid()
+        _die_with_parent(zygote)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in inherited:  # its wake-up pipe, its other children (the socket: serve())
+            os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for fd in fds:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        # ``python -m`` puts the working directory first on the path.
+        if sys.path and sys.path[0] == zygote_cwd:
+            sys.path[0] = request["cwd"]
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        os._exit(70)
+
+
+def _child_boot(request: dict[str, Any]) -> dict[str, Any]:
+    # The process whose death ends this rank (its wire thread's watch and its
+    # parent-death signal) is its parent: the zygote, which dies with the controller.
+    return dict(request["boot"], controller_pid=os.getppid())
