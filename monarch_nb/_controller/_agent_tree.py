@@ -109,8 +109,8 @@ class AgentTree:
         self.endpoints: dict[int, bytes] = {}  # agent index -> its tree link
         self.errors: dict[int, str] = {}  # agent index -> why it has none
         self._answered = threading.Condition()
-        # ranks -> (the workers list the plan was made for, the plan): a cast to
-        # the same ranks again costs a lookup (under the controller's send lock).
+        # ranks -> (the workers the plan was made for, the plan): a cast to the same
+        # ranks again costs a lookup (under the controller's send lock).
         self._plans: dict[tuple[int, ...], tuple[Any, list[tuple[bytes, Any]]]] = {}
 
     @property
@@ -189,8 +189,10 @@ class AgentTree:
     def routes(self, workers: list[Any], ranks: tuple[int, ...]) -> list[tuple[bytes, Any]]:
         """``(agent identity, envelope)`` per subtree root with work for ``ranks``;
         the envelope a list of identities for a flat relay, or bytes (``T`` + node)."""
+        # The workers now (a restart replaces some in place): the plan is for them.
+        now = tuple(map(workers.__getitem__, ranks))
         cached = self._plans.get(ranks)
-        if cached is not None and cached[0] is workers:
+        if cached is not None and cached[0] == now:
             return cached[1]
         by_route: dict[bytes, list[bytes]] = {}
         for r in ranks:
@@ -219,7 +221,7 @@ class AgentTree:
                 plan.append((identity, own))
         if len(self._plans) >= _CACHED_PLANS:
             self._plans.clear()
-        self._plans[ranks] = (workers, plan)
+        self._plans[ranks] = (now, plan)
         return plan
 
     # -- faults (I/O thread) ------------------------------------------------------------
