@@ -54,6 +54,17 @@ OVERFLOWING = """() => [...document.querySelectorAll('.jp-OutputArea-output')]
   .filter(el => el.querySelector('.mnb-dashboard, .monarch-nb-timeline'))
   .filter(el => el.scrollWidth > el.clientWidth + 1)
   .map(el => el.scrollWidth + ' > ' + el.clientWidth)"""
+# The chart's labels (tick labels, the metric's name) lie inside its drawing.
+CLIPPED = """() => [...document.querySelectorAll('.mnb-chart svg')]
+  .filter(svg => !svg.parentElement.closest('svg'))
+  .flatMap(svg => {
+    const box = svg.getBoundingClientRect();
+    return [...svg.querySelectorAll('text')].filter(t => {
+      const b = t.getBoundingClientRect();
+      return b.width > 0 && (b.left < box.left - 1 || b.right > box.right + 1
+        || b.top < box.top - 1 || b.bottom > box.bottom + 1);
+    }).map(t => t.textContent);
+  })"""
 
 CHECKED_SVG = {
     "the chart's legend": ".mnb-chart .legendtext",
@@ -114,6 +125,7 @@ def test_text_keeps_its_contrast_in_either_theme(themed_lab: tuple[str, str]) ->
         tiles = page.locator(".mnb-tile")
         brightest = max(tiles.nth(i).evaluate(LUMINANCE) for i in range(tiles.count()))
         overflowing = page.evaluate(OVERFLOWING)
+        clipped = page.evaluate(CLIPPED)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"theme_{theme.split()[-1].lower()}.png"))
     low = {what: round(r, 2) for what, r in ratios.items() if r < 4.5}
@@ -121,3 +133,4 @@ def test_text_keeps_its_contrast_in_either_theme(themed_lab: tuple[str, str]) ->
     if theme == "JupyterLab Dark":  # dark tiles on a dark page, not bright pastel
         assert brightest < 0.15, f"a tile's background has luminance {brightest:.2f}"
     assert not overflowing, f"outputs that scroll sideways: {overflowing}"
+    assert not clipped, f"chart labels cut off at its edge: {clipped}"
