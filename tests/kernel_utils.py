@@ -17,6 +17,7 @@ import psutil
 from jupyter_client.manager import KernelManager
 
 WORKER_MODULE = "monarch_nb.worker"
+ZYGOTE_NAME = "monarch_nb-zyg"  # a zygote's process name (monarch_nb/_worker/_zygote.py)
 _OUTPUT_KINDS = (
     "stream",
     "display_data",
@@ -184,13 +185,21 @@ class Kernel:
 
 
 def worker_pids(parent_pid: int | None = None) -> list[int]:
-    """Live monarch_nb worker processes (children of ``parent_pid`` if given)."""
-    found = []
-    for proc in psutil.process_iter(["pid", "ppid", "cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if WORKER_MODULE in cmdline and (parent_pid is None or proc.info["ppid"] == parent_pid):
-            found.append(proc.info["pid"])
-    return found
+    """Live monarch_nb ranks (those ``parent_pid`` started if given: its children,
+    or the children of its zygote, which is not a rank and not listed)."""
+    procs = [
+        p.info
+        for p in psutil.process_iter(["pid", "ppid", "cmdline", "name"])
+        if WORKER_MODULE in (p.info["cmdline"] or [])
+    ]
+    zygotes = {p["pid"] for p in procs if p["name"] == ZYGOTE_NAME}
+    ours = {p["pid"] for p in procs if p["pid"] in zygotes and p["ppid"] == parent_pid}
+    started = {parent_pid} | ours
+    return [
+        p["pid"]
+        for p in procs
+        if p["pid"] not in zygotes and (parent_pid is None or p["ppid"] in started)
+    ]
 
 
 def wait_gone(pids: list[int], timeout: float = 15) -> None:

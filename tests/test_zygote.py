@@ -73,6 +73,9 @@ def test_forked_ranks_see_what_a_fresh_rank_sees(forked):
     assert {s["ppid"] for s in seen} == {zygote.pid}
     assert zygote.ppid() == os.getpid()
     assert zygote.cmdline()[1:] == ["-m", "monarch_nb.worker"]
+    # Told apart by its process name; its ranks have the interpreter's back.
+    assert zygote.name() == "monarch_nb-zyg"
+    assert {psutil.Process(s["pid"]).name() for s in seen} == {psutil.Process().name()}
     assert all(psutil.Process(s["pid"]).cmdline()[1:] == ["-m", "monarch_nb.worker"] for s in seen)
     # Each in a session of its own, with its own rank, the mesh's env and our cwd
     # (as of the start), argv and import path as `python -m monarch_nb.worker`.

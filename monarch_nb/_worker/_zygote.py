@@ -62,16 +62,34 @@ def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     return json.loads(data), fds
 
 
-def _die_with_parent(parent: int) -> None:
+# The zygote's process name (``ps -o comm``, psutil's ``name()``): its command
+# line is a rank's, so this is how tools tell it from its ranks, which get the
+# interpreter's name back.
+NAME = b"monarch_nb-zyg"
+_PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15
+
+
+def _prctl(option: int, arg: Any) -> bool:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0
     except (OSError, AttributeError):
-        pass
+        return False
+
+
+def _die_with_parent(parent: int) -> None:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(70)
+
+
+def _own_name() -> bytes:
+    try:
+        with open("/proc/self/comm", "rb") as comm:
+            return comm.read().strip()
+    except OSError:
+        return b"python"
 
 
 def serve(config: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +97,8 @@ def serve(config: dict[str, Any]) -> dict[str, Any]:
     returns only in a forked child, with its rank's bootstrap."""
     sock = socket.socket(fileno=config["fd"])
     _die_with_parent(config["parent"])
+    rank_name = _own_name()
+    _prctl(_PR_SET_NAME, NAME)
     # What it imported is what a fresh rank imports at start, no more: a rank
     # imports the rest (cloudpickle, torch) when it needs it, as a fresh one would.
     # Pages holding the imported modules' objects stay shared: a collection in a
@@ -117,7 +137,7 @@ def serve(config: dict[str, Any]) -> dict[str, Any]:
                     continue
                 inherited = [wake_r, wake_w, *children, *exited.values()]
                 try:
-                    child = _fork(request, fds, sock, inherited, cwd)
+                    child = _fork(request, fds, sock, inherited, (cwd, rank_name))
                 except _Refused:
                     continue
                 if child is None:
@@ -153,7 +173,11 @@ def _refuse(sock: socket.socket, fds: list[int], why: str) -> _Refused:
 
 
 def _fork(
-    request: dict[str, Any], fds: list[int], sock: socket.socket, inherited: list[int], cwd: str
+    request: dict[str, Any],
+    fds: list[int],
+    sock: socket.socket,
+    inherited: list[int],
+    was: tuple[str, bytes],
 ) -> tuple[int, int] | None:
     """Fork one rank; in the parent return (pid, pidfd) after answering the
     controller, in the child None once its process is set up as a rank's."""
@@ -165,7 +189,7 @@ def _fork(
     except OSError as exc:
         raise _refuse(sock, fds, f"fork failed: {exc}") from None
     if pid == 0:
-        _become_rank(request, fds, inherited, zygote, cwd)
+        _become_rank(request, fds, inherited, zygote, was)
         return None
     for fd in fds:
         os.close(fd)
@@ -175,13 +199,19 @@ def _fork(
 
 
 def _become_rank(
-    request: dict[str, Any], fds: list[int], inherited: list[int], zygote: int, zygote_cwd: str
+    request: dict[str, Any],
+    fds: list[int],
+    inherited: list[int],
+    zygote: int,
+    was: tuple[str, bytes],
 ) -> None:
     """In the forked child: what a fresh ``Popen(start_new_session=True)`` of the
     worker would have had, as far as the rank can tell."""
     try:
+        zygote_cwd, rank_name = was
         os.setsid()
         _die_with_parent(zygote)
+        _prctl(_PR_SET_NAME, rank_name)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in inherited:  # its wake-up pipe, its other children (the socket: serve())
