@@ -125,3 +125,17 @@ def test_a_host_handle_stops_only_its_own_process_meshes() -> None:
         assert theirs.state == "stopped"
     finally:
         job.kill()
+
+
+def test_a_host_mesh_used_after_its_shutdown_says_so() -> None:
+    from monarch_nb.job import ProcessJob
+
+    job = ProcessJob({"hosts": 1})
+    try:
+        with job.state(cached_path=None).hosts as hosts:
+            assert hosts.spawn_procs(per_host={"procs": 1}).run("2 + 2").item() == 4
+        with pytest.raises(RuntimeError, match="HostMesh has already been shut down"):
+            hosts.spawn_procs(per_host={"procs": 1})
+        assert hosts.shutdown().get() is None  # a second shutdown does nothing
+    finally:
+        job.kill()

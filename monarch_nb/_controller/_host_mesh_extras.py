@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     from ._hosts import HostAgents
 
 
+class HostMeshShutDown(MeshUsageError, RuntimeError):
+    """A host mesh used after its ``shutdown()``: a RuntimeError too, as Monarch's."""
+
+    def __init__(self, verb: str) -> None:
+        super().__init__(
+            f"{verb}: HostMesh has already been shut down (its agents are gone); "
+            "start a new host mesh"
+        )
+
+
 class HostMeshBase(MeshShape):
     """The shape and life of a host mesh; HostMesh adds spawning."""
 

@@ -28,7 +28,7 @@ from ._client import Controller
 from ._events import EventStream, Output, RankState
 from ._group_status import mesh_state
 from ._history import History
-from ._host_mesh_extras import HostMeshBase
+from ._host_mesh_extras import HostMeshBase, HostMeshShutDown
 from ._interrupt import wait_for
 from ._lifecycle import Failed, SpawnRecord
 from ._log_stream import OutputPrinter
@@ -556,7 +556,7 @@ class HostMesh(HostMeshBase):
             if "hosts" in per_host:
                 raise MeshUsageError('per_host cannot name a "hosts" dimension: it is the hosts')
             if agents.shut_down:
-                raise MeshUsageError("this host mesh was shut down; start a new one")
+                raise HostMeshShutDown("spawn_procs()")
             if gpus:
                 without = [agent.label for agent in agents.agents if not agent.gpus]
                 if without and len(without) < len(agents.agents):
@@ -635,7 +635,9 @@ class HostMesh(HostMeshBase):
 
         Returns once they have stopped, with a future that is already done
         (Monarch's ``hosts.shutdown().get()`` and ``await`` work too). Raises
-        MeshUsageError on a slice: shut down the mesh that started the hosts.
+        MeshUsageError on a slice: shut down the mesh that started the hosts. A
+        second call does nothing (Monarch's raises); spawning afterwards raises
+        HostMeshShutDown, a RuntimeError too, in Monarch's words.
         """
         self._check_whole("shutdown()")
         if self._agents is not None:
