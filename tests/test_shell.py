@@ -239,3 +239,14 @@ def test_shell_wants_one_host() -> None:
         with pytest.raises(ValueError, match="singleton HostMesh"):
             shell(hosts)
         assert hosts.slice(hosts=0).size() == 1
+
+
+def test_without_a_terminal_or_pipes_the_shell_says_so(monkeypatch) -> None:
+    import io
+
+    from monarch_nb import MeshUsageError, this_host
+    from monarch_nb.job import shell
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("exit\n"))  # as a notebook's stdin
+    with pytest.raises(MeshUsageError, match="run it from a terminal"):
+        shell(this_host())

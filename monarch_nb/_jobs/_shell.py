@@ -32,6 +32,7 @@ import tty
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from .._model._errors import MeshUsageError
 from .._runtime._actors import Actor, endpoint
 from .._runtime._context import current_rank
 from .._runtime._ports import Channel, Port, PortReceiver
@@ -391,4 +392,13 @@ def shell(
             "shell requires a singleton HostMesh (one host), got "
             f"{host_mesh_singleton.size()} hosts: slice it first, e.g. hosts.slice(hosts=0)"
         )
+    for stream in (sys.stdin, sys.stdout):
+        try:
+            stream.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            raise MeshUsageError(
+                f"shell() needs this process's stdin and stdout to be files (a terminal, "
+                f"pipes); {stream!r} is not one, as in a notebook: run it from a terminal, "
+                "or use %%mesh cells and procs.run() there"
+            ) from None
     return asyncio.run(_shell(host_mesh_singleton, env, workdir))
