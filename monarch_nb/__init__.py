@@ -31,8 +31,10 @@ from ._runtime import _tensor_link
 if TYPE_CHECKING:
     from . import events, fetch
     from ._controller._actor_mesh import ActorMesh, Endpoint
+    from ._controller._bootstrap_command import BootstrapCommand, default_bootstrap_cmd
     from ._controller._diagnose import Diagnosis
     from ._controller._events import RankState
+    from ._controller._legacy_spawn import proc_mesh
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._controller._recovery import RestartPolicy
     from ._controller._stacks import Profile, Stacks
@@ -98,6 +100,7 @@ _DEFINED_IN = {
     "Actor": "_runtime._actors",
     "Channel": "_runtime._ports",
     "ActorMesh": "_controller._actor_mesh",
+    "BootstrapCommand": "_controller._bootstrap_command",
     "CallCancelled": "_model._errors",
     "CallTimeout": "_model._errors",
     "CellError": "_model._errors",
@@ -147,6 +150,7 @@ _DEFINED_IN = {
     "current_actor_name": "_runtime._context",
     "current_rank": "_runtime._context",
     "current_size": "_runtime._context",
+    "default_bootstrap_cmd": "_controller._bootstrap_command",
     "distribute": "tensor._api",
     "endpoint": "_runtime._actors",
     "fetch_shard": "tensor._api",
@@ -159,6 +163,7 @@ _DEFINED_IN = {
     "inspect": "tensor._api",
     "module_to_mesh": "tensor._api",
     "no_mesh": "tensor._active",
+    "proc_mesh": "_controller._legacy_spawn",
     "remote": "tensor._remote",
     "send": "_runtime._endpoint",
     "show": "tensor._api",
@@ -223,6 +228,7 @@ __all__ = [
     "Accumulator",
     "Actor",
     "ActorMesh",
+    "BootstrapCommand",
     "CallCancelled",
     "CallTimeout",
     "CellError",
@@ -273,6 +279,7 @@ __all__ = [
     "current_mesh",
     "current_rank",
     "current_size",
+    "default_bootstrap_cmd",
     "distribute",
     "endpoint",
     "events",
@@ -287,6 +294,7 @@ __all__ = [
     "log_metric",
     "module_to_mesh",
     "no_mesh",
+    "proc_mesh",
     "remote",
     "send",
     "show",
