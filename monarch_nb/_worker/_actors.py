@@ -23,6 +23,7 @@ from .._model._shape import Shape
 from .._runtime import _context, _owned, _refs
 from .._runtime._actors import is_concurrent, wants_response_port
 from .._runtime._context import Context
+from .._runtime._peer_mesh import PeerActorMesh
 from .._wire._messages import (
     AWAITING_HEADING,
     BroadcastFailure,
@@ -360,10 +361,14 @@ class Actors:
 
     def _stop_owned(self, live: LiveActor) -> None:
         """Stop what the actor started, newest first, as Monarch's recursive stop:
-        its actor meshes (their ``__cleanup__`` runs) and its process meshes."""
+        its actor meshes (their ``__cleanup__`` runs) and its process meshes. An
+        actor mesh on a process mesh it was handed may live in this very process,
+        whose stop waits behind this one: it is sent, not waited for."""
         for mesh in _owned.take_owned(live.instance):
             try:
-                mesh.stop().exception(timeout=OWNED_STOP_WAIT_S)
+                stopped = mesh.stop()
+                if not isinstance(mesh, PeerActorMesh):
+                    stopped.exception(timeout=OWNED_STOP_WAIT_S)
             except Exception as exc:  # stopped already, unreachable: it is going anyway
                 print(
                     f"monarch_nb: stopping {live.label}'s {mesh!r}: {type(exc).__name__}: {exc}",
