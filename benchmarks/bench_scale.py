@@ -201,6 +201,41 @@ def measure_processes(procs: int, repeat: int = 20) -> ProcessesRow:
     return ProcessesRow(procs, start_s, floor_start_s, pss, floor_pss, gather_s, floor_gather_s)
 
 
+def zygote_ab(procs: int, pairs: int = 2, repeat: int = 30) -> str:
+    """Start to first gather and a gather of ``procs`` single-process ranks, forked
+    from the zygote against fresh interpreters, alternating in this process (a
+    load that drifts hits both): the comparison that holds on a busy machine."""
+    lines = [
+        f"| {procs:,} single-process ranks | start to first gather | cast + gather |",
+        "|---|---:|---:|",
+    ]
+    saved = os.environ.get("MONARCH_NB_ZYGOTE")
+    try:
+        for _ in range(pairs):
+            for mode, label in (("1", "forked from the zygote"), ("0", "fresh interpreters")):
+                os.environ["MONARCH_NB_ZYGOTE"] = mode  # read at each rank's start
+                t0 = time.perf_counter()
+                mesh = this_host().spawn_procs(
+                    per_host={"procs": procs}, name="ab", echo_output=False, force=True
+                )
+                try:
+                    actors = mesh.spawn("tiny", Tiny)
+                    actors.ping.call().get(timeout=600)
+                    start_s = time.perf_counter() - t0
+                    gather_s = median_time(
+                        lambda a=actors: a.ping.call().get(timeout=60), repeat, warmup=5
+                    )
+                finally:
+                    mesh.stop()
+                lines.append(f"| {label} | {start_s:.2f} s | {gather_s * 1e3:.1f} ms |")
+    finally:
+        if saved is None:
+            os.environ.pop("MONARCH_NB_ZYGOTE", None)
+        else:
+            os.environ["MONARCH_NB_ZYGOTE"] = saved
+    return "\n".join(lines)
+
+
 def render_processes(rows: list[ProcessesRow]) -> str:
     mib = 1 << 20
     fresh = os.environ.get("MONARCH_NB_ZYGOTE", "1").strip().lower() in ("0", "false", "no", "off")
@@ -329,8 +364,17 @@ def main(argv: list[str] | None = None) -> None:
         help="single-process ranks: start, memory (PSS) and a gather against the floor "
         "(default 256 and 1024)",
     )
+    parser.add_argument(
+        "--zygote-ab",
+        type=int,
+        metavar="N",
+        help="N single-process ranks forked from the zygote against fresh interpreters, "
+        "alternating, twice each (no floor)",
+    )
     args = parser.parse_args(argv)
-    if args.processes is not None:
+    if args.zygote_ab:
+        print(zygote_ab(args.zygote_ab))
+    elif args.processes is not None:
         sizes = args.processes or [256, 1024]
         print(render_processes([measure_processes(n) for n in sizes]))
     else:

@@ -303,6 +303,10 @@ class Zygote:
                 raise ZygoteError(
                     f"the worker zygote (pid {self.pid}) did not answer within {_READY_TIMEOUT_S} s"
                 ) from None
+            if isinstance(answer, str) and not self._children and not self.closed:
+                self.closed = True  # refused its first rank: it would only linger
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_WR)
         if isinstance(answer, str):
             raise ZygoteError(answer)
         return answer

@@ -32,19 +32,41 @@ import select
 import signal
 import socket
 import sys
+from collections import deque
 from typing import Any
+
+from .._wire._fd_limits import raise_fd_limit
 
 _MAX_REQUEST = 1 << 20  # a request's JSON (an environment, a bootstrap): far below
 _MAX_FDS = 2  # stdout, stderr
 
 
-def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = json.dumps(message).encode()
-    if fds:
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
-        sock.sendmsg([data], ancillary)
-    else:
-        sock.sendmsg([data])
+class _Outbox:
+    """What the zygote tells the controller, in order, never blocking on it: the
+    controller may be sending to us at the same moment (a fork request, a reap),
+    and two senders each waiting for the other to read would wait forever (a
+    thousand ranks stopping at once filled the socket both ways)."""
+
+    def __init__(self, sock: socket.socket, poller: select.poll) -> None:
+        self._sock = sock
+        self._poller = poller
+        self._queue: deque[tuple[bytes, list[int]]] = deque()
+
+    def put(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        self._queue.append((json.dumps(message).encode(), fds or []))
+        self.flush()
+
+    def flush(self) -> None:
+        while self._queue:
+            data, fds = self._queue[0]
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            try:
+                self._sock.sendmsg([data], rights, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                self._poller.modify(self._sock, select.POLLIN | select.POLLOUT)
+                return
+            self._queue.popleft()
+        self._poller.modify(self._sock, select.POLLIN)
 
 
 def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
@@ -97,6 +119,7 @@ def serve(config: dict[str, Any]) -> dict[str, Any]:
     returns only in a forked child, with its rank's bootstrap."""
     sock = socket.socket(fileno=config["fd"])
     _die_with_parent(config["parent"])
+    raise_fd_limit()  # a pidfd per live rank: a thousand ranks pass the usual 1,024
     rank_name = _own_name()
     _prctl(_PR_SET_NAME, NAME)
     # What it imported is what a fresh rank imports at start, no more: a rank
@@ -114,17 +137,22 @@ def serve(config: dict[str, Any]) -> dict[str, Any]:
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
-    _send(sock, {"ready": os.getpid()})
+    outbox = _Outbox(sock, poller)
+    outbox.put({"ready": os.getpid()})
     while True:
         try:
             events = poller.poll()
         except InterruptedError:
             continue
-        for fd, _mask in events:
+        for fd, mask in events:
             if fd == wake_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
             elif fd == sock.fileno():
+                if mask & select.POLLOUT:
+                    outbox.flush()
+                if not mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    continue
                 request, fds = _receive(sock)
                 if request is None:  # the controller closed its end: our ranks die with us
                     os._exit(0)
@@ -137,7 +165,7 @@ def serve(config: dict[str, Any]) -> dict[str, Any]:
                     continue
                 inherited = [wake_r, wake_w, *children, *exited.values()]
                 try:
-                    child = _fork(request, fds, sock, inherited, (cwd, rank_name))
+                    child = _fork(request, fds, outbox, inherited, (cwd, rank_name))
                 except _Refused:
                     continue
                 if child is None:
@@ -152,7 +180,7 @@ def serve(config: dict[str, Any]) -> dict[str, Any]:
                 result = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)
                 code = _returncode(result) if result is not None else -signal.SIGKILL
                 exited[pid] = fd
-                _send(sock, {"exit": pid, "code": code})
+                outbox.put({"exit": pid, "code": code})
 
 
 def _returncode(result: os.waitid_result) -> int:
@@ -165,36 +193,42 @@ class _Refused(Exception):
     """A request the zygote answered with an error: nothing to watch."""
 
 
-def _refuse(sock: socket.socket, fds: list[int], why: str) -> _Refused:
+def _refuse(outbox: _Outbox, fds: list[int], why: str) -> _Refused:
     for fd in fds:
         os.close(fd)
-    _send(sock, {"error": why})
+    outbox.put({"error": why})
     return _Refused(why)
 
 
 def _fork(
     request: dict[str, Any],
     fds: list[int],
-    sock: socket.socket,
+    outbox: _Outbox,
     inherited: list[int],
     was: tuple[str, bytes],
 ) -> tuple[int, int] | None:
     """Fork one rank; in the parent return (pid, pidfd) after answering the
     controller, in the child None once its process is set up as a rank's."""
     if len(fds) != _MAX_FDS:
-        raise _refuse(sock, fds, f"a fork request carries 2 pipes (stdout, stderr), not {len(fds)}")
+        why = f"a fork request carries 2 pipes (stdout, stderr), not {len(fds)}"
+        raise _refuse(outbox, fds, why)
     zygote = os.getpid()
     try:
         pid = os.fork()
     except OSError as exc:
-        raise _refuse(sock, fds, f"fork failed: {exc}") from None
+        raise _refuse(outbox, fds, f"fork failed: {exc}") from None
     if pid == 0:
         _become_rank(request, fds, inherited, zygote, was)
         return None
     for fd in fds:
         os.close(fd)
-    pidfd = os.pidfd_open(pid)  # before any wait: the pid is ours until we reap it
-    _send(sock, {"pid": pid}, [pidfd])
+    try:
+        pidfd = os.pidfd_open(pid)  # before any wait: the pid is ours until we reap it
+    except OSError as exc:  # out of descriptors: this rank cannot be watched
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise _refuse(outbox, [], f"could not watch the forked rank: {exc}") from None
+    outbox.put({"pid": pid}, [pidfd])
     return pid, pidfd
 
 
