@@ -396,7 +396,6 @@ class Local(Actor):
         return os.getpid(), self.base + x
 
 
-
 class AsyncLocal(Actor):
     def __init__(self, base: int) -> None:
         self.base = base

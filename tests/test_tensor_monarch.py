@@ -215,7 +215,6 @@ class Scaler(monarch_nb.Actor):
         return {"scaled": t * self.factor, "rank": self.rank, "ones": torch.ones(2)}
 
 
-
 class Shifter(monarch_nb.Actor):
     """An async actor (one actor's endpoints are all def or all async def)."""
 
