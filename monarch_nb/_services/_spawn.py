@@ -52,9 +52,12 @@ def start_local_worker(env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> 
     """A rank of this host: forked from the zygote unless ``MONARCH_NB_ZYGOTE=0``
     (in ``env`` or ours), fresh where the zygote cannot serve. Either way the
     rank sees the same environment, working directory, session and bootstrap."""
-    if _zygote.enabled(env):
+    # Only for this very interpreter: another one (with_python_executable) is
+    # often a wrapper that sets the environment or the CPU set before it execs
+    # Python, which a rank forked from a zygote would never run.
+    if _zygote.enabled(env) and _zygote.python_of(bootstrap) == sys.executable:
         try:
-            return _zygote.fork_worker(_zygote.python_of(bootstrap), env, bootstrap)
+            return _zygote.fork_worker(sys.executable, env, bootstrap)
         except _zygote.ZygoteError:
             pass  # a fresh interpreter says better why a rank cannot start, if it cannot
     return start_worker(env, bootstrap)
