@@ -71,9 +71,12 @@ def test_remote_error_fails_the_cell_with_one_grouped_traceback(kernel):
     reply = kernel.execute("%%mesh\nvalue = 1\nraise ValueError('bad ' + str(rank > 1))")
     assert reply.status == "error"
     text = reply.traceback
-    assert text.count("Traceback (most recent call last)") == 2  # ranks 0-1 and 2-3
-    assert "(rank 0-1)" in text
-    assert "(rank 2-3)" in text
+    # One exception type at one line: one traceback for every rank, the messages
+    # (which differ) folded by rank under it.
+    assert text.count("Traceback (most recent call last)") == 1, text
+    assert "(rank 0-3)" in text
+    assert "ValueError: [0-1] bad False" in text
+    assert "[2-3] bad True" in text
     assert "raise ValueError('bad ' + str(rank > 1))" in text  # the cell's source line
     assert reply.error["ename"] == "CellError"
     assert text.startswith("-" * 75 + "\nCellError: %%mesh cell [")
