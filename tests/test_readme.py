@@ -52,3 +52,60 @@ def test_the_configuration_table_is_every_setting():
 
     text = (ROOT / "docs" / "clusters.md").read_text()
     assert table() in text
+
+
+_HEADLINE = re.compile(
+    r"<!-- headline figures: begin.*?-->\n(.*?)<!-- headline figures: end -->", re.S
+)
+_STAMP = re.compile(
+    r"^Measured (\d{4}-\d\d-\d\d) \([^)]*\), one run of `python benchmarks/headline.py --write`\.$",
+    re.M,
+)
+
+
+def _headline(page: str) -> tuple[str, list[str]]:
+    block = _HEADLINE.search((ROOT / page).read_text())
+    assert block, f"{page} lost its generated figures block"
+    stamp = _STAMP.search(block.group(1))
+    assert stamp, f"{page}'s figures do not say when and by which command they were measured"
+    rows = [
+        line for line in block.group(1).splitlines() if line.startswith("| ") and "---" not in line
+    ]
+    return stamp.group(0), rows[1:]  # without the header row
+
+
+def test_the_front_page_figures_come_from_the_same_run_as_the_benchmarks_page():
+    readme_stamp, readme_rows = _headline("README.md")
+    docs_stamp, docs_rows = _headline("docs/benchmarks.md")
+    assert readme_stamp == docs_stamp, "README.md and docs/benchmarks.md show different runs"
+    assert readme_rows
+    assert readme_rows == docs_rows[: len(readme_rows)]
+
+
+def test_the_readme_names_every_extra_that_pyproject_declares():
+    tomllib = pytest.importorskip("tomllib")
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"^\| `\[(\w+)\]` \|", text, re.M))
+    assert named == set(extras), f"README's extras {sorted(named)} != pyproject's {sorted(extras)}"
+
+
+def test_each_notebook_has_its_own_number_and_a_line_in_the_readme():
+    notebooks = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    numbers = [name.split("_", 1)[0] for name in notebooks]
+    assert len(set(numbers)) == len(numbers), f"two notebooks share a number: {notebooks}"
+    text = (ROOT / "README.md").read_text()
+    missing = [name for name in notebooks if f"| `{name}` |" not in text]
+    assert not missing, f"README's notebook table lacks {missing}"
+
+
+def test_every_code_block_of_the_readme_is_run_or_says_why_not():
+    # test_docs runs python, ipython and bash blocks (a bash line CI cannot run
+    # says why); a block fenced otherwise would be code that nothing checks.
+    fences = re.findall(r"^```(\w*)", (ROOT / "README.md").read_text(), re.M)
+    openings = fences[::2]
+    assert set(openings) <= {"python", "ipython", "bash"}, openings
+    assert "<this repository" not in (ROOT / "README.md").read_text()
