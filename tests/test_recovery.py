@@ -235,7 +235,7 @@ def test_a_rank_killed_inside_a_gloo_all_reduce_frees_the_survivors(monkeypatch)
     pytest.importorskip("torch")
     from monarch_nb.magics import start_mesh
 
-    timeout = 20.0
+    timeout = 60.0  # what a survivor waiting on another survivor used to wait out
     monkeypatch.setenv("MONARCH_NB_COLLECTIVE_TIMEOUT", str(timeout))
     mesh = start_mesh(procs=4, dist="gloo", name="gloo-faults")
     procs = mesh.procs
@@ -256,12 +256,13 @@ def test_a_rank_killed_inside_a_gloo_all_reduce_frees_the_survivors(monkeypatch)
         os.kill(procs.pids[1], signal.SIGKILL)
         with pytest.raises(MeshFailure, match=r"rank 1 \(pid \d+\) .* SIGKILL while running"):
             cell.get(timeout=LIMIT_S)
-        # The survivors leave the collective (gloo sees the connection close, or
-        # the timeout ends it) and answer, their namespaces intact.
+        # The survivors leave the collective and answer, their namespaces intact:
+        # gloo frees the dead rank's neighbours at once (their connections to it
+        # close), and each of them then shuts its broken group's connections
+        # (_worker/_collective_abort.py), which frees rank 3, waiting only on them.
         assert procs.healthy().run("kept", timeout=timeout + LIMIT_S).values() == [0, 200, 300]
-        # Within the collective timeout (gloo frees only the dead rank's neighbours at
-        # once; the others wait for it), plus the time a loaded machine takes to answer.
-        assert time.monotonic() - killed_at < timeout + LIMIT_S
+        # Long before the collective timeout, even on a loaded machine.
+        assert time.monotonic() - killed_at < 2 * LIMIT_S
         # restart(ranks=[1]) sets the process group up again across the mesh.
         record = mesh.restart("1")
         assert record.ranks == (1,)

@@ -22,6 +22,7 @@ import ipaddress
 import os
 import secrets
 import socket
+import stat
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
@@ -53,11 +54,59 @@ def init_kwargs() -> dict[str, Any]:
     }
 
 
+# The TCP sockets that the process group made by init_process_group here opened
+# (gloo's connections to the other ranks, its store's), as (fd, inode): what
+# shut_process_group_sockets shuts down once that group is broken.
+_group_sockets: list[tuple[int, int]] = []
+
+
 def init_process_group(backend: str, **kwargs: Any) -> None:
     """``torch.distributed.init_process_group(backend)`` with this mesh's rendezvous."""
     import torch.distributed as dist
 
+    before = _tcp_sockets()
     dist.init_process_group(backend, **init_kwargs(), **kwargs)
+    _group_sockets[:] = [(fd, ino) for fd, ino in _tcp_sockets().items() if before.get(fd) != ino]
+
+
+def _tcp_sockets() -> dict[int, int]:
+    """fd -> inode of this process's connected TCP sockets (our own links to the
+    controller are Unix sockets)."""
+    found: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                fd = int(name)
+                if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    continue
+                with socket.socket(fileno=os.dup(fd)) as probe:
+                    # Connections only: gloo's own listener ends the process
+                    # (an abort in its loop thread) if its accept() fails.
+                    if probe.family in (socket.AF_INET, socket.AF_INET6) and not (
+                        probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                    ):
+                        found[fd] = os.fstat(fd).st_ino
+            except OSError:  # closed meanwhile (the listing's own fd, say)
+                continue
+    return found
+
+
+def shut_process_group_sockets() -> int:
+    """Shut down the connections of the process group init_process_group made here,
+    so that ranks blocked on this one in a collective are told at once (gloo keeps
+    a broken group's connections open, and they would wait out its timeout);
+    how many. Only sockets still open under the same inode: never one whose
+    number was reused since."""
+    current = _tcp_sockets()
+    shut = 0
+    for fd, inode in _group_sockets:
+        if current.get(fd) != inode:
+            continue
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as connection:
+            connection.shutdown(socket.SHUT_RDWR)
+            shut += 1
+    _group_sockets.clear()
+    return shut
 
 
 _RENDEZVOUS = "torch.distributed.rendezvous"

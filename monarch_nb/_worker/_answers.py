@@ -17,6 +17,7 @@ from .._runtime._peer import PeerRoute
 from .._wire._messages import BroadcastFailure, Failure, Value
 from .._wire._serialize import dumps
 from .._wire._signed import Signer, decode_payload
+from ._collective_abort import release_peers_after
 from ._frames import TRACEBACK_SKIPPED, WAIT_FILES
 from ._wire_thread import WireThread
 
@@ -91,6 +92,8 @@ class Answers:
 
     def failure_of(self, exc: BaseException) -> RemoteFailure:
         """``exc`` as its caller sees it: the user's frames of its traceback."""
+        # First, so that ranks waiting on this one in a broken collective go now.
+        release_peers_after(exc)
         # Kept where pdb.pm() looks, for post-mortem debugging on the rank.
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
         tb = exc.__traceback__
