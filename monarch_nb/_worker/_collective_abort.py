@@ -19,7 +19,8 @@ import sys
 
 from .._services._dist import shut_process_group_sockets
 
-# What gloo's transport says when a peer's connection broke (tcp/pair.cc).
+# What gloo's transport says when a peer's connection broke; its messages
+# name their source, .../gloo/transport/tcp/pair.cc.
 _TRANSPORT_ERRORS = (
     "Connection closed by peer",
     "Connection reset by peer",
@@ -34,8 +35,11 @@ def _transport_failure(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = str(current)
-        if "gloo" in text and any(marker in text for marker in _TRANSPORT_ERRORS):
+        try:
+            text = str(current)
+        except Exception:  # a user exception whose __str__ raises: not gloo's
+            text = ""
+        if "gloo/transport/" in text and any(marker in text for marker in _TRANSPORT_ERRORS):
             return True
         current = current.__cause__ or current.__context__
     return False
