@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -288,6 +289,60 @@ def test_on_a_plain_port_a_connection_is_proven_by_our_answer(caplog):
         guard.close()
         router.close(0)
         worker.close(0)
+
+
+def test_a_new_connection_under_a_reused_fd_number_is_still_watched():
+    # Strangers one after another on six threads: the guard cuts one, libzmq
+    # closes its fd, and the next stranger's connection gets that fd number
+    # while the guard's thread still holds the old one as checked. It used to
+    # forget the new connection with the old, which then streamed without a
+    # limit (a whole 128 MiB in CI).
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    guard = HandshakeGuard(router, logger=logging.getLogger("monarch_nb.test"), who="test",
+                           mechanism="null")  # fmt: skip
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def owner_loop() -> None:  # the guard's owner: handles the monitor's events
+        while not stop.is_set():
+            if guard.monitor.poll(20):
+                while guard.readable():
+                    pass
+
+    owner = threading.Thread(target=owner_loop)
+    owner.start()
+    most_sent: list[int] = []
+
+    def strangers_one_after_another() -> None:
+        for _ in range(40):
+            stranger = _declare_huge_frame(port, b"NULL", 0)
+            sent, chunk = 0, bytes(1 << 20)
+            try:
+                while sent < 64 << 20:
+                    stranger.sendall(chunk)
+                    sent += len(chunk)
+            except OSError:
+                pass  # cut: what we want
+            finally:
+                stranger.close()
+            most_sent.append(sent)
+
+    threads = [threading.Thread(target=strangers_one_after_another) for _ in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    finally:
+        stop.set()
+        owner.join(30)
+        guard.close()
+        router.close(0)
+        ctx.term()
+    assert len(most_sent) == 240
+    # Each is cut within a check or so of passing 64 KiB; none runs to the end.
+    assert max(most_sent) < 64 << 20, f"{most_sent.count(64 << 20)} strangers never cut"
 
 
 def test_failed_handshakes_reach_the_guards_listeners(guarded_server):

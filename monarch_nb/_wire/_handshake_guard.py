@@ -174,8 +174,12 @@ class HandshakeGuard:
         self.accepted = 0
         self.refused = 0
         self.over_budget = 0
-        # Connections not proven yet (fd -> listening port), for the budget thread.
-        self._unproven: dict[int, int] = {}
+        # Connections not proven yet (fd -> (listening port, watch serial)), for
+        # the budget thread. The serial tells a connection from an earlier one
+        # with the same fd number: the thread must not forget a new connection
+        # because the one it checked before under that number ended.
+        self._unproven: dict[int, tuple[int, int]] = {}
+        self._serials = itertools.count()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -252,7 +256,7 @@ class HandshakeGuard:
         if self.pre_auth_bytes <= 0:
             return
         with self._lock:
-            self._unproven[fd] = port
+            self._unproven[fd] = (port, next(self._serials))
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._check_budgets, name="monarch_nb-handshake-guard", daemon=True
@@ -273,20 +277,24 @@ class HandshakeGuard:
                     self._wake.clear()
                     continue
             done = []
-            for fd, port in unproven:
+            for fd, watched in unproven:
+                port = watched[0]
                 counts = _tcp_bytes(fd, port)
                 if counts is None:  # closed meanwhile, or no counts on this kernel
-                    done.append(fd)
+                    done.append((fd, watched))
                     continue
                 sent, received = counts
                 if sent > self._proven_after:
-                    done.append(fd)
+                    done.append((fd, watched))
                 elif received > self.pre_auth_bytes:
-                    done.append(fd)
+                    done.append((fd, watched))
                     self._over_budget(fd, port, received)
             with self._lock:
-                for fd in done:
-                    self._unproven.pop(fd, None)
+                for fd, watched in done:
+                    # Only the connection checked: once it ended, its fd number
+                    # may already belong to a new one, watched under a new serial.
+                    if self._unproven.get(fd) == watched:
+                        del self._unproven[fd]
             time.sleep(CHECK_S)
 
     def _over_budget(self, fd: int, port: int, received: int) -> None:
