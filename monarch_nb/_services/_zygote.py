@@ -36,6 +36,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from .._wire import _fd_messages
+
 _log = logging.getLogger("monarch_nb")
 ENV_VAR = "MONARCH_NB_ZYGOTE"  # "0": every rank a fresh interpreter
 _PER_MESH = frozenset(
@@ -208,19 +210,10 @@ class Zygote:
                 )
 
     def _read(self) -> tuple[dict[str, Any], list[int]] | None:
-        try:
-            data, ancillary, _flags, _addr = self._sock.recvmsg(_MAX_MESSAGE, socket.CMSG_SPACE(4))
+        try:  # a report carries one descriptor at most: a forked rank's pidfd
+            return _fd_messages.receive(self._sock, _MAX_MESSAGE, 1)
         except OSError:
             return None
-        fds: list[int] = []
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                received = array.array("i")
-                received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-                fds.extend(received)
-        if not data:
-            return None
-        return json.loads(data), fds
 
     def _serve(self) -> None:
         while (message := self._read()) is not None:

@@ -35,6 +35,7 @@ import sys
 from collections import deque
 from typing import Any
 
+from .._wire import _fd_messages
 from .._wire._fd_limits import raise_fd_limit
 
 _MAX_REQUEST = 1 << 20  # a request's JSON (an environment, a bootstrap): far below
@@ -67,21 +68,6 @@ class _Outbox:
                 return
             self._queue.popleft()
         self._poller.modify(self._sock, select.POLLIN)
-
-
-def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    data, ancillary, _flags, _addr = sock.recvmsg(_MAX_REQUEST, socket.CMSG_SPACE(_MAX_FDS * 4))
-    fds: list[int] = []
-    for level, kind, payload in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            received = array.array("i")
-            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
-            fds.extend(received)
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None, []
-    return json.loads(data), fds
 
 
 # The zygote's process name (``ps -o comm``, psutil's ``name()``): its command
@@ -153,9 +139,10 @@ def serve(config: dict[str, Any]) -> dict[str, Any]:
                     outbox.flush()
                 if not mask & (select.POLLIN | select.POLLHUP | select.POLLERR):
                     continue
-                request, fds = _receive(sock)
-                if request is None:  # the controller closed its end: our ranks die with us
+                message = _fd_messages.receive(sock, _MAX_REQUEST, _MAX_FDS)
+                if message is None:  # the controller closed its end: our ranks die with us
                     os._exit(0)
+                request, fds = message
                 if "reap" in request:
                     pidfd = exited.pop(request["reap"], -1)
                     if pidfd >= 0:
