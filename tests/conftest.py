@@ -7,9 +7,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from process_checks import leaked_since, our_workers
+
+if TYPE_CHECKING:
+    from kernel_utils import Kernel
 
 
 def _fail_on_leaks(before: set[int], what: str) -> None:
@@ -41,6 +45,17 @@ def procs4() -> Iterator:
     procs = this_host().spawn_procs(per_host={"procs": 4})
     yield procs
     procs.stop()
+
+
+@pytest.fixture(scope="module")
+def kernel_session() -> Iterator[Kernel]:
+    """A real IPython kernel with ``%load_ext monarch_nb`` run, shared by the
+    tests of one module (each module that asks gets its own)."""
+    from kernel_utils import Kernel  # jupyter_client: only for the modules that ask
+
+    with Kernel() as k:
+        k.ok("%load_ext monarch_nb")
+        yield k
 
 
 @pytest.fixture

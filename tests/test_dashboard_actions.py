@@ -20,13 +20,6 @@ from monarch_nb._controller._timeline import Span, Timeline
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def kernel_session() -> Iterator[Kernel]:
-    with Kernel() as k:
-        k.ok("%load_ext monarch_nb")
-        yield k
-
-
 @pytest.fixture
 def kernel(kernel_session: Kernel) -> Iterator[Kernel]:
     """A mesh 'acts' of 2 ranks and its dashboard ``d``, for one test (a rank it

@@ -20,13 +20,6 @@ pytestmark = pytest.mark.timeout(90)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-@pytest.fixture(scope="module")
-def kernel_session() -> Iterator[Kernel]:
-    with Kernel() as k:
-        k.ok("%load_ext monarch_nb")
-        yield k
-
-
 @pytest.fixture
 def kernel(kernel_session: Kernel) -> Iterator[Kernel]:
     """The module's kernel; every mesh a test started is stopped after it, pass or fail."""
