@@ -22,8 +22,6 @@ from ._render import NotebookMeshStatus, cell_label, megabytes, render_status
 STALE_HEARTBEATS = 3.0
 MAX_FAILURE_GROUPS_SHOWN = 5  # newest first; older groups are counted ("... and 3 more")
 
-COLOURS = _theme.LIGHT  # state -> (background, text) in a light theme
-
 
 def as_notebook_status(status: MeshStatus | NotebookMeshStatus) -> NotebookMeshStatus:
     if isinstance(status, NotebookMeshStatus):

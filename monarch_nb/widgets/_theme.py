@@ -10,26 +10,29 @@ or more against its background (WCAG AA), in either theme
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .._controller._events import RankState
 
-# state -> (background, text): light theme, then dark theme.
-LIGHT: dict[RankState, tuple[str, str]] = {
-    RankState.STARTING: ("#cfd8dc", "#263238"),
-    RankState.IDLE: ("#c8e6c9", "#1b5e20"),
-    RankState.BUSY: ("#bbdefb", "#0d47a1"),
-    RankState.PAUSED: ("#ffe082", "#5d4037"),
-    RankState.FAILED: ("#ef9a9a", "#7f0000"),
-    RankState.DEAD: ("#c62828", "#ffffff"),
-    RankState.STOPPED: ("#e0e0e0", "#616161"),
-}
-DARK: dict[RankState, tuple[str, str]] = {
-    RankState.STARTING: ("#263238", "#cfd8dc"),
-    RankState.IDLE: ("#1b3320", "#a5d6a7"),
-    RankState.BUSY: ("#102a43", "#90caf9"),
-    RankState.PAUSED: ("#3e3000", "#ffe082"),
-    RankState.FAILED: ("#4a1414", "#ef9a9a"),
-    RankState.DEAD: ("#b71c1c", "#ffffff"),
-    RankState.STOPPED: ("#2b2b2b", "#bdbdbd"),
+
+class Colours(NamedTuple):
+    """A state's tile colours: background and text, in a light and a dark theme."""
+
+    light_bg: str
+    light_fg: str
+    dark_bg: str
+    dark_fg: str
+
+
+# One row a state, so that no state has one theme's colours and not the other's.
+COLOURS: dict[RankState, Colours] = {
+    RankState.STARTING: Colours("#cfd8dc", "#263238", "#263238", "#cfd8dc"),
+    RankState.IDLE: Colours("#c8e6c9", "#1b5e20", "#1b3320", "#a5d6a7"),
+    RankState.BUSY: Colours("#bbdefb", "#0d47a1", "#102a43", "#90caf9"),
+    RankState.PAUSED: Colours("#ffe082", "#5d4037", "#3e3000", "#ffe082"),
+    RankState.FAILED: Colours("#ef9a9a", "#7f0000", "#4a1414", "#ef9a9a"),
+    RankState.DEAD: Colours("#c62828", "#ffffff", "#b71c1c", "#ffffff"),
+    RankState.STOPPED: Colours("#e0e0e0", "#616161", "#2b2b2b", "#bdbdbd"),
 }
 # White on this orange is 5.6:1 (the earlier #e65100 was 3.8:1).
 STRAGGLER_BG = "#bf360c"
@@ -43,19 +46,19 @@ _DARK_BODIES = (
 
 def background(state: RankState) -> str:
     """The tile's background for ``state``: the dark theme's where one is shown."""
-    return f"var(--mnb-{state.value}-bg,{LIGHT[state][0]})"
+    return f"var(--mnb-{state.value}-bg,{COLOURS[state].light_bg})"
 
 
 def foreground(state: RankState) -> str:
-    return f"var(--mnb-{state.value}-fg,{LIGHT[state][1]})"
+    return f"var(--mnb-{state.value}-fg,{COLOURS[state].light_fg})"
 
 
 def style_sheet() -> str:
     """The dashboard's ``<style>``: the dark theme's tile colours, and text of the
     chart and the header that follows the theme."""
     variables = ";".join(
-        f"--mnb-{state.value}-bg:{bg};--mnb-{state.value}-fg:{fg}"
-        for state, (bg, fg) in DARK.items()
+        f"--mnb-{state.value}-bg:{c.dark_bg};--mnb-{state.value}-fg:{c.dark_fg}"
+        for state, c in COLOURS.items()
     )
     dark = ",".join(f"{body} .mnb-dashboard" for body in _DARK_BODIES)
     return (
