@@ -438,7 +438,7 @@ class Agent:
         match message:
             case AgentHeartbeat():
                 pass
-            case AgentAttach(address, identity):
+            case AgentAttach(address, identity, host_index):
                 if self.connected:  # one controller at a time: the newest one
                     _log.warning(
                         "agent %d: a new controller attached; ending the previous "
@@ -448,6 +448,7 @@ class Agent:
                     )
                     self.kill_all()
                 self.connected = True
+                self.host_index = host_index  # its place in this controller's mesh
                 self.signer.sender = sender_tag(identity.encode())
                 self.hello(address)
             case LaunchWorkers(workers):

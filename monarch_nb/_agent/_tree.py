@@ -25,6 +25,7 @@ from .._wire import _keys
 from .._wire._handshake_guard import HandshakeGuard
 from .._wire._signed import MAX_FRAME_BYTES, forward, receive
 from .._wire._tree import TREE, TreeListening, parse_node
+from .._wire._tree_fold import FOLD, parse_plan, parse_up
 
 _log = logging.getLogger("monarch_nb.agent")
 
@@ -39,11 +40,15 @@ class TreeRelay:
         self.socket: zmq.Socket | None = None  # the tree link, once bound
         self.guard: HandshakeGuard | None = None
         self.children: dict[bytes, zmq.Socket] = {}  # endpoint -> a DEALER to that child
+        self.child_of: dict[zmq.Socket, bytes] = {}  # and back: partial folds come on them
+        self.folds: Any = None  # the agent's _folds.Folds (reduced calls)
         self.dropped = 0  # malformed relays, and messages that were not relays
 
     def owns(self, item: Any) -> bool:
         return item is not None and (
-            item is self.socket or (self.guard is not None and item is self.guard.monitor)
+            item is self.socket
+            or (self.guard is not None and item is self.guard.monitor)
+            or item in self.child_of
         )
 
     def listen(self, address: str, who: str) -> TreeListening:
@@ -84,16 +89,56 @@ class TreeRelay:
         if self.guard is not None and item is self.guard.monitor:
             self.guard.readable()
             return
+        if item in self.child_of:
+            self._from_child(item)
+            return
         assert self.socket is not None
         while True:
             frames = receive(self.socket)
             if frames is None:
                 return
-            # [the parent's routing id, T + node, the controller's message...]
-            if len(frames) < 3 or not frames[1].bytes.startswith(TREE):
+            # [the parent's routing id, T (or F) + node (plan), the controller's message...]
+            if len(frames) < 3:
+                self.dropped += 1
+            elif frames[1].bytes.startswith(TREE):
+                self.relay(frames[1].buffer[1:], frames[2:], down)
+            elif frames[1].bytes.startswith(FOLD):
+                self.fold(frames[1].buffer[1:], frames[2:], down, frames[0].bytes)
+            else:
+                self.dropped += 1
+
+    def _from_child(self, sock: zmq.Socket) -> None:
+        """A child's partial folds: [U + call id, the partial, its passed and lost ranks]."""
+        while True:
+            frames = receive(sock)
+            if frames is None:
+                return
+            try:
+                call_id = parse_up(frames[0].bytes)
+            except ValueError:
                 self.dropped += 1
                 continue
-            self.relay(frames[1].buffer[1:], frames[2:], down)
+            self.folds.from_child(self.child_of[sock], call_id, frames[1:])
+
+    def fold(self, plan: Any, body: list[Any], down: zmq.Socket, parent: bytes | None) -> None:
+        """A reduced cast: note what to fold (``_folds``), then relay it as any cast."""
+        try:
+            parsed = parse_plan(plan)
+            self.folds.begin(parsed, parent)
+        except ValueError as exc:
+            self.dropped += 1
+            _log.error("monarch_nb agent: dropped a reduced cast: %s", exc)
+            return
+        for endpoint, child_plan in parsed.children:
+            child = self._child(endpoint)
+            child.send(FOLD + parsed.head + child_plan, zmq.SNDMORE)
+            forward(child, body)
+        for _, identity in parsed.workers:
+            forward(down, body, identity)
+
+    def send_to_parent(self, parent: bytes, frames: list[bytes]) -> None:
+        if self.socket is not None:
+            self.socket.send_multipart([parent, *frames])
 
     def relay(self, node: Any, body: list[Any], down: zmq.Socket) -> None:
         """Pass ``body`` to the workers ``node`` names and on to its children."""
@@ -121,12 +166,16 @@ class TreeRelay:
             sock.curve_secretkey = self.curve["client_secret"].encode()
             sock.connect(endpoint.decode())
             self.children[endpoint] = sock
+            self.child_of[sock] = endpoint
+            self.poller.register(sock, zmq.POLLIN)
         return sock
 
     def close(self) -> None:
         for sock in self.children.values():
+            self.poller.unregister(sock)
             sock.close(0)
         self.children.clear()
+        self.child_of.clear()
         if self.guard is not None:
             self.poller.unregister(self.guard.monitor)
             self.guard.close()

@@ -208,6 +208,7 @@ class Endpoint(EndpointBase[R]):
     """One endpoint of an actor mesh, with the ways to call it (the adverbs)."""
 
     _mesh: ActorMesh[Any]
+    _folds_on_the_way = True  # collect="fold:sum" (Accumulator's named reducers)
 
     def _load(self, rank: int) -> int:
         group = self._mesh._group

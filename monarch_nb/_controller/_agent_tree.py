@@ -112,6 +112,9 @@ class AgentTree:
         # ranks -> (the workers the plan was made for, the plan): a cast to the same
         # ranks again costs a lookup (under the controller's send lock).
         self._plans: dict[tuple[int, ...], tuple[Any, list[tuple[bytes, Any]]]] = {}
+        # Reduced calls (_tree_reduce): their plans, as above, and those in flight.
+        self.fold_plans: dict[Any, Any] = {}
+        self.folds: dict[int, Any] = {}  # call id -> ReducedCall
 
     @property
     def active(self) -> bool:
@@ -183,6 +186,7 @@ class AgentTree:
         with self.hosts.controller.send_lock:  # no cast reads half of it
             self.roots = roots
             self._plans.clear()
+            self.fold_plans.clear()
 
     # -- the send path (under the controller's send lock) -------------------------------
 
@@ -243,6 +247,7 @@ class AgentTree:
             at = siblings.index(node)
             siblings[at : at + 1] = node.children
             self._plans.clear()
+            self.fold_plans.clear()
         return [n.agent for c in node.children for n in c.walk() if n.agent.lost is None]
 
     def lost(self, agent: Any, why: str) -> None:

@@ -9,6 +9,7 @@ from .._model._errors import RemoteError, SerializationError
 from .._model._public import publish
 from .._model._shape import Shape
 from .._runtime._pending import CallFuture, PendingCall, ReplyStream, set_wait_hook
+from .._runtime._reduced_call import FOLD_PREFIX, ReducedCall
 from .._wire._messages import Message
 from ._interrupt import GRACE_S, stop_call
 
@@ -38,14 +39,25 @@ def send_call(
     turns a pickling error into the error to raise. Never raises: a call
     that cannot be sent comes back already failed.
     """
-    call = PendingCall(
-        group.controller.next_call_id(),
-        shape,
-        actor=actor,
-        endpoint=endpoint,
-        collect=collect,
-        error_class=error_class,
-    )
+    call: PendingCall
+    if collect.startswith(FOLD_PREFIX):  # Accumulator(ep, identity, "sum"): folded on the way
+        call = ReducedCall(
+            group.controller.next_call_id(),
+            shape,
+            collect.removeprefix(FOLD_PREFIX),
+            actor=actor,
+            endpoint=endpoint,
+            error_class=error_class,
+        )
+    else:
+        call = PendingCall(
+            group.controller.next_call_id(),
+            shape,
+            actor=actor,
+            endpoint=endpoint,
+            collect=collect,
+            error_class=error_class,
+        )
     call.stopper = _stop
     call.grace = GRACE_S
     refused = check() if check is not None else None

@@ -242,7 +242,8 @@ class Controller(CallerReceiver):
                     ranks=ranks,
                 )
             if failure is None:
-                routes = group.routes(ranks)
+                fold = call is not None and call.collect == "fold"  # replies folded on the way
+                routes: Any = group.fold_routes(ranks, call) if fold else group.routes(ranks)
                 if call is not None:
                     call.group, call.tracker = group, self
                     self._calls[call.call_id] = call

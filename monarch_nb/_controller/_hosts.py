@@ -60,8 +60,10 @@ from .._wire._messages import (
 )
 from .._wire._signed import CONTROLLER, ReplayWindow, Signer, sender_tag
 from .._wire._tree import TreeListening
+from .._wire._tree_fold import FoldedReply
 from ._agent_tree import AgentTree
 from ._client import Controller
+from ._tree_reduce import on_folded
 from ._workers import HEARTBEAT_S, START_TIMEOUT_S, WorkerProcess
 
 if TYPE_CHECKING:
@@ -565,6 +567,8 @@ class HostAgents:
                     future.set_result(_py_spy.Outcome(returncode, stdout, stderr, data))
             case TreeListening():
                 self.tree.on_listening(agent, message)
+            case FoldedReply():
+                on_folded(self, agent, message)
             case AgentSuperseded(hostname, pid):
                 self.lose(
                     agent,

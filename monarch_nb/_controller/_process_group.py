@@ -53,6 +53,7 @@ from ._restarts import Restarter
 from ._status import MeshStatus, RestartRecord
 from ._telemetry import TelemetryHistory
 from ._timeline import TimelineRecorder
+from ._tree_reduce import fold_routes
 from ._worker_messages import WorkerMessages
 from ._workers import HEARTBEAT_S, START_TIMEOUT_S, STOP_GRACE_S, LocalWorker, WorkerProcess
 
@@ -208,6 +209,10 @@ class ProcGroup:
             worker = workers[r]
             by_route.setdefault(worker.route, []).append(worker.identity)
         return list(by_route.items())
+
+    def fold_routes(self, ranks: tuple[int, ...], call: Any) -> list[tuple[bytes | None, Any]]:
+        """As :meth:`routes`, for a reduced call: folded by the agents on the way."""
+        return fold_routes(self, ranks, call)
 
     def failure_for(self, ranks: tuple[int, ...]) -> MeshFailure | None:
         """Why ``ranks`` cannot take a call now, or None. Decisive only under the
