@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ._controller._telemetry import TelemetrySample
     from ._controller._timeline import Timeline
     from ._jobs._launchers import attach, slurm_hosts, ssh_hosts
+    from ._jobs._worker_loop import attach_to_workers, run_worker_loop_forever
     from ._model._errors import (
         CallCancelled,
         CallTimeout,
@@ -143,6 +144,7 @@ _DEFINED_IN = {
     "ValueMesh": "_model._value_mesh",
     "Accumulator": "_runtime._accumulator",
     "attach": "_jobs._launchers",
+    "attach_to_workers": "_jobs._worker_loop",
     "breakpoint": "debug._remote",
     "call_on_shard_and_fetch": "tensor._remote",
     "concurrent_endpoint": "_runtime._actors",
@@ -165,6 +167,7 @@ _DEFINED_IN = {
     "no_mesh": "tensor._active",
     "proc_mesh": "_controller._legacy_spawn",
     "remote": "tensor._remote",
+    "run_worker_loop_forever": "_jobs._worker_loop",
     "send": "_runtime._endpoint",
     "show": "tensor._api",
     "shutdown_context": "_controller._proc_mesh",
@@ -271,6 +274,7 @@ __all__ = [
     "Timeline",
     "ValueMesh",
     "attach",
+    "attach_to_workers",
     "breakpoint",
     "call_on_shard_and_fetch",
     "concurrent_endpoint",
@@ -296,6 +300,7 @@ __all__ = [
     "no_mesh",
     "proc_mesh",
     "remote",
+    "run_worker_loop_forever",
     "send",
     "show",
     "shutdown_context",

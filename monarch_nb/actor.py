@@ -18,9 +18,9 @@ Names of ``monarch.actor`` not provided here: ``as_endpoint``,
 ``enable_transport``, ``ChannelTransport``, ``ProcId``, ``Uid``, ``config``,
 ``debug_controller``, ``hosts_from_config``, ``attach`` (ours,
 :func:`monarch_nb.attach`, attaches to running agents with other arguments),
-``get_meter``, ``span``, ``traced``, ``run_worker_loop_forever``,
-``attach_to_workers`` (start agents with ``monarch-nb agent --listen ADDR
---key-file F --host-index I`` and attach with :func:`monarch_nb.attach`).
+``get_meter``, ``span``, ``traced``. ``run_worker_loop_forever`` and
+``attach_to_workers`` take a key file as ``ca`` (``monarch-nb keygen``) and
+refuse ``"trust_all_connections"``, saying what to do.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ._controller._bootstrap_command import BootstrapCommand, default_bootstrap_cmd
     from ._controller._legacy_spawn import proc_mesh
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
+    from ._jobs._worker_loop import attach_to_workers, run_worker_loop_forever
     from ._model._errors import MeshFailure
     from ._model._errors import RemoteError as ActorError
     from ._model._future import Future
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 # that imports an actor class written against this module loads no controller code.
 _DEFINED_IN = {
     "Accumulator": ("_runtime._accumulator", "Accumulator"),
+    "attach_to_workers": ("_jobs._worker_loop", "attach_to_workers"),
     "Actor": ("_runtime._actors", "Actor"),
     "ActorError": ("_model._errors", "RemoteError"),
     "ActorMesh": ("_controller._actor_mesh", "ActorMesh"),
@@ -80,6 +82,7 @@ _DEFINED_IN = {
     "endpoint": ("_runtime._actors", "endpoint"),
     "get_or_spawn_controller": ("_runtime._singletons", "get_or_spawn_controller"),
     "proc_mesh": ("_controller._legacy_spawn", "proc_mesh"),
+    "run_worker_loop_forever": ("_jobs._worker_loop", "run_worker_loop_forever"),
     "shutdown_context": ("_controller._proc_mesh", "shutdown_context"),
     "this_host": ("_controller._proc_mesh", "this_host"),
     # Actors that talk to actors: ports and channels, this process, send().
@@ -149,6 +152,7 @@ __all__ = [
     "PortReceiver",
     "ProcMesh",
     "ValueMesh",
+    "attach_to_workers",
     "concurrent_endpoint",
     "context",
     "current_actor_name",
@@ -158,6 +162,7 @@ __all__ = [
     "endpoint",
     "get_or_spawn_controller",
     "proc_mesh",
+    "run_worker_loop_forever",
     "send",
     "shutdown_context",
     "this_host",

@@ -136,6 +136,7 @@ def test_a_host_mesh_used_after_its_shutdown_says_so() -> None:
             assert hosts.spawn_procs(per_host={"procs": 1}).run("2 + 2").item() == 4
         with pytest.raises(RuntimeError, match="HostMesh has already been shut down"):
             hosts.spawn_procs(per_host={"procs": 1})
-        assert hosts.shutdown().get() is None  # a second shutdown does nothing
+        with pytest.raises(RuntimeError, match="HostMesh has already been shut down"):
+            hosts.shutdown().get()  # a second shutdown raises at its result, as Monarch's
     finally:
         job.kill()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._model._errors import MeshUsageError
-from .._model._future import Future, completed
+from .._model._future import Future, completed, failed
 from .._model._shape import MeshShape, Shape
 from .._services._proc_bind import check_proc_bind
 
@@ -109,8 +109,11 @@ class HostMeshBase(MeshShape):
         ``job.state()``'s are left running), keeping the hosts (their agents) for
         new ones: ``spawn_procs`` works again afterwards. Blocking; returns a
         future that is already done (``hosts.stop().get()`` works).
-        :meth:`shutdown` stops the hosts too. Raises MeshUsageError on a slice."""
+        :meth:`shutdown` stops the hosts too. Raises MeshUsageError on a slice;
+        after ``shutdown()`` the future raises HostMeshShutDown, as Monarch's."""
         self._check_whole("stop()")
+        if self._agents is not None and self._agents.shut_down:
+            return failed(HostMeshShutDown("stop()"))
         from ._client import Controller
 
         controller = self._controller or Controller._default

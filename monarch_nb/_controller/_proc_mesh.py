@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 
 from .._model import _checks
 from .._model._errors import MeshFailure, MeshUsageError, SpawnError
-from .._model._future import Future, completed, done_as_none
+from .._model._future import Future, completed, done_as_none, failed
 from .._model._public import publish
 from .._model._shape import MeshShape, Point, Shape
 from .._model._value_mesh import ValueMesh
@@ -635,12 +635,15 @@ class HostMesh(HostMeshBase):
 
         Returns once they have stopped, with a future that is already done
         (Monarch's ``hosts.shutdown().get()`` and ``await`` work too). Raises
-        MeshUsageError on a slice: shut down the mesh that started the hosts. A
-        second call does nothing (Monarch's raises); spawning afterwards raises
-        HostMeshShutDown, a RuntimeError too, in Monarch's words.
+        MeshUsageError on a slice: shut down the mesh that started the hosts.
+        Afterwards, as Monarch's, a second ``shutdown()`` or a ``stop()`` returns
+        a future that raises HostMeshShutDown (a RuntimeError too, "HostMesh has
+        already been shut down") when awaited or read, and spawning raises it.
         """
         self._check_whole("shutdown()")
         if self._agents is not None:
+            if self._agents.shut_down:
+                return failed(HostMeshShutDown("shutdown()"))
             self._agents.shutdown()
         return completed(None)
 

@@ -248,8 +248,12 @@ def attach(
     addresses = _host_list(addresses, "attach")
     for address in addresses:
         parts = urlsplit(address)
+        if address.startswith("ipc://") and len(address) > len("ipc://"):
+            continue  # an agent on this host, at a Unix socket
         if parts.scheme != "tcp" or not parts.hostname or not parts.port:
-            raise MeshUsageError(f"attach() needs tcp://host:port addresses, got {address!r}")
+            raise MeshUsageError(
+                f"attach() needs tcp://host:port (or ipc://PATH) addresses, got {address!r}"
+            )
     keys = _keys.read_key_file(os.path.expanduser(key_file))
     controller = controller or Controller.get()
     agents = HostAgents(controller, addresses, keys=keys, timeout_s=heartbeat_timeout)
@@ -267,7 +271,9 @@ def attach(
 
     def start() -> None:
         for agent in agents.agents:
-            host = socket.gethostbyname(urlsplit(agent.label).hostname or "")
+            # What the other hosts reach this one at; an ipc:// agent is on this host.
+            hostname = urlsplit(agent.label).hostname
+            host = socket.gethostbyname(hostname) if hostname else "127.0.0.1"
 
             def connect(agent=agent) -> None:
                 controller.agent_links.connect_curve(
@@ -280,7 +286,7 @@ def attach(
 
             controller.run(connect)
             agent.connected_to = agent.label
-            agents.send(agent, AgentAttach(host, agent.identity.decode()))
+            agents.send(agent, AgentAttach(host, agent.identity.decode(), agent.index))
 
     stop_watching = controller.run(
         lambda: controller.agent_links.watch_handshakes(handshake_failed)

@@ -567,12 +567,15 @@ class WorkspaceSynced(Message):
 @dataclass(frozen=True, slots=True)
 class AgentAttach(Message):
     """The controller's first word to an agent it connected to (``attach``), with
-    the address it reached the agent at (what other hosts should use) and the
-    routing identity it gave the agent (what the agent's messages are sealed by)."""
+    the address it reached the agent at (what other hosts should use), the
+    routing identity it gave the agent (what the agent's messages are sealed by)
+    and the agent's place in the host mesh (the order of ``attach``'s list: an
+    agent started without an index learns it here, for this session)."""
 
     TAG: ClassVar[int] = 68
     address: str
     identity: str
+    host_index: int
 
 
 @_message
