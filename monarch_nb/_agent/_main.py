@@ -96,7 +96,9 @@ from .._wire._signed import (
     sender_tag,
 )
 from .._wire._tree import TREE, TreeListen
+from .._wire._tree_fold import FOLD
 from ._background import BackgroundRequests
+from ._folds import Folds
 from ._tree import TreeRelay
 
 _log = logging.getLogger("monarch_nb.agent")
@@ -188,6 +190,7 @@ class Agent:
         self.background = BackgroundRequests(self.fd_warning)
         self.poller.register(self.background.wake_fd, zmq.POLLIN)
         self.tree = TreeRelay(self.context, self.poller, config["curve"])  # casts to relay on
+        self.folds = self.tree.folds = Folds(self.send_own, self.tree.send_to_parent)
 
     # -- sockets ------------------------------------------------------------------
 
@@ -337,6 +340,7 @@ class Agent:
         the next (whose sequence numbers start afresh)."""
         self.kill_all()
         self.tree.close()  # the next controller opens it again if it builds a tree
+        self.folds.clear()
         if self.listen is None:
             self.stopping = True
         else:
@@ -386,6 +390,9 @@ class Agent:
                 self.last_heard = time.monotonic()
             elif envelope.startswith(TREE):  # to its workers and on down the tree
                 self.tree.relay(frames[0].buffer[1:], frames[1:], self.down)
+                self.last_heard = time.monotonic()
+            elif envelope.startswith(FOLD):  # the same, its replies folded here (_folds)
+                self.tree.fold(frames[0].buffer[1:], frames[1:], self.down, None)
                 self.last_heard = time.monotonic()
             elif envelope == OWN:
                 try:
@@ -488,6 +495,8 @@ class Agent:
                     pass
             if self.listen is not None and self.peer is None:
                 continue  # no controller attached: its replies have nowhere to go
+            if self.folds.waiting and self.folds.from_worker(child.identity, frames[1:]):
+                continue  # a reply to a reduced call, folded here
             try:
                 forward(self.up, frames, self.peer)
             except zmq.Again:
@@ -525,6 +534,7 @@ class Agent:
             self._fd_owner[pipe.fileno()] = child
             self.poller.register(pipe.fileno(), zmq.POLLIN)
         self.send_own(WorkerStarted(identity, popen.pid))
+        self.folds.watch(child.identity, bootstrap.get("key"))
 
     def _not_started(self, identity: str, verb: str, exc: OSError) -> None:
         """Worker ``identity`` failed to start: its stderr says why, and it exited."""
@@ -596,6 +606,7 @@ class Agent:
                 pipe.close()
         del self.children[child.identity]
         self.send_own(WorkerExited(child.identity.decode(), returncode))
+        self.folds.forget(child.identity)
 
     def kill_all(self) -> None:
         children = list(self.children.values())
