@@ -6,6 +6,7 @@ import os
 import sys
 
 import pytest
+from process_checks import wait_for_exit
 
 from monarch_nb import MeshFailure, MeshUsageError, ssh_hosts, this_host
 
@@ -59,10 +60,19 @@ def test_bootstrap_runs_before_anything_else() -> None:
 
 
 def test_bootstrap_error_names_the_rank_and_its_traceback() -> None:
+    # As Monarch's: the spawn returns, and the failure surfaces at initialized
+    # and at the mesh's first use; no process is left running.
+    procs = this_host().spawn_procs({"procs": 2}, bootstrap=_fail_on_rank_1)
+    assert procs.state == "failed"
     with pytest.raises(MeshFailure, match="rank 1") as info:
-        this_host().spawn_procs({"procs": 2}, bootstrap=_fail_on_rank_1)
+        procs.initialized.get(timeout=10)
     assert "no CUDA for rank 1" in str(info.value)
     assert "_fail_on_rank_1" in str(info.value)
+    with pytest.raises(MeshFailure, match="no CUDA for rank 1"):
+        procs.run("1 + 1")
+    assert len(procs.pids) == 2
+    assert not wait_for_exit(set(procs.pids), 10)
+    procs.stop()
 
 
 def test_bootstrap_must_be_callable() -> None:

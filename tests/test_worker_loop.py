@@ -17,7 +17,7 @@ import psutil
 import pytest
 from process_checks import wait_for_exit
 
-from monarch_nb import MeshUsageError, SerializationError
+from monarch_nb import MeshFailure, MeshUsageError, SerializationError
 from monarch_nb._wire import _keys
 from monarch_nb.actor import Actor, attach_to_workers, endpoint, run_worker_loop_forever
 
@@ -95,6 +95,25 @@ def test_hosts_are_in_the_order_of_workers_each_session(loops) -> None:
         with pytest.raises(RuntimeError, match="HostMesh has already been shut down"):
             hosts.stop().get()
     assert all(p.poll() is None for p in procs)  # they wait for the next client
+
+
+def _fail_on_rank_1() -> None:
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("no CUDA for rank 1")
+
+
+def test_a_bootstrap_failure_on_another_host_surfaces_at_initialized(loops) -> None:
+    _, addresses, key = loops
+    hosts = attach_to_workers(ca=key, workers=addresses)
+    try:
+        procs = hosts.spawn_procs(bootstrap=_fail_on_rank_1)  # returns, as Monarch's
+        with pytest.raises(MeshFailure, match="no CUDA for rank 1"):
+            procs.initialized.get(timeout=10)
+        with pytest.raises(MeshFailure, match="no CUDA for rank 1"):
+            procs.spawn("hello", Hello)
+        assert not wait_for_exit(set(procs.pids), 30)
+    finally:
+        hosts.shutdown()
 
 
 def test_a_worker_loop_ends_its_processes_when_stopped(loops, tmp_path) -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._model._errors import MeshUsageError
+from .._model._errors import MeshFailure, MeshUsageError
 from .._model._future import Future, completed, failed
 from .._model._shape import MeshShape, Shape
-from .._services._proc_bind import check_proc_bind
+from .._services._proc_bind import BOOTSTRAP_FAILED, check_proc_bind
+from ._lifecycle import Failed
 
 if TYPE_CHECKING:
     from ._client import Controller
@@ -193,6 +195,32 @@ class HostMeshBase(MeshShape):
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
         return extras
+
+
+# Process groups whose spawn_procs(bootstrap=fn) raised on a rank: that failure,
+# for ProcMesh.initialized. Weak: it goes with the group.
+_failed_bootstraps: weakref.WeakKeyDictionary[Any, MeshFailure] = weakref.WeakKeyDictionary()
+
+
+def start_group(group: Any, bootstrap: Callable[[], Any] | None) -> None:
+    """Start ``group``'s processes (blocking). A ``bootstrap`` that raised on a
+    rank fails the mesh, not the spawn, as Monarch's: the failure is raised by
+    ``procs.initialized`` and by the mesh's first use (no process is left
+    running). Any other failure to start raises here, as before."""
+    try:
+        group.start()
+    except MeshFailure as failure:
+        if bootstrap is None or failure.cause != BOOTSTRAP_FAILED:
+            raise
+        _failed_bootstraps[group] = failure
+        # The start killed the ranks that did start (stopped); the mesh is failed,
+        # so its first use raises this failure, not "was stopped".
+        group.controller.end_group(group, Failed(failure), failure)
+
+
+def start_failure(group: Any) -> MeshFailure | None:
+    """Why ``group``'s bootstrap failed at its start, or None."""
+    return _failed_bootstraps.get(group)
 
 
 def _product(sizes: Mapping[str, int]) -> int:

@@ -28,7 +28,7 @@ from ._client import Controller
 from ._events import EventStream, Output, RankState
 from ._group_status import mesh_state
 from ._history import History
-from ._host_mesh_extras import HostMeshBase, HostMeshShutDown
+from ._host_mesh_extras import HostMeshBase, HostMeshShutDown, start_failure, start_group
 from ._interrupt import wait_for
 from ._lifecycle import Failed, SpawnRecord
 from ._log_stream import OutputPrinter
@@ -63,8 +63,10 @@ class ProcMesh(MeshObservation, MeshShape):
     @property
     def initialized(self) -> Future[Literal[True]]:
         """A future of True: already done, since ``spawn_procs`` returns once the
-        processes are up (Monarch's ``await procs.initialized``)."""
-        return completed(True)
+        processes are up (Monarch's ``await procs.initialized``); it raises the
+        MeshFailure if ``spawn_procs(bootstrap=fn)``'s ``fn`` raised on a rank."""
+        failure = start_failure(self._group)
+        return completed(True) if failure is None else failed(failure)
 
     # -- shape --------------------------------------------------------------------
 
@@ -501,7 +503,8 @@ class HostMesh(HostMeshBase):
         brings dead ranks back by itself (see :class:`~monarch_nb.RestartPolicy`).
         ``bootstrap``: a function (or async function) of no arguments each new
         process runs first, before any actor or cell (set variables before CUDA
-        starts); if it raises, the spawn fails with MeshFailure naming the rank,
+        starts); if it raises, the mesh fails, not the spawn (as Monarch's):
+        ``initialized`` and the first use raise MeshFailure naming the rank,
         with its traceback. ``proc_bind``: CPU affinity, one dict per process of
         a host, as Monarch's: ``[{"cpus": "0-3"}, {"cpus": "4-7"}]`` (also
         ``physcpubind``, ``cpunodebind``); see docs/hosts.md. ``bootstrap_command``:
@@ -584,7 +587,7 @@ class HostMesh(HostMeshBase):
         if echo_output:
             group.printer = OutputPrinter()
             group.events.subscribe(group.printer, kinds=(Output,))
-        group.start()
+        start_group(group, bootstrap)  # a bootstrap's failure: at initialized, as Monarch's
         procs = ProcMesh(group, group.shape)
         _owned.own(procs)  # an actor's: stopped when it is
         return procs
