@@ -130,6 +130,29 @@ def test_a_worker_loop_ends_its_processes_when_stopped(loops, tmp_path) -> None:
     hosts.shutdown()
 
 
+def test_a_worker_loop_serves_on_a_socket_it_was_handed(loops) -> None:
+    """Monarch's tcp://HOST:fdN: the socket is bound by whoever starts the loop."""
+    _, _, key = loops
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port, fd = sock.getsockname()[1], sock.fileno()
+    address = f"tcp://127.0.0.1:fd{fd}"
+    loop = subprocess.Popen(
+        [sys.executable, "-c", _LOOP.format(address=address, ca=key)], pass_fds=(fd,)
+    )
+    sock.close()  # the loop's now
+    try:
+        hosts = attach_to_workers(ca=key, workers=[f"tcp://127.0.0.1:{port}"])
+        hello = hosts.spawn_procs().spawn("hello", Hello)
+        assert hello.host_pid.call().get(timeout=60).item() == loop.pid
+        hosts.shutdown()
+    finally:
+        workers = {c.pid for c in psutil.Process(loop.pid).children(recursive=True)}
+        loop.terminate()
+        assert loop.wait(30) == 0
+        assert not wait_for_exit(workers, 30)
+
+
 def test_trust_all_connections_is_refused_saying_what_to_do() -> None:
     for call in (
         lambda: run_worker_loop_forever(address="tcp://127.0.0.1:1", ca="trust_all_connections"),
@@ -149,7 +172,7 @@ def test_trust_all_connections_is_refused_saying_what_to_do() -> None:
         ({"ca": "k", "workers": "tcp://a:1"}, "list of addresses"),
         ({"ca": "k", "workers": ["http://a:1"]}, "tcp://HOST:PORT or ipc://PATH"),
         ({"ca": "k", "workers": ["tcp://0.0.0.0:7000"]}, "where a worker binds"),
-        ({"ca": "k", "workers": ["tcp://127.0.0.1:fd3"]}, "inherited listening socket"),
+        ({"ca": "k", "workers": ["tcp://127.0.0.1:fd3"]}, "clients dial its port"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, match) -> None:
@@ -171,9 +194,9 @@ def test_monarchs_address_forms_bind_and_dial_the_right_side() -> None:
 
     alias = "tcp://node1:7000@tcp://0.0.0.0:7000"
     assert (_bind_address(alias), _dial_address(alias)) == (
-        "tcp://0.0.0.0:7000",
+        ("tcp://0.0.0.0:7000", None),
         "tcp://node1:7000",
     )
     proc_addr = "service<2MuAHeDjLCEd>@tcp://node1:7000"
     assert _dial_address(proc_addr) == "tcp://node1:7000"
-    assert _bind_address("tcp://*:7000") == "tcp://*:7000"
+    assert _bind_address("tcp://*:7000") == ("tcp://*:7000", None)

@@ -233,6 +233,8 @@ class Agent:
             up.curve_server = True
             up.curve_publickey = keys["server_public"].encode()
             up.curve_secretkey = keys["server_secret"].encode()
+            if self.config.get("listen_fd") is not None:  # a socket it was handed, bound
+                up.setsockopt(zmq.USE_FD, self.config["listen_fd"])
             up.bind(self.listen)
         return up
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -63,12 +64,13 @@ def run_worker_loop_forever(
     (``monarch-nb keygen FILE``) every host and the client share. Never returns:
     SIGTERM or SIGHUP ends the process (SystemExit), its workers with it."""
     key_file = _key_file(ca, private_key, "run_worker_loop_forever")
-    bind = _bind_address(address)
+    bind, inherited_fd = _bind_address(address)
     try:
         # As `monarch-nb agent --listen` reads it; the index is a label until a
         # controller attaches and gives this host its place.
         config = {**_keys.agent_config_from_file(key_file), "host_index": 0}
         config["key_file"] = key_file
+        config["listen_fd"] = inherited_fd
         # Forever, as its name says, unless MONARCH_NB_AGENT_IDLE_TIMEOUT asks for an
         # idle exit (that setting's default is for agents a job started, not these).
         explicit = os.environ.get("MONARCH_NB_AGENT_IDLE_TIMEOUT") is not None
@@ -164,26 +166,49 @@ def _split_alias(address: str) -> tuple[str, str]:
     return address, address
 
 
-def _check_url(address: str, url: str) -> str:
+def _check_url(address: str, url: str, *, inherited: bool = False) -> str:
     if url.startswith("ipc://") and len(url) > len("ipc://"):
         return url
     scheme, sep, rest = url.partition("://")
     host, colon, port = rest.rpartition(":")
-    if port.startswith("fd"):
+    if port.startswith("fd") and not inherited:
         raise MeshUsageError(
-            f"{address!r}: an inherited listening socket (tcp://HOST:fdN) is not supported; "
-            "let the worker loop bind the port itself: tcp://HOST:PORT"
+            f"{address!r}: tcp://HOST:fdN is how a worker loop is handed a socket; clients "
+            "dial its port: tcp://HOST:PORT"
         )
-    if scheme != "tcp" or not sep or not host or not colon or not port.isdigit():
+    port_ok = port.isdigit() or (inherited and port.startswith("fd") and port[2:].isdigit())
+    if scheme != "tcp" or not sep or not host or not colon or not port_ok:
+        forms = "tcp://HOST:PORT, tcp://HOST:fdN (a bound TCP socket it inherited)"
         raise MeshUsageError(
-            f"{address!r} is not an address a worker loop serves on: give tcp://HOST:PORT "
-            "or ipc://PATH"
+            f"{address!r} is not an address a worker loop serves on: give "
+            f"{forms if inherited else 'tcp://HOST:PORT'} or ipc://PATH"
         )
     return url
 
 
-def _bind_address(address: str) -> str:
-    return _check_url(address, _split_alias(address)[1])
+def _bind_address(address: str) -> tuple[str, int | None]:
+    """Where to bind, and the inherited socket's fd for ``tcp://HOST:fdN``
+    (Monarch's form; zmq serves on that socket, ZMQ_USE_FD), else None."""
+    url = _check_url(address, _split_alias(address)[1], inherited=True)
+    fd_text = url.rpartition(":")[2]
+    if not fd_text.startswith("fd"):
+        return url, None
+    fd = int(fd_text[2:])
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise MeshUsageError(f"{address!r}: fd {fd} is not an open socket here ({exc})") from None
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            raise MeshUsageError(f"{address!r}: fd {fd} is not a TCP socket")
+        host, port = sock.getsockname()[:2]
+        if not port:
+            raise MeshUsageError(f"{address!r}: fd {fd} is not bound to a port; bind it first")
+        sock.listen(256)  # bound is enough, as Monarch's; zmq takes it as it is
+    finally:
+        sock.detach()  # the fd stays open: it is the agent's now
+    host = f"[{host}]" if ":" in host else host
+    return f"tcp://{host}:{port}", fd
 
 
 def _dial_address(worker: Any) -> str:
