@@ -663,7 +663,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--listen", help="bind here and wait for attach(), e.g. tcp://0.0.0.0:7000")
     parser.add_argument("--key-file", help="keys shared with the controller (monarch-nb keygen)")
-    parser.add_argument("--host-index", type=int, default=0, help="this host's index (listen)")
+    # Only a label in logs: each attach tells the agent its place in that mesh.
+    parser.add_argument("--host-index", type=int, default=0, help="a label until attached")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     raise_fd_limit()  # a listening endpoint holds an fd per connection, keyed or not
