@@ -69,6 +69,7 @@ from ._agent_links import AgentLinks, close_guard, watch_guard
 from ._calls import PendingCall
 from ._client_receive import HANDLING_FAILED, CallerReceiver, Peer, Verified
 from ._events import CallFinished, CallStarted, RankFailed, RankState, RankStateChanged
+from ._fold_answers import FoldAnswers
 from ._io_loop import IOLoop
 from ._lifecycle import Failed, Stopped
 
@@ -91,7 +92,7 @@ def _relay_envelope(identities: Any) -> bytes:
     return RELAY + b"\n".join(identities)
 
 
-class Controller(CallerReceiver):
+class Controller(CallerReceiver, FoldAnswers):
     """The client of every mesh one process started (see the module docstring)."""
 
     _default: Controller | None = None

@@ -136,8 +136,11 @@ class Partial:
             self.state = list(other)
             return
         mine = self.state
-        total = Fraction(mine[0], mine[1]) + Fraction(other[0], other[1])
-        mine[0], mine[1] = total.numerator, total.denominator
+        if mine[1] == 1 and other[1] == 1:  # ints (and whole floats): no Fraction
+            mine[0] += other[0]
+        else:
+            total = Fraction(mine[0], mine[1]) + Fraction(other[0], other[1])
+            mine[0], mine[1] = total.numerator, total.denominator
         for i in (2, 3, 4, 5):
             mine[i] = mine[i] or other[i]
 

@@ -77,9 +77,13 @@ class ReducedCall(PendingCall):
         if partial.count != len(covered) - len(apart):
             return f"a fold of {partial.count} replies, for {len(covered) - len(apart)} ranks"
         self.partial.merge(partial)
-        for rank in covered:
-            if rank not in apart:
-                self._arrived += 1
+        folded = [r for r in covered if r not in apart] if apart else covered
+        self._arrived += len(folded)
+        bulk = getattr(self.tracker, "ranks_answered", None)
+        if bulk is not None:  # the controller: one step for the subtree
+            bulk(self, folded)
+        else:
+            for rank in folded:
                 self._answer(rank)
         self._maybe_finish()
         return None

@@ -1,0 +1,164 @@
+"""Replies folded on the way up against gathering every reply, many local agents.
+
+Run: ``python benchmarks/bench_tree_reduce.py [--hosts 64] [--procs 2] [--fanout 8]``.
+
+Every "host" is this machine ("ssh" runs the agent locally, as in
+benchmarks/bench_tree.py): ``--hosts`` agents, ``--procs`` single-process
+ranks each, no torch. One host mesh, its modes taken in turn in each round
+(the baseline beside each figure, measured in the same run):
+
+- **flat, call()**: no tree (``host_tree_fanout='0'``), every rank's reply read
+  by the controller (what every gather did before);
+- **tree, call()**: the cast down the tree, every rank's reply still read;
+- **flat, reduced**: ``Accumulator(ep, 0, "sum")`` with no tree: each host's
+  agent folds its own ranks, one fold per host;
+- **tree, reduced**: the same down the tree: one fold per subtree root.
+
+Figures: the controller process's CPU (all threads, libzmq's included) per
+call (a cast and its gather), and per gather (that less the CPU of a cast
+alone, ``broadcast()``, measured in the same mode); the wall time per call.
+The controller also spends CPU while idle (every agent's and every rank's
+heartbeat, ~1 a second each): measured idle for 2 s each round, that rate
+times the wall time is taken out of the *net* figures, which are then what the
+calls themselves cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+
+import cloudpickle
+
+from monarch_nb import Actor, config, endpoint, ssh_hosts
+from monarch_nb.actor import Accumulator
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+LOCAL_SSH = (sys.executable, "-c", "import os,sys; os.execvp('sh', ['sh', '-c', sys.argv[2]])")
+
+
+class One(Actor):
+    @endpoint
+    def one(self) -> int:
+        return 1
+
+
+def _cpu() -> float:
+    return time.process_time()  # every thread of this process, libzmq's too
+
+
+def _idle_rate() -> float:
+    """The controller's CPU seconds per second with nothing in flight."""
+    c0, w0 = _cpu(), time.perf_counter()
+    time.sleep(2.0)
+    return (_cpu() - c0) / (time.perf_counter() - w0)
+
+
+def _measure(actors, calls: int, reduced: bool, ranks: int) -> dict[str, float]:
+    def once() -> None:
+        if reduced:
+            got = Accumulator(actors.one, 0, "sum").accumulate().get(timeout=120)
+        else:
+            got = sum(actors.one.call().get(timeout=120).values())
+        assert got == ranks, got
+
+    once()
+    once()  # warm: plans made, links up
+    idle = _idle_rate()
+    c0, w0 = _cpu(), time.perf_counter()
+    for _ in range(calls):
+        actors.one.broadcast()
+    actors.one.call().get(timeout=300)  # the casts done everywhere (one call more)
+    cast = (_cpu() - c0) / (calls + 1)
+    cast_net = cast - idle * (time.perf_counter() - w0) / (calls + 1)
+    time.sleep(0.3)
+    c0, w0 = _cpu(), time.perf_counter()
+    for _ in range(calls):
+        once()
+    wall = (time.perf_counter() - w0) / calls
+    call = (_cpu() - c0) / calls
+    call_net = call - idle * wall
+    return {
+        "call": call,
+        "gather": max(0.0, call - cast),
+        "call_net": call_net,
+        "gather_net": max(0.0, call_net - cast_net),
+        "wall": wall,
+        "idle": idle,
+    }
+
+
+MODES = (
+    ("flat, call()", False, False),
+    ("tree, call()", True, False),
+    ("flat, reduced", False, True),
+    ("tree, reduced", True, True),
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=64)
+    parser.add_argument("--procs", type=int, default=2, help="ranks per host")
+    parser.add_argument("--fanout", default="8")
+    parser.add_argument("--calls", type=int, default=100, help="calls per mode per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    with config.configured(host_tree_fanout=args.fanout):
+        hosts = ssh_hosts([f"h{i}" for i in range(args.hosts)], ssh=LOCAL_SSH, bind="127.0.0.1")
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in MODES}
+    try:
+        tree = hosts._agents.tree
+        roots = len(tree.roots or ())
+        procs = hosts.spawn_procs({"procs": args.procs})
+        actors = procs.spawn("one", One)
+        ranks = len(procs.pids)
+        actors.one.call().get(timeout=300)
+        print(
+            f"{args.hosts} agents x {args.procs} ranks up in {time.perf_counter() - started:.1f}"
+            f" s; tree fan-out {args.fanout}: {roots} subtree roots, depth {tree.depth()}"
+        )
+        for _ in range(args.rounds):
+            for name, in_tree, reduced in MODES:
+                tree.set_fanout(args.fanout if in_tree else "0")
+                runs[name].append(_measure(actors, args.calls, reduced, ranks))
+        procs.stop()
+    finally:
+        hosts.shutdown()
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    replies = {
+        "flat, call()": ranks,
+        "tree, call()": ranks,
+        "flat, reduced": args.hosts,
+        "tree, reduced": roots,
+    }
+    print(
+        f"\n{args.hosts} hosts x {args.procs} ranks ({ranks}), median of {args.rounds} rounds"
+        f" of {args.calls} calls per mode"
+    )
+    print("| mode | messages to the controller per gather | controller CPU per gather, net |"
+          " vs flat call() | per gather, with idle | per call (cast + gather), net |"
+          " wall per call |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    base = med("flat, call()", "gather_net")
+    for name, _, _ in MODES:
+        gather, raw, call = med(name, "gather_net"), med(name, "gather"), med(name, "call_net")
+        print(
+            f"| {name} | {replies[name]} | {gather * 1e6:,.0f} us | {gather / base:.2f}x |"
+            f" {raw * 1e6:,.0f} us | {call * 1e6:,.0f} us | {med(name, 'wall') * 1e3:.1f} ms |"
+        )
+    idle = statistics.median(r["idle"] for rs in runs.values() for r in rs)
+    print(f"\nthe controller idle: {idle * 1e3:.1f} ms of CPU per second (heartbeats)")
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "bench_tree_reduce"
+    main()
