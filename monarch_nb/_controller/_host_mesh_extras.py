@@ -1,6 +1,7 @@
 """What a HostMesh says and does beyond spawning, as Monarch's does: its shape
 (``extent``, ``slice``), ``initialized``, ``stop()``, ``with_python_executable``,
-and what ``spawn_procs(bootstrap=, proc_bind=)`` hands every new worker.
+``stream_logs``, and what ``spawn_procs(bootstrap=, proc_bind=)`` hands every
+new worker.
 
 A host mesh has one dimension, ``hosts``. A slice is a view: it reads as the
 hosts it keeps, and processes are spawned on a whole mesh only (a slice of a
@@ -101,6 +102,17 @@ class HostMeshBase(MeshShape):
             )
 
     @property
+    def stream_logs(self) -> bool:
+        """False, as Monarch's host meshes from jobs and ``this_host()``: process
+        meshes spawned here do not start in Monarch's log-streaming mode (each
+        line held up to 3 s and identical lines of many ranks folded at the
+        client); each rank's line prints as it comes, prefixed by its rank.
+        ``procs.logging_option(aggregate_window_sec=3)`` turns folding on,
+        ``stream_to_client=False`` silences a mesh (its lines stay in
+        ``procs.logs()``)."""
+        return False
+
+    @property
     def initialized(self) -> Future[Literal[True]]:
         """A future of True once the hosts are up: already done, since
         ``this_host()``, ``ssh_hosts()`` and the others return once they are."""
@@ -168,6 +180,9 @@ class HostMeshBase(MeshShape):
         extras: dict[str, Any] = {}
         if self._python is not None:
             extras["python"] = self._python
+            # What the new processes' own this_host() runs (Monarch's rule: a
+            # with_python_executable host mesh's processes spawn with it too).
+            extras["host_python"] = self._python
         if self._agents is not None:
             extras["spawned_by"] = self._owner  # read by stop(); the workers ignore it
         if command is not None and command[0] is not None:

@@ -20,6 +20,7 @@ from .._runtime._actors import Actor, check_endpoint_kinds
 from .._runtime._balance import MapFuture
 from .._runtime._peer_mesh import rebuild_procs
 from .._runtime._tensor_link import tensor_engine
+from .._services import _interpreter
 from .._wire._messages import Spawn
 from . import _cells, _data_parallel, _workspace_sync
 from ._actor_mesh import ActorMesh, unpicklable_argument
@@ -664,8 +665,11 @@ class HostMesh(HostMeshBase):
 
 
 def this_host(controller: Controller | None = None) -> HostMesh:
-    """The host this controller runs on (``controller``: the process default)."""
-    return HostMesh(controller)
+    """The host this controller runs on (``controller``: the process default).
+
+    In a process started through ``HostMesh.with_python_executable(path)``, its
+    new processes run ``path`` too, as Monarch's."""
+    return HostMesh(controller, python=_interpreter.inherited())
 
 
 def _this_host_of(hostname: str) -> HostMesh:

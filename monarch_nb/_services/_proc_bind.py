@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._model._errors import MeshUsageError
+from . import _interpreter
 
 BIND_KEYS = ("cpus", "physcpubind", "cpunodebind")
 _NODE_DIR = "/sys/devices/system/node"
@@ -102,6 +103,7 @@ def start_rank(boot: Mapping[str, Any], rank: int) -> None:
     A failure prints its traceback to stderr, which the controller reads, and
     exits with BOOTSTRAP_FAILED: the spawn fails naming this rank.
     """
+    _interpreter.remember(boot)  # this_host() here starts the same wrapper again
     try:
         envs = boot.get("rank_env")  # spawn_procs(bootstrap_command=...)'s, by rank
         if envs:

@@ -315,6 +315,7 @@ class RDMABuffer:
         *,
         write: bool,
         transport: str | None,
+        raw: bool = False,
     ) -> CopyOp:
         h = self._handle
         if self._dropped:
@@ -325,7 +326,9 @@ class RDMABuffer:
         ref = describe(local, role, need_writable=not write)
         whole = offset is None and size is None
         offset = 0 if offset is None else operator.index(offset)
-        if h.dtype is not None and ref.dtype is not None and h.dtype != ref.dtype:
+        # ``raw``: Monarch's RDMAAction copies bytes whatever the dtypes (a uint8
+        # view of a float32 buffer is a common way to ship it); only sizes count.
+        if not raw and h.dtype is not None and ref.dtype is not None and h.dtype != ref.dtype:
             raise TypeError(
                 f"dtype mismatch: the buffer holds {h.dtype} but {role} is {ref.dtype} "
                 f"({layout(ref.dtype, ref.shape)}); pass {role.split()[-1]} with dtype {h.dtype}, "
@@ -481,16 +484,24 @@ class RDMABatch:
 
 class RDMAAction(RDMABatch):
     """Monarch's name and argument order for a batch of copies:
-    ``RDMAAction().read_remote(dst, buf).write_remote(buf2, src).submit(timeout=60)``."""
+    ``RDMAAction().read_remote(dst, buf).write_remote(buf2, src).submit(timeout=60)``.
+
+    As Monarch's, it copies bytes: the local memory may have any dtype, and
+    only its size in bytes is checked against the buffer's (a read needs at
+    least the buffer's bytes, a write at most), with ValueError at once."""
 
     def read_remote(self, dst: Any, src: RDMABuffer) -> RDMAAction:
         """Add a read of all of ``src`` into ``dst``; returns the action."""
-        self.read_into(src, dst)
+        self._ops.append(
+            src._plan(dst, None, None, write=False, transport=self._transport, raw=True)
+        )
         return self
 
     def write_remote(self, dst: RDMABuffer, src: Any) -> RDMAAction:
         """Add a write of ``src`` into the start of ``dst``; returns the action."""
-        self.write_from(dst, src)
+        self._ops.append(
+            dst._plan(src, None, None, write=True, transport=self._transport, raw=True)
+        )
         return self
 
     def submit(self, *, timeout: float | None = None) -> Future[int]:
