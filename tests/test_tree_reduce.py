@@ -41,8 +41,9 @@ class Replier(Actor):
         }.get(kind, 0)
 
     @endpoint
-    def pid(self) -> int:
-        return os.getpid()
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return 1
 
 
 CASES = [(r, k) for r in ("sum", "min", "max") for k in ("int", "float", "big", "nan")]
@@ -75,13 +76,20 @@ def tree_actors():
     assert not wait_for_exit(pids, 30)
 
 
+def covered(actors) -> list[tuple[int, ...]]:
+    """The ranks each fold of a reduced call to all of ``actors`` covers (the plans
+    the controller keeps; a call's own record empties as its folds come)."""
+    tree = actors._group.agents.tree
+    ((_, plans),) = [v for k, v in tree.fold_plans.items() if k[1] == actors._shape.ranks]
+    return sorted(ranks for _, _, ranks in plans)
+
+
 def test_the_agents_fold_and_the_controller_reads_one_fold_per_subtree(tree_actors) -> None:
     call = tree_actors.value._send(tree_actors._shape, "fold:sum", ("int",), {})
-    roots = dict(call.covers)
     partial = call.future.get(timeout=60)
     assert partial.finish(None) == sum(range(1, 11))
     # two subtree roots, each covering its subtree's ranks, both folds counted
-    assert sorted(roots.values()) == [(0, 1, 2, 3), (4, 5, 6, 7, 8, 9)]
+    assert covered(tree_actors) == [(0, 1, 2, 3), (4, 5, 6, 7, 8, 9)]
     assert call.covers == {}
     assert partial.count == 10
     # a value no agent folds (a list) comes up on its own: the rank, by name
@@ -90,6 +98,16 @@ def test_the_agents_fold_and_the_controller_reads_one_fold_per_subtree(tree_acto
         call.future.get(timeout=60)
     assert call.covers == {}
     assert tuple(info.value.ranks) == (3,)
+    # without a tree, each host's agent folds its own ranks: a fold per host
+    tree = tree_actors._group.agents.tree
+    tree.set_fanout("0")
+    try:
+        call = tree_actors.value._send(tree_actors._shape, "fold:max", ("int",), {})
+        assert call.future.get(timeout=60).finish(None) == 10
+        assert covered(tree_actors) == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]
+        assert call.covers == {}
+    finally:
+        tree.set_fanout("2")
 
 
 def test_a_tree_folds_as_one_host_does(tree_actors) -> None:
@@ -154,6 +172,28 @@ def test_an_intermediate_agent_killed_mid_reduction_fails_the_call_naming_it() -
         # the tree is rebuilt around h2: the rest still folds
         rest = actors.slice(hosts=slice(0, 2))
         assert Accumulator(rest.value, 0, "sum").accumulate("int").get(timeout=60) == 3
+        procs.stop()
+    finally:
+        hosts.shutdown()
+    assert not wait_for_exit(pids, 30)
+
+
+def test_a_rank_killed_mid_reduction_fails_the_call_naming_it() -> None:
+    # fan-out 2 over 3 hosts: h1 relays to h2 and folds its replies.
+    with config.configured(host_tree_fanout="2"):
+        hosts = ssh_hosts([f"h{i}" for i in range(3)], ssh=LOCAL_SSH, bind="127.0.0.1")
+    try:
+        procs = hosts.spawn_procs({"procs": 1})
+        actors = procs.spawn("replier", Replier)
+        pids = set(procs.pids) | {a.pid for a in hosts._agents.agents}
+        assert Accumulator(actors.value, 0, "sum").accumulate("int").get(timeout=60) == 6
+        napping = Accumulator(actors.nap, 0, "sum").accumulate(60)
+        os.kill(procs.pids[2], signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(MeshFailure, match="rank 2") as info:
+            napping.get(timeout=30)
+        assert time.monotonic() - started < 4.0  # its agent's pidfd, at once
+        assert 2 in info.value.ranks
         procs.stop()
     finally:
         hosts.shutdown()
