@@ -186,6 +186,7 @@ class Launcher:
             prefix,
             _refs.ViewRef.of(self._group.shape),
             inboxes=inboxes,
+            tree=_peer.tree_id(),
         )
 
     def ref(self) -> _refs.ProcsRef | None:

@@ -36,6 +36,7 @@ so a reply leaves from the thread that computed it with no hand-off.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -92,6 +93,25 @@ def tree_key() -> bytes:
         if _tree_key is None:
             _tree_key = new_key()
         return _tree_key
+
+
+def tree_id(key: bytes | None = None) -> str:
+    """A public name of the tree whose key is ``key`` (this process's by default):
+    references carry it, so that one used in another tree (a second client
+    process it was pickled into) is refused by name at once, where its signed
+    messages would go unanswered. A hash: it tells nothing of the key."""
+    global _last_tree_id
+    if key is None:
+        key = _tree_key or tree_key()  # read without the lock: every send asks
+    last_key, last_id = _last_tree_id
+    if key is last_key:
+        return last_id
+    name = hashlib.sha256(b"monarch_nb tree id:" + key).hexdigest()[:16]
+    _last_tree_id = (key, name)
+    return name
+
+
+_last_tree_id: tuple[bytes, str] = (b"", "")
 
 
 def set_tree_key(key: bytes) -> None:
@@ -187,6 +207,7 @@ class PeerNode:
         if address is None and tcp_host is None:
             raise ValueError("a peer node needs an ipc:// address, a TCP host, or both")
         self.identity = secrets.token_bytes(16)
+        self.tree = tree_id(key)  # whose references this node may use (ProcsRef.tree)
         self.stats = WireStats()
         # Both ways go over trusted links (our private Unix sockets, or CURVE):
         # requests leave through outboxes, replies through the inbox they came in on.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._model._shape import Shape
+from . import _peer
 
 Runs = tuple[tuple[int, int, int], ...]  # (first rank, step, count) each
 
@@ -118,6 +119,7 @@ class ProcsRef:
     world: ViewRef  # the whole group's shape
     table: Table = ()  # a mesh on several hosts: where each rank listens
     inboxes: tuple[str, ...] = ()  # a resized mesh: each rank's address, by rank
+    tree: str = ""  # the tree whose key its ranks accept (_peer.tree_id); "" unknown
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ProcsRef:
@@ -138,6 +140,7 @@ class ProcsRef:
                 (host, tuple(tuple(run) for run in runs)) for host, runs in data.get("table", ())
             ),
             tuple(data.get("inboxes", ())),
+            data.get("tree", ""),
         )
 
     def address(self, rank: int) -> str:
@@ -154,6 +157,16 @@ class ProcsRef:
             raise MeshUsageError(
                 f"mesh {self.name!r} has its inboxes on host {self.host!r} only: "
                 "pass references from the controller that started it"
+            )
+        if self.tree and self.tree != _peer.tree_id():
+            # Its ranks check every message against their tree's key, and drop
+            # what another's signs: without this the call would wait forever.
+            raise MeshUsageError(
+                f"process mesh {self.name!r} belongs to another monarch_nb client (a "
+                "process tree with its own key, such as the one that pickled it into this "
+                "process): its ranks accept messages only from that client and the "
+                "processes it started. Use it there (that client, or an actor it spawned), "
+                "or spawn processes of this client's own: this_host().spawn_procs(...)"
             )
 
 
