@@ -25,6 +25,7 @@ from ._jobs._local import LocalJob
 from ._jobs._port_forward import PortForwarder
 from ._jobs._shell import shell
 from ._jobs._slurm import SlurmJob
+from ._jobs._telemetry import TelemetryConfig
 
 __all__ = [
     "DEFAULT_JOB_PATH",
@@ -37,6 +38,7 @@ __all__ = [
     "ProcessJob",
     "SSHJob",
     "SlurmJob",
+    "TelemetryConfig",
     "job_load",
     "job_loads",
     "shell",

@@ -43,6 +43,8 @@ from .._wire._network import free_port
 from . import _state_file
 from ._admin import MeshAdminConfig, note_admin_requested
 from ._launchers import attach, host_prelude
+from ._monarch_subclass import refuse_monarch_create
+from ._telemetry import TelemetryConfig, note_telemetry_requested
 
 DEFAULT_JOB_PATH = ".monarch_nb/job_state.json"
 # Where a job written to Monarch's contract (below) is saved by default: a pickle, as Monarch's.
@@ -159,6 +161,22 @@ class JobTrait:
         note_admin_requested(self.admin_config)
         return self
 
+    def enable_telemetry(
+        self,
+        config: TelemetryConfig | None = None,
+        *,
+        mesh_admin_config: MeshAdminConfig | None = None,
+        **kwargs: Any,
+    ) -> JobTrait:
+        """Monarch's: start its telemetry sidecar at ``state()``. Accepted; none runs
+        here (a warning says so once; see :mod:`monarch_nb._jobs._telemetry`).
+        Returns the job."""
+        self.telemetry_config = config if config is not None else TelemetryConfig(**kwargs)
+        note_telemetry_requested(self.telemetry_config)
+        if mesh_admin_config is not None:
+            self.enable_admin(mesh_admin_config)
+        return self
+
     def can_run(self, other: JobTrait) -> bool:
         """Whether this running job serves ``other``'s spec (a job written to
         Monarch's contract says so itself; by default it serves none)."""
@@ -202,6 +220,7 @@ class JobTrait:
                 "cannot run a client script; apply() it, then run the script yourself "
                 "(its job.state() re-attaches), or use LocalJob(...).apply(client_script=...)"
             )
+        refuse_monarch_create(self)
         key_file = _key_file_for(cached_path)
         self._running = {"key_file": key_file, **self._create(key_file)}
         if cached_path is not None:
