@@ -15,13 +15,15 @@ import-time environment (``PYTHON*``, ``LD_*``, ``TMPDIR``, ``MONARCH_NB_*`` but
 the per-mesh paths) are the same; it exits when its last rank has exited, so
 nothing lingers once meshes stop, and the next start makes a fresh one. It dies
 with this process (parent-death signal, from a thread that lives as long as it
-does), and its ranks die with it. Its socket is one end of a socketpair: no
+does), and its ranks die with it; at exit this process ends it and reaps it
+before it goes (:func:`stop_all`). Its socket is one end of a socketpair: no
 other process can reach it; messages are JSON, never pickles.
 """
 
 from __future__ import annotations
 
 import array
+import atexit
 import contextlib
 import io
 import json
@@ -33,6 +35,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +52,7 @@ _PER_MESH = frozenset(
     }
 )
 _READY_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 10.0  # at exit, for a zygote to go once told to
 _MAX_MESSAGE = 1 << 16
 
 
@@ -133,17 +137,20 @@ class Zygote:
         self._pending: list[tuple[int, int]] = []  # the pipes of requests not answered yet
         self.closed = False
         self.pid = 0
+        self.owner = os.getpid()
+        self._popen: subprocess.Popen[bytes] | None = None
         ready = threading.Event()
         failure: list[BaseException] = []
         # The zygote's parent-death signal fires when the thread that forked it
         # ends: this thread lives as long as the zygote does.
-        thread = threading.Thread(
+        self._thread = threading.Thread(
             target=self._run,
             args=(dict(env), ready, failure),
             name="monarch_nb-zygote",
             daemon=True,
         )
-        thread.start()
+        _every_zygote.add(self)
+        self._thread.start()
         if not ready.wait(_READY_TIMEOUT_S) or failure:
             self._close()
             why = failure[0] if failure else f"not ready within {_READY_TIMEOUT_S} s"
@@ -163,6 +170,7 @@ class Zygote:
                 start_new_session=True,
                 pass_fds=(self._theirs.fileno(),),
             )
+            self._popen = popen
             boot = {"zygote": {"fd": self._theirs.fileno(), "parent": os.getpid()}}
             assert popen.stdin is not None
             with contextlib.suppress(BrokenPipeError):
@@ -264,6 +272,16 @@ class Zygote:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
+    def stop(self, timeout: float) -> None:
+        """End the zygote now (ranks it still has die with it) and return once its
+        thread has reaped it; killed if it is not gone within ``timeout`` s."""
+        self._close()
+        self._thread.join(timeout)
+        if self._thread.is_alive() and self._popen is not None:
+            with contextlib.suppress(OSError):
+                self._popen.kill()
+            self._thread.join(timeout)
+
     def fork(self, env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> ForkedWorker:
         """A new rank with ``env``, this process's working directory and
         ``bootstrap``; raises :class:`ZygoteError` if the zygote cannot."""
@@ -307,6 +325,27 @@ class Zygote:
 
 _zygotes: dict[tuple[Any, ...], Zygote] = {}
 _zygotes_lock = threading.Lock()
+# Every zygote whose thread may still run, closed ones too (one that just lost
+# its last rank is still exiting, and its thread still has to reap it).
+_every_zygote: weakref.WeakSet[Zygote] = weakref.WeakSet()
+
+
+def stop_all(timeout: float = _STOP_TIMEOUT_S) -> None:
+    """End every zygote this process started and wait until each is reaped.
+
+    At exit: a zygote's thread is a daemon, so the interpreter would otherwise
+    leave without waiting for it, the zygote still running (its ``Popen`` then
+    warns that it is) until its parent-death signal ends it."""
+    for zygote in list(_every_zygote):
+        if zygote.owner == os.getpid():  # not a forked copy's: its thread did not come along
+            zygote.stop(timeout)
+
+
+# Registered at import, so normally before the controller's exit handler, which
+# then runs first (last registered, first run): it kills every mesh's ranks, and
+# this one finds each zygote idle or exiting. Run the other way round, ranks die
+# with their zygote (their parent-death signal) a moment sooner, as SIGKILLed.
+atexit.register(stop_all)
 
 
 def fork_worker(python: str, env: Mapping[str, str], bootstrap: Mapping[str, Any]) -> ForkedWorker:
