@@ -21,6 +21,7 @@ from .._wire._messages import Interrupt, Shutdown
 from . import _events as ev
 from ._group_core import GroupCore
 from ._lifecycle import Failed, Stopped, describe_ranks, plural_ranks
+from ._proc_failure import naming_an_actor
 from ._workers import KILL_WAIT_S, LocalWorker, WorkerProcess
 
 _log = logging.getLogger("monarch_nb")
@@ -190,7 +191,9 @@ class Liveness:
         if self._group.events.observed:
             announce()
         if budget is None:
-            _context.report_child_failure(self._group.owner, error)
+            # Up the tree as told by an actor that ran there (Monarch's events).
+            told = naming_an_actor(self._group, ranks, error)
+            _context.report_child_failure(self._group.owner, told)
             return
         self._group.schedule_restart(ranks, what)
 

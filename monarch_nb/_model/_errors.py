@@ -304,6 +304,15 @@ class MeshFailure(MonarchNbError):
         # Where an actor failed: its class (module.Class) and its point in its mesh.
         self.actor_class, self.point = actor_class, point
 
+    def __str__(self) -> str:
+        # An actor mesh's failure also reads as Monarch's (its name and the
+        # crashed ranks), which programs written for Monarch look for.
+        message = super().__str__()
+        actor, ranks = getattr(self, "actor", None), getattr(self, "ranks", ())
+        if actor is None or not ranks:
+            return message
+        return f"{message} (MeshFailure(mesh_name={actor}, crashed_ranks={list(ranks)}))"
+
     def headline(self) -> str:
         """One line naming the actor that failed, its point, and why, as Monarch's
         supervision events do: ``The actor mod.Cls name{'gpus': 1/2} and all its

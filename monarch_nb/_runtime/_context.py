@@ -171,4 +171,7 @@ def report_child_failure(owner: Any, error: MeshFailure) -> None:
         _supervision_hook(owner, error)
 
 
+_owned.report_failure = report_child_failure
+
+
 publish(globals())

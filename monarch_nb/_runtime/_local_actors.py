@@ -106,7 +106,9 @@ class LocalActorHost:
                 )
                 _context.set_task_context(ctx)
                 try:
-                    cls, args, kwargs = decode_payload(frames)
+                    # (A spawner's supervision port may follow: this process's
+                    # broadcast failures are printed here, below.)
+                    cls, args, kwargs, *_ = decode_payload(frames)
                     instance = cls(*args, **kwargs)
                 except BaseException as exc:
                     self._failed_inits[actor_id] = _failure(exc)

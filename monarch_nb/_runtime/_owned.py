@@ -14,6 +14,9 @@ from typing import Any
 
 # The running actor's instance, or None (set by _context: it knows).
 current_actor: Callable[[], Any] = lambda: None  # noqa: E731
+# report_failure(owner, failure): a mesh ``owner`` started failed (set by
+# _context: its report_child_failure, the owner's __supervise__ or the hook).
+report_failure: Callable[[Any, Any], None] = lambda owner, failure: None  # noqa: E731
 
 # Popped when the actor stops, so a stopped actor's id is not reused here.
 _owned: dict[int, list[Any]] = {}

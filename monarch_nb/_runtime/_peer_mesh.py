@@ -17,7 +17,7 @@ from .._model._errors import MeshUsageError, SerializationError, SpawnError
 from .._model._future import Future, completed, done_as_none
 from .._model._shape import Selector, Shape
 from .._wire._messages import Call, Spawn, StopActor
-from . import _owned, _refs
+from . import _owned, _peer_supervision, _refs
 from ._actors import Actor, check_endpoint_kinds, endpoint_names
 from ._endpoint import EndpointBase, unpicklable_argument
 from ._mesh_base import ActorMeshBase, endpoints_over_methods
@@ -101,6 +101,9 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
         self._cls_name = ref.cls_name
         self._endpoints = list(ref.endpoints)
         self._plain_methods = set()
+        # The port where its ranks report failures, on the mesh this process
+        # spawned (not on slices, references): closed when it is stopped.
+        self._supervision_port: int | None = None
         self.__class__ = endpoints_over_methods(type(self), self._endpoints)
 
     def __repr__(self) -> str:
@@ -126,6 +129,9 @@ class PeerActorMesh(ActorMeshBase, Generic[A]):
 
         Sent at once; the future is done once each actor's ``__cleanup__`` ran."""
         actor_id = self._ref.actor_id
+        if self._supervision_port is not None:  # stopped on purpose: no failure to hear
+            _peer_supervision.close(self._supervision_port)
+            self._supervision_port = None
         call = _send(
             self._ref.procs,
             self._shape,
@@ -223,11 +229,15 @@ class PeerProcMesh:
         # Unique in every process of the mesh whoever spawns (the controller
         # counts from 1; these never collide with its ids).
         actor_id = secrets.randbits(62) | (1 << 62)
+        # Its failures are ours to supervise, not the process mesh's controller's.
+        supervisor, port_id = _peer_supervision.supervision_port(
+            self._ref.name, name, actor_class, shape
+        )
         call = _send(
             self._ref,
             shape,
             lambda call_id: Spawn(call_id, actor_id, name, shape.labels, shape.sizes, shape.ranks),
-            (actor_class, args, kwargs),
+            (actor_class, args, kwargs, supervisor),
             actor=f"{actor_class.__name__} {name!r}",
             error_class=SpawnError,
             encode_error=lambda exc: unpicklable_argument(
@@ -235,6 +245,7 @@ class PeerProcMesh:
             ),
         )
         if call.group is None:  # never sent (unreachable, unpicklable): say it now
+            _peer_supervision.close(port_id)
             call.get()
         ref = _refs.ActorRef(
             self._ref,
@@ -245,6 +256,7 @@ class PeerProcMesh:
             _refs.ViewRef.of(shape),
         )
         actors: PeerActorMesh[A] = PeerActorMesh(ref, shape, done_as_none(call.future))
+        actors._supervision_port = port_id
         _owned.own(actors)  # an actor's: stopped when it is
         return actors
 

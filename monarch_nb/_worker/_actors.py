@@ -155,7 +155,10 @@ class Actors:
         )
         if decoded is FAILED:
             return
-        cls, args, kwargs = decoded
+        # A spawn through a reference names its spawner's supervision port too.
+        cls, args, kwargs, *supervisor = decoded
+        if supervisor:
+            self._answers.supervisors[message.actor_id] = supervisor[0]
         shape = Shape(message.labels, message.sizes, message.ranks)
         host = self._host
         ctx = Context(
@@ -331,6 +334,7 @@ class Actors:
     def stop(self, actor_id: int) -> None:
         """Stop actor ``actor_id`` if it lives here (see :meth:`_cleanup`)."""
         live = self.live.pop(actor_id, None)
+        self._answers.supervisors.pop(actor_id, None)
         if live is not None:
             self._cleanup(live)
 
@@ -339,6 +343,7 @@ class Actors:
         for actor_id in list(self.live):
             self._cleanup(self.live.pop(actor_id))
         self._failed_inits.clear()
+        self._answers.supervisors.clear()
 
     def _cleanup(self, live: LiveActor) -> None:
         """A stopped actor: cancel its async calls in flight and let them unwind

@@ -8,6 +8,7 @@ failure goes to supervision, the controller.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import traceback
 from typing import Any, Protocol
@@ -66,6 +67,9 @@ class Answers:
         self._worker = worker
         self.controller_route = controller_route
         self._send = controller_route.send
+        # actor id -> the supervision port of whoever spawned it through a
+        # reference (see _runtime/_peer_supervision): its broadcasts' failures go there.
+        self.supervisors: dict[int, Any] = {}
 
     def reply_value(self, call_id: int, value: Any, route: Route | None = None) -> None:
         route = route or self.controller_route
@@ -128,7 +132,17 @@ class Answers:
         """Answer call ``call_id`` with ``failure``; a broadcast's goes to supervision."""
         if reply:
             (route or self.controller_route).send(Failure(call_id, failure, serialization))
-        else:  # a broadcast has no caller: supervision (the controller) takes it
+        else:  # a broadcast has no caller: supervision takes it
+            supervisor = self.supervisors.get(actor_id)
+            if supervisor is not None:  # the actor that spawned it, not our controller
+                try:
+                    supervisor.send((label, failure))
+                    return
+                except Exception as exc:  # unreachable: the controller hears of it instead
+                    failure = dataclasses.replace(
+                        failure,
+                        message=f"{failure.message} (its supervisor was unreachable: {exc})",
+                    )
             self._send(BroadcastFailure(actor_id, label, failure))
 
     def decode_or_fail(
