@@ -95,8 +95,15 @@ class Kernel:
             env=kernel_env, extra_arguments=["--HistoryManager.enabled=False"]
         )
         self.client = self.manager.blocking_client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=60)
+        try:
+            self.client.start_channels()
+            self.client.wait_for_ready(timeout=60)
+        except BaseException:
+            # A kernel that never answered (one of its ports taken meanwhile, on a
+            # busy host) still runs: end it, or it outlives the session, orphaned.
+            self.client.stop_channels()
+            self.manager.shutdown_kernel(now=True)
+            raise
         self.pid = self.manager.provisioner.process.pid
 
     def __enter__(self) -> Kernel:
