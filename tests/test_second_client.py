@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from process_checks import wait_for_exit
 
-from monarch_nb import Actor, endpoint, this_host
+from monarch_nb import Actor, RemoteError, endpoint, this_host
 
 # The second client: reads the pickled meshes on stdin, reports each step as
 # one JSON line, and waits to be killed.
@@ -116,3 +116,68 @@ def test_a_second_client_is_refused_a_reference_at_once_and_its_own_procs_end_wi
         assert actors.pid.call_one().get(timeout=60) == ours
     finally:
         procs.stop().get(timeout=60)
+
+
+# A second client as multiprocessing makes it: a script whose main block starts
+# a process with "spawn", where the script's classes live in `__mp_main__`.
+_SCRIPT = textwrap.dedent(
+    """
+    import multiprocessing, os, sys
+    from monarch_nb import Actor, endpoint, this_host
+
+    class Own(Actor):
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+    def child(queue):
+        procs = this_host().spawn_procs(per_host={"procs": 1})
+        try:
+            queue.put(procs.spawn("own", Own).pid.call_one().get(timeout=60))
+        except Exception as exc:
+            queue.put(f"{type(exc).__name__}: {exc}")
+        finally:
+            procs.stop().get(timeout=60)
+
+    if __name__ == "__main__":
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        process = context.Process(target=child, args=(queue,))
+        process.start()
+        print(queue.get(timeout=120), flush=True)
+        process.join(60)
+        sys.exit(process.exitcode)
+    """
+)
+
+
+def test_a_client_started_by_multiprocessing_spawns_the_actors_its_script_defines(
+    tmp_path,
+) -> None:
+    script = tmp_path / "second_client.py"
+    script.write_text(_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().isdigit(), done.stdout + done.stderr[-2000:]
+
+
+class _MissingOnRanks:
+    """Pickles fine here; unpickling it on a rank raises KeyError (a name its
+    environment lacks), as a class of a module the ranks cannot import does."""
+
+    def __reduce__(self):
+        return (os.environ.__getitem__, ("MONARCH_NB_TEST_NOT_ON_RANKS",))
+
+
+def test_calls_to_an_actor_whose_spawn_did_not_unpickle_say_so(procs2) -> None:
+    actors = procs2.spawn("unmade", Pid, _MissingOnRanks())
+    with pytest.raises(Exception, match="could not be unpickled"):
+        actors.initialized.get(timeout=60)
+    with pytest.raises(RemoteError) as raised:
+        actors.pid.call().get(timeout=60)
+    assert "could not be unpickled" in str(raised.value)
+    assert "KeyError" in str(raised.value)
+    assert "never made" in str(raised.value)
+    assert "no actor" not in str(raised.value)

@@ -193,6 +193,8 @@ def _by_reference(obj: Any) -> bool:
     module_name = getattr(obj, "__module__", None)
     if not isinstance(module_name, str) or module_name == "__main__":
         return False
+    if module_name == "__mp_main__":
+        return not _mp_main_by_value()
     if module_name not in sys.modules:  # pickle would import it here to look
         return False
     if module_name.partition(".")[0] in _ALWAYS_BY_REFERENCE:
@@ -208,6 +210,21 @@ def _by_reference(obj: Any) -> bool:
         if not parent:
             return True
         name = parent
+
+
+def _mp_main_by_value() -> bool:
+    """Make a script's classes and functions go by value in a process that
+    multiprocessing started with "spawn" (there the script is ``__mp_main__``, a
+    module no worker can import, as ``__main__`` is elsewhere): a second client
+    that defines its actors in its script. True once registered."""
+    module = sys.modules.get("__mp_main__")
+    if module is None:
+        return False
+    import cloudpickle
+
+    if "__mp_main__" not in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.register_pickle_by_value(module)
+    return True
 
 
 class _NeedsByValue(Exception):
@@ -234,7 +251,10 @@ class _FastPickler(pickle.Pickler):
                 # whole pickling.
                 by_value = not _by_reference(obj)
             else:
-                by_value = kind.__module__ == "__main__"
+                module_name = kind.__module__
+                by_value = module_name == "__main__" or (
+                    module_name == "__mp_main__" and _mp_main_by_value()
+                )
             if by_value:
                 raise _NeedsByValue
         return _reduce_buffers(obj)

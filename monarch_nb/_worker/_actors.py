@@ -34,7 +34,7 @@ from .._wire._messages import (
     Value,
 )
 from .._wire._signed import decode_payload
-from ._answers import FAILED, Answers, Route
+from ._answers import Answers, Route
 from ._endpoint_tasks import NO_TICKET, TaskCall, stepped, where_awaiting
 from ._frames import not_user_code
 from ._inbox import Inbox
@@ -137,7 +137,8 @@ class Actors:
         self._inbox = inbox
         self._answers = answers
         self.live: dict[int, LiveActor] = {}
-        # Actors whose __init__ raised here: a call to one answers that failure
+        # Actors whose spawn failed here (__init__ raised, or the class or its
+        # arguments did not unpickle): a call to one answers what this holds
         # (spawning does not wait, so calls sent meanwhile queue behind the spawn).
         self._failed_inits: dict[int, RemoteFailure] = {}
         # Bound once: each call uses them.
@@ -150,10 +151,15 @@ class Actors:
 
     def on_spawn(self, message: Spawn, frames: list[Any], route: Route) -> None:
         call_id, name = message.call_id, message.name
-        decoded = self._answers.decode_or_fail(
-            call_id, True, f"spawn of {name!r}", frames, 0, route
-        )
-        if decoded is FAILED:
+        try:
+            decoded = decode_payload(frames)
+        except Exception as exc:
+            failure = self._answers.undecodable(exc, call_id, True, f"spawn of {name!r}", 0, route)
+            # Its calls answer this too, not "no actor": the class or an argument
+            # did not unpickle here (a class of a script run by multiprocessing).
+            self._failed_inits[message.actor_id] = dataclasses.replace(
+                failure, message=f"{failure.message}; so the actor was never made"
+            )
             return
         # A spawn through a reference names its spawner's supervision port too.
         cls, args, kwargs, *supervisor = decoded
@@ -178,7 +184,7 @@ class Actors:
             )
         except BaseException as exc:
             failure = self._failure_of(exc)
-            self._failed_inits[message.actor_id] = failure
+            self._failed_inits[message.actor_id] = never_constructed(failure)
             route.send(Failure(call_id, failure, False))
             return
         finally:
@@ -214,7 +220,7 @@ class Actors:
         if live is None:
             failed = self._failed_inits.get(actor_id)
             if failed is not None:
-                self._report(call_id, reply, actor_id, label, never_constructed(failed), route)
+                self._report(call_id, reply, actor_id, label, failed, route)
                 return
             error = LookupError(
                 f"no actor {actor_id} on rank {self._host.rank}: it was stopped, or its spawn "

@@ -169,8 +169,9 @@ class Answers:
         label: str,
         actor_id: int = 0,
         route: Route | None = None,
-    ) -> None:
-        """Answer a message whose arguments raised ``exc`` when unpickled."""
+    ) -> RemoteFailure:
+        """Answer a message whose arguments raised ``exc`` when unpickled; returns
+        the failure answered."""
         failure = RemoteFailure(
             self._worker.rank,
             type(exc).__name__,
@@ -179,3 +180,4 @@ class Answers:
             "",
         )
         self.report(call_id, reply, actor_id, label, failure, route, serialization=True)
+        return failure
