@@ -5,6 +5,7 @@ processes throughout."""
 
 import os
 import sys
+import time
 
 import pytest
 import torch
@@ -82,4 +83,34 @@ def test_rdma_action_copies_bytes_whatever_the_dtypes() -> None:
         # Our own typed read_into keeps its dtype check.
         with pytest.raises(TypeError, match="dtype mismatch"):
             buf.read_into(out)
+        buf.drop()
+
+
+def test_copies_start_when_awaited_so_await_order_orders_them() -> None:
+    import asyncio
+
+    data = torch.zeros(1 << 20, dtype=torch.float32)
+    buf = RDMABuffer(data)
+    try:
+        got = torch.ones(1 << 20, dtype=torch.float32)
+        new = torch.full((1 << 20,), 2.0)
+
+        async def reverse_order() -> None:
+            # Monarch's idiom: issue both, then await the write first.
+            read = buf.read_into(got, timeout=30)
+            write = buf.write_from(new, timeout=30)
+            assert not read.done()  # nothing started yet
+            await write
+            await read
+
+        asyncio.run(reverse_order())
+        assert bool((got == 2.0).all())  # the read saw the write
+        # A future let go unwaited still copies (nothing asked for is lost); it
+        # is ordered with nothing, so wait for its bytes to land.
+        buf.write_from(torch.full((1 << 20,), 3.0))
+        deadline = time.monotonic() + 30
+        while not bool((data == 3.0).all()):
+            assert time.monotonic() < deadline, "a write let go unwaited never ran"
+            time.sleep(0.01)
+    finally:
         buf.drop()

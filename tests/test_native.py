@@ -453,7 +453,8 @@ def test_drop_during_read_fails_cleanly(owner: Owner, transport: str) -> None:
     name = f"racing-{transport}"
     buf = owner.register(name, "arange64", "int64", ((64 << 20) // 8,))
     dst = torch.zeros((64 << 20) // 8, dtype=torch.int64)
-    fut = buf.read_into(dst, transport=transport)
+    # A batch starts at submit (read_into's future starts when waited on).
+    fut = RDMABatch(transport=transport).read_into(buf, dst).submit()
     owner.call("drop", name)
     exc = fut.exception(timeout=30)
     if exc is None:  # the copy won the race: then every byte must be right
@@ -469,7 +470,7 @@ def test_owner_killed_before_and_during_reads(own_owner: Owner) -> None:
     buf = own_owner.register("doomed", "arange64", "int64", (BIG // 8,))
     dst = torch.empty(BIG // 8, dtype=torch.int64)
     buf.read_into(dst[:1024], size=8192, transport="tcp").get(timeout=10)  # connection pooled
-    fut = buf.read_into(dst, transport="tcp")
+    fut = RDMABatch(transport="tcp").read_into(buf, dst).submit()  # starts now
     own_owner.proc.kill()
     own_owner.proc.join(10)
     exc = fut.exception(timeout=30)
@@ -484,7 +485,7 @@ def test_owner_killed_before_and_during_reads(own_owner: Owner) -> None:
 def test_local_read_when_owner_dies_mid_copy(own_owner: Owner) -> None:
     buf = own_owner.register("doomed-local", "arange64", "int64", (BIG // 8,))
     dst = torch.empty(BIG // 8, dtype=torch.int64)
-    fut = buf.read_into(dst, transport="local")
+    fut = RDMABatch(transport="local").read_into(buf, dst).submit()  # starts now
     own_owner.proc.kill()
     own_owner.proc.join(10)
     exc = fut.exception(timeout=30)

@@ -72,6 +72,7 @@ from monarch_nb.native._errors import RDMAAccessError, RDMABufferDroppedError, R
 from monarch_nb.native._handle import Handle, host_key, layout
 from monarch_nb.native._loader import load_extension
 from monarch_nb.native._memoryref import describe
+from monarch_nb.native._on_demand import OnDemand
 from monarch_nb.native._transport import (
     CopyOp,
     local_socket,
@@ -282,12 +283,16 @@ class RDMABuffer:
 
         Returns a future of the number of bytes copied. Errors in the arguments
         raise at once (before any byte moves); failures of the copy (dropped
-        buffer, owner gone, bad token) arrive through the future. ``timeout``
-        (seconds) fails the future with RDMATransferError if the copy has not
-        finished by then (the copy itself stops at its own progress timeout).
+        buffer, owner gone, bad token) arrive through the future. As Monarch's,
+        the copy starts when the future is first waited on (``get``, ``await``,
+        a done-callback) or let go, so the order of awaits orders copies issued
+        together (see :mod:`monarch_nb.native._on_demand`). ``timeout``
+        (seconds, counted from that start) fails the future with
+        RDMATransferError if the copy has not finished by then (the copy itself
+        stops at its own progress timeout).
         """
         op = self._plan(dst, offset, size, write=False, transport=transport)
-        return _with_timeout(submit([op]), timeout, "read")
+        return OnDemand(lambda: _with_timeout(submit([op]), timeout, "read"))
 
     def write_from(
         self,
@@ -305,7 +310,7 @@ class RDMABuffer:
         buffer (it is written at its start, as Monarch).
         """
         op = self._plan(src, offset, size, write=True, transport=transport)
-        return _with_timeout(submit([op]), timeout, "write")
+        return OnDemand(lambda: _with_timeout(submit([op]), timeout, "write"))
 
     def _plan(
         self,
@@ -508,8 +513,11 @@ class RDMAAction(RDMABatch):
         """Start every copy; ``timeout`` as in :meth:`RDMABuffer.read_into`.
 
         Unlike :meth:`RDMABatch.submit`, the action keeps its copies, as Monarch's
-        does: submitting it again runs them all again (reads fetch fresh bytes)."""
-        return _with_timeout(submit(list(self._ops)), timeout, "batch")
+        does: submitting it again runs them all again (reads fetch fresh bytes);
+        and, as Monarch's, they start when the future is first waited on (see
+        :meth:`RDMABuffer.read_into`)."""
+        ops = list(self._ops)
+        return OnDemand(lambda: _with_timeout(submit(ops), timeout, "batch"))
 
 
 def is_rdma_available() -> bool:
