@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from ._jobs._admin import MeshAdminConfig
+from ._jobs._exec_command import exec_command
 from ._jobs._job import (
     DEFAULT_JOB_PATH,
     JobState,
@@ -39,6 +40,7 @@ __all__ = [
     "SSHJob",
     "SlurmJob",
     "TelemetryConfig",
+    "exec_command",
     "job_load",
     "job_loads",
     "shell",
