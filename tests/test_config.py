@@ -220,12 +220,19 @@ def test_aliases_read_and_write_our_settings_and_their_live_copies():
     assert _signed.MAX_FRAME_BYTES == 1 << 30
 
 
+def _never_ready() -> None:
+    time.sleep(120)  # the start timeout fires long before; the spawn kills it
+
+
 def test_host_spawn_ready_timeout_bounds_the_start_of_workers():
+    # A start that cannot end in time: its bootstrap sleeps. (A 1 ms timeout on
+    # a plain start raced: a rank forked from the zygote may say hello before
+    # the caller begins to wait, as it did once in CI under load.)
     with (
-        config.configured(host_spawn_ready_timeout="1ms"),
-        pytest.raises(MeshFailure, match=r"did not start within 0\.001 s"),
+        config.configured(host_spawn_ready_timeout="500ms"),
+        pytest.raises(MeshFailure, match=r"did not start within 0\.5 s"),
     ):
-        this_host().spawn_procs(per_host={"procs": 1})
+        this_host().spawn_procs(per_host={"procs": 1}, bootstrap=_never_ready)
 
 
 def test_mesh_terminate_timeout_is_how_long_a_stopping_process_may_take():
