@@ -180,7 +180,7 @@ def _connect_as(uid: int, path: str) -> str:
     return out.stdout.strip() or out.stderr
 
 
-def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminals):
+def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminals, request):
     from monarch_nb.debug._attach import find_sockets
 
     run = Terminal([sys.executable, str(script)], script.parent, stdin_is_terminal=False)
@@ -198,6 +198,7 @@ def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminal
     # Connections of our own user that never say hello, or say something else,
     # stall nothing: one stays open, silent, through the whole session.
     silent = socket.socket(socket.AF_UNIX)
+    request.addfinalizer(silent.close)  # a failure below must not leak it into later tests
     silent.connect(path)
     rude = socket.socket(socket.AF_UNIX)
     rude.connect(path)

@@ -199,7 +199,17 @@ def test_ctrl_c_on_get_in_a_plain_script_interrupts_the_ranks(tmp_path):
         proc.wait()
         raise
     proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        # Say where everyone waits, then leave nothing behind for later tests.
+        stacks = _stacks(proc, pids)
+        proc.kill()
+        for pid in pids:
+            _kill_quietly(pid)
+        proc.wait()
+        so_far = "".join(iter(lines.get, ""))
+        pytest.fail(f"the script did not end within 60 s of Ctrl-C; output: {so_far!r}\n{stacks}")
     out = "".join(iter(lines.get, ""))
     assert proc.returncode == 0, out
     assert out.count("rank got it") == 2
