@@ -305,10 +305,7 @@ class PendingCall(CallFuture):
             return
         # The reply that completes a call that had no failure (most calls): the
         # rank's answer and the call's end are one step of the tracker's.
-        if self.collect == "one":
-            result = value
-        else:
-            result = ValueMesh(self.shape, [self.values[r] for r in self.ranks])
+        result = self._collected()
         with _settle_lock:
             settled, self._settled = self._settled, True
         if settled:  # failed or cancelled first: only the answer is news
@@ -351,10 +348,15 @@ class PendingCall(CallFuture):
             self._settle(None, self._error(self.serialization_failures, True))
         elif self.failures:
             self._settle(None, self._error(self.failures, False))
-        elif self.collect == "one":
-            self._settle(self.values[self.ranks[0]], None)
         else:
-            self._settle(ValueMesh(self.shape, [self.values[r] for r in self.ranks]), None)
+            self._settle(self._collected(), None)
+
+    def _collected(self) -> Any:
+        """What a call whose every rank replied without failure answers (a
+        subclass that collects otherwise says what it has instead)."""
+        if self.collect == "one":
+            return self.values[self.ranks[0]]
+        return ValueMesh(self.shape, [self.values[r] for r in self.ranks])
 
     # -- ending early (any thread) ---------------------------------------------------
 

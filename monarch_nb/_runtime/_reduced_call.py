@@ -88,15 +88,8 @@ class ReducedCall(PendingCall):
         self._maybe_finish()
         return None
 
-    def _maybe_finish(self) -> None:
-        if self._arrived < len(self.ranks):
-            return
-        if self.serialization_failures:
-            self._settle(None, self._error(self.serialization_failures, True))
-        elif self.failures:
-            self._settle(None, self._error(self.failures, False))
-        else:  # the caller folds its identity in (Partial.finish)
-            self._settle(self.partial, None)
+    def _collected(self) -> Partial:
+        return self.partial  # the caller folds its identity in (Partial.finish)
 
 
 publish(globals())
