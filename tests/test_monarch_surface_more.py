@@ -61,9 +61,9 @@ def test_the_old_proc_mesh_and_labels_as_monarchs() -> None:
 
 
 def test_mesh_admin_config_is_accepted_and_says_nothing_runs(monkeypatch) -> None:
-    from monarch_nb._jobs import _admin
+    from monarch_nb._jobs import _unserved
 
-    monkeypatch.setattr(_admin, "_warned", False)  # said once per process: say it here
+    monkeypatch.setattr(_unserved, "_said", set())  # said once per process: say it here
     job = LocalJob()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

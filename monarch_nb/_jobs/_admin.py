@@ -11,8 +11,9 @@ server starts, and ``JobState.admin_url`` stays None.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
+
+from ._unserved import note_unserved
 
 
 @dataclass
@@ -22,19 +23,12 @@ class MeshAdminConfig:
     admin_addr: str | None = None
 
 
-_warned = False
-
-
 def note_admin_requested(config: MeshAdminConfig) -> None:
     """Say, once per process, that the admin server Monarch would start does not exist."""
-    global _warned
-    if not isinstance(config, MeshAdminConfig):
-        raise TypeError(f"enable_admin takes a MeshAdminConfig, got {config!r}")
-    if _warned:
-        return
-    _warned = True
-    warnings.warn(
-        "enable_admin(): monarch_nb runs no mesh admin server (JobState.admin_url stays "
-        "None); see the meshes with procs.status(), %mesh status or the dashboard",
-        stacklevel=3,
+    note_unserved(
+        "enable_admin",
+        config,
+        MeshAdminConfig,
+        "monarch_nb runs no mesh admin server (JobState.admin_url stays None); see the "
+        "meshes with procs.status(), %mesh status or the dashboard",
     )

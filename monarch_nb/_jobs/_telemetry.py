@@ -14,8 +14,9 @@ Monarch that enables telemetry runs unchanged: the configuration is kept
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
+
+from ._unserved import note_unserved
 
 
 @dataclass
@@ -28,20 +29,13 @@ class TelemetryConfig:
     snapshot_interval_secs: float = 30.0
 
 
-_warned = False
-
-
 def note_telemetry_requested(config: TelemetryConfig) -> None:
     """Say, once per process, that the telemetry service Monarch would start does not exist."""
-    global _warned
-    if not isinstance(config, TelemetryConfig):
-        raise TypeError(f"enable_telemetry takes a TelemetryConfig, got {config!r}")
-    if _warned:
-        return
-    _warned = True
-    warnings.warn(
-        "enable_telemetry(): monarch_nb starts no telemetry service (JobState.telemetry_url "
-        "stays None); read the ranks' metrics and calls with procs.telemetry(), "
-        "procs.timeline(), procs.status() or the dashboard",
-        stacklevel=3,
+    note_unserved(
+        "enable_telemetry",
+        config,
+        TelemetryConfig,
+        "monarch_nb starts no telemetry service (JobState.telemetry_url stays None); read "
+        "the ranks' metrics and calls with procs.telemetry(), procs.timeline(), "
+        "procs.status() or the dashboard",
     )
