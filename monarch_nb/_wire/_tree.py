@@ -57,6 +57,12 @@ def encode_node(workers: Sequence[bytes], children: Sequence[tuple[bytes, bytes]
     parts = [_U32.pack(len(workers))]
     for identity in workers:
         parts += (_U16.pack(len(identity)), identity)
+    return with_children(parts, children)
+
+
+def with_children(parts: list[bytes], children: Sequence[tuple[bytes, bytes]]) -> bytes:
+    """A node's bytes: ``parts`` (its workers, as its kind of node writes them),
+    then ``children`` ((endpoint, node) each), as every kind of node ends."""
     parts.append(_U32.pack(len(children)))
     for endpoint, node in children:
         parts += (_U16.pack(len(endpoint)), endpoint, _U32.pack(len(node)), node)
@@ -66,24 +72,43 @@ def encode_node(workers: Sequence[bytes], children: Sequence[tuple[bytes, bytes]
 def parse_node(data: bytes | memoryview) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
     """``(workers, children)`` of a node made by :func:`encode_node`; ValueError if
     it is not one (truncated, or bytes left over)."""
-    view = memoryview(data)
-    at = 0
+    read = NodeReader(data, "a tree relay's node")
+    workers = [read.short_bytes() for _ in range(read.u32())]
+    return workers, read.children()
 
-    def take(n: int) -> memoryview:
-        nonlocal at
-        if at + n > len(view):
-            raise ValueError(f"a tree relay's node is truncated at byte {at}")
-        piece = view[at : at + n]
-        at += n
-        return piece
 
-    workers = []
-    for _ in range(_U32.unpack(take(4))[0]):
-        workers.append(bytes(take(_U16.unpack(take(2))[0])))
-    children = []
-    for _ in range(_U32.unpack(take(4))[0]):
-        endpoint = bytes(take(_U16.unpack(take(2))[0]))
-        children.append((endpoint, bytes(take(_U32.unpack(take(4))[0]))))
-    if at != len(view):
-        raise ValueError(f"a tree relay's node has {len(view) - at} bytes after its end")
-    return workers, children
+class NodeReader:
+    """A node's fields, in order, each checked against the end of ``data``;
+    ValueError naming ``what`` was read if it is truncated or runs on."""
+
+    __slots__ = ("_at", "_view", "_what")
+
+    def __init__(self, data: bytes | memoryview, what: str) -> None:
+        self._view = memoryview(data)
+        self._at = 0
+        self._what = what
+
+    def take(self, n: int) -> memoryview:
+        at = self._at
+        if at + n > len(self._view):
+            raise ValueError(f"{self._what} is truncated at byte {at}")
+        self._at = at + n
+        return self._view[at : at + n]
+
+    def u32(self) -> int:
+        return int(_U32.unpack(self.take(4))[0])
+
+    def short_bytes(self) -> bytes:
+        """Bytes after their u16 length (an identity, an endpoint)."""
+        return bytes(self.take(_U16.unpack(self.take(2))[0]))
+
+    def children(self) -> list[tuple[bytes, bytes]]:
+        """The node's children ((endpoint, node) each), which end it: ValueError if
+        bytes are left after them."""
+        children = []
+        for _ in range(self.u32()):
+            endpoint = self.short_bytes()
+            children.append((endpoint, bytes(self.take(self.u32()))))
+        if self._at != len(self._view):
+            raise ValueError(f"{self._what} has {len(self._view) - self._at} bytes after its end")
+        return children

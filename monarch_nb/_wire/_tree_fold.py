@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 from ._messages import Message, _message
 from ._signed import _split
+from ._tree import NodeReader, with_children
 
 FOLD = b"F"  # a reduced cast's envelope (beside RELAY, OWN and _tree.TREE)
 UP = b"U"  # a child agent's partial fold, on the tree link
@@ -79,38 +80,19 @@ def encode_node(
     parts = [_U32.pack(len(workers))]
     for rank, identity in workers:
         parts += (_U32.pack(rank), _U16.pack(len(identity)), identity)
-    parts.append(_U32.pack(len(children)))
-    for endpoint, node in children:
-        parts += (_U16.pack(len(endpoint)), endpoint, _U32.pack(len(node)), node)
-    return b"".join(parts)
+    return with_children(parts, children)
 
 
 def parse_plan(data: bytes | memoryview) -> Plan:
     """Head and node of an envelope after its ``F``; ValueError if not one."""
-    view = memoryview(data)
-    at = 0
-
-    def take(n: int) -> memoryview:
-        nonlocal at
-        if at + n > len(view):
-            raise ValueError(f"a reduced cast's plan is truncated at byte {at}")
-        piece = view[at : at + n]
-        at += n
-        return piece
-
-    head_bytes = bytes(take(_HEAD.size))
+    read = NodeReader(data, "a reduced cast's plan")
+    head_bytes = bytes(read.take(_HEAD.size))
     call_id, reducer = _HEAD.unpack(head_bytes)
     workers = []
-    for _ in range(_U32.unpack(take(4))[0]):
-        rank = _U32.unpack(take(4))[0]
-        workers.append((rank, bytes(take(_U16.unpack(take(2))[0]))))
-    children = []
-    for _ in range(_U32.unpack(take(4))[0]):
-        endpoint = bytes(take(_U16.unpack(take(2))[0]))
-        children.append((endpoint, bytes(take(_U32.unpack(take(4))[0]))))
-    if at != len(view):
-        raise ValueError(f"a reduced cast's plan has {len(view) - at} bytes after its end")
-    return Plan(head_bytes, call_id, reducer, workers, children)
+    for _ in range(read.u32()):
+        rank = read.u32()
+        workers.append((rank, read.short_bytes()))
+    return Plan(head_bytes, call_id, reducer, workers, read.children())
 
 
 def up_frame(call_id: int) -> bytes:
