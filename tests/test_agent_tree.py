@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
 import pytest
 import zmq
-from process_checks import wait_for_exit
+from local_hosts import tree_hosts, tree_procs
 from zmq.utils.monitor import recv_monitor_message
 
-from monarch_nb import MeshFailure, MeshUsageError, config, ssh_hosts
+from monarch_nb import MeshFailure, MeshUsageError
 from monarch_nb._controller._agent_tree import build, parse_fanout
-
-LOCAL_SSH = (sys.executable, "-c", "import os,sys; os.execvp('sh', ['sh', '-c', sys.argv[2]])")
-
-
-def tree_hosts(n: int, fanout: str):
-    with config.configured(host_tree_fanout=fanout):
-        return ssh_hosts([f"h{i}" for i in range(n)], ssh=LOCAL_SSH, bind="127.0.0.1")
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +82,8 @@ def test_the_tree_link_admits_only_the_host_meshs_agents(hosts5) -> None:
 
 def test_an_intermediate_agent_killed_mid_cast_fails_the_cast_naming_it() -> None:
     # fan-out 2 over 4 hosts: h2 relays casts to h3.
-    hosts = tree_hosts(4, "2")
-    try:
-        procs = hosts.spawn_procs({"procs": 1})
-        agents = hosts._agents.agents
-        relay = agents[2].pid
-        pids = set(procs.pids) | {a.pid for a in agents}
+    with tree_procs(4) as (hosts, procs):
+        relay = hosts._agents.agents[2].pid
         os.kill(relay, signal.SIGSTOP)  # it holds the cast for h3 ...
         call = procs.slice(hosts=3).exec("'reached'")
         os.kill(relay, signal.SIGKILL)  # ... and dies with it
@@ -108,10 +96,6 @@ def test_an_intermediate_agent_killed_mid_cast_fails_the_cast_naming_it() -> Non
         # The tree is rebuilt around h2: h3 is reached again, and so is the rest.
         assert list(procs.slice(hosts=3).run("rank").values()) == [3]
         assert list(procs.slice(hosts=slice(0, 2)).run("rank").values()) == [0, 1]
-        procs.stop()
-    finally:
-        hosts.shutdown()
-    assert not wait_for_exit(pids, 30)
 
 
 def test_fanouts_are_read_per_level_and_bad_ones_are_refused() -> None:

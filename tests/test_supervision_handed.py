@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Iterator
 
 import pytest
+from fault_hooks import Faults, recording_faults
 from polling import wait_until
 
-import monarch_nb.actor
 from monarch_nb import Actor, MeshFailure, endpoint, this_host
 
 pytestmark = pytest.mark.timeout(120)
@@ -89,24 +88,10 @@ def meshes() -> Iterator[tuple]:
     handed.stop()
 
 
-class Faults:
-    """The client's ``unhandled_fault_hook``, recording, while the test runs."""
-
-    def __init__(self) -> None:
-        self.failures: list[MeshFailure] = []
-        self.called = threading.Event()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        self.failures.append(failure)
-        self.called.set()
-
-
 @pytest.fixture
 def faults() -> Iterator[Faults]:
-    hook = Faults()
-    monarch_nb.actor.unhandled_fault_hook = hook
-    yield hook
-    monarch_nb.actor.unhandled_fault_hook = None
+    with recording_faults() as hook:
+        yield hook
 
 
 def test_a_failed_broadcast_on_a_handed_mesh_reaches_the_spawners_supervise(meshes, faults):
@@ -138,8 +123,7 @@ def test_a_handed_meshs_failure_its_owner_does_not_handle_goes_up_the_tree(meshe
     top, handed = meshes
     owner = top.slice(procs=1).spawn("owner", Owner, handed, False)
     owner.fail_children_by_broadcast.call_one().get(timeout=T)
-    assert faults.called.wait(T), "the unhandled failure never reached the client"
-    report = faults.failures[0].report()
+    report = faults.first_report(T)
     assert "Owner did not handle (its __supervise__ returned False)" in report
     assert "test_supervision_handed.Child kids{'procs': " in report
     assert "broadcast of Child.fail failed" in report
@@ -151,8 +135,7 @@ def test_a_killed_process_is_reported_up_the_tree_by_the_actor_that_ran_there(fa
         nest = procs.spawn("top", Nest)
         nest.initialized.get(timeout=T)
         nest.kill_nested.call_one().get(timeout=T)
-        assert faults.called.wait(T), "the unhandled failure never reached the client"
-        report = faults.failures[0].report()
+        report = faults.first_report(T)
         assert "test_supervision_handed.Child nested{'a_dim': 0/1}" in report
         assert "the process this actor was running on failed: Killed(sig=9)" in report
         assert "was killed by signal SIGKILL" in report

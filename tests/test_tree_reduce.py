@@ -11,15 +11,13 @@ import time
 
 import cloudpickle
 import pytest
-from process_checks import wait_for_exit
+from local_hosts import tree_procs
 
-from monarch_nb import Actor, MeshFailure, MeshUsageError, RemoteError, config, endpoint, ssh_hosts
+from monarch_nb import Actor, MeshFailure, MeshUsageError, RemoteError, endpoint
 from monarch_nb._model._reducers import Partial
 from monarch_nb.actor import Accumulator, current_rank, this_host
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-LOCAL_SSH = (sys.executable, "-c", "import os,sys; os.execvp('sh', ['sh', '-c', sys.argv[2]])")
 
 
 class Replier(Actor):
@@ -65,15 +63,8 @@ def outcomes(actors) -> list[str]:
 def tree_actors():
     # fan-out 2 over 5 hosts, 2 ranks each: the controller sends to h0 (which
     # relays to h1) and h2 (to h3 and h4): two levels, two folds come back.
-    with config.configured(host_tree_fanout="2"):
-        hosts = ssh_hosts([f"h{i}" for i in range(5)], ssh=LOCAL_SSH, bind="127.0.0.1")
-    procs = hosts.spawn_procs({"procs": 2})
-    actors = procs.spawn("replier", Replier)
-    pids = set(procs.pids) | {a.pid for a in hosts._agents.agents}
-    yield actors
-    procs.stop()
-    hosts.shutdown()
-    assert not wait_for_exit(pids, 30)
+    with tree_procs(5, per_host=2) as (_, procs):
+        yield procs.spawn("replier", Replier)
 
 
 def covered(actors) -> list[tuple[int, ...]]:
@@ -151,13 +142,9 @@ def test_identity_and_bad_reducers() -> None:
 
 def test_an_intermediate_agent_killed_mid_reduction_fails_the_call_naming_it() -> None:
     # fan-out 2 over 4 hosts: h2 relays casts to h3, and folds h3's replies.
-    with config.configured(host_tree_fanout="2"):
-        hosts = ssh_hosts([f"h{i}" for i in range(4)], ssh=LOCAL_SSH, bind="127.0.0.1")
-    try:
-        procs = hosts.spawn_procs({"procs": 1})
+    with tree_procs(4) as (hosts, procs):
         actors = procs.spawn("replier", Replier)
         agents = hosts._agents.agents
-        pids = set(procs.pids) | {a.pid for a in agents}
         assert Accumulator(actors.value, 0, "sum").accumulate("int").get(timeout=60) == 10
         relay = agents[2].pid
         os.kill(relay, signal.SIGSTOP)  # it holds the reduced cast for h3 ...
@@ -172,20 +159,12 @@ def test_an_intermediate_agent_killed_mid_reduction_fails_the_call_naming_it() -
         # the tree is rebuilt around h2: the rest still folds
         rest = actors.slice(hosts=slice(0, 2))
         assert Accumulator(rest.value, 0, "sum").accumulate("int").get(timeout=60) == 3
-        procs.stop()
-    finally:
-        hosts.shutdown()
-    assert not wait_for_exit(pids, 30)
 
 
 def test_a_rank_killed_mid_reduction_fails_the_call_naming_it() -> None:
     # fan-out 2 over 3 hosts: h1 relays to h2 and folds its replies.
-    with config.configured(host_tree_fanout="2"):
-        hosts = ssh_hosts([f"h{i}" for i in range(3)], ssh=LOCAL_SSH, bind="127.0.0.1")
-    try:
-        procs = hosts.spawn_procs({"procs": 1})
+    with tree_procs(3) as (_, procs):
         actors = procs.spawn("replier", Replier)
-        pids = set(procs.pids) | {a.pid for a in hosts._agents.agents}
         assert Accumulator(actors.value, 0, "sum").accumulate("int").get(timeout=60) == 6
         napping = Accumulator(actors.nap, 0, "sum").accumulate(60)
         os.kill(procs.pids[2], signal.SIGKILL)
@@ -194,7 +173,3 @@ def test_a_rank_killed_mid_reduction_fails_the_call_naming_it() -> None:
             napping.get(timeout=30)
         assert time.monotonic() - started < 4.0  # its agent's pidfd, at once
         assert 2 in info.value.ranks
-        procs.stop()
-    finally:
-        hosts.shutdown()
-    assert not wait_for_exit(pids, 30)
