@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,43 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import cloudpickle
-import zmq
+from raw_echo import RawEcho, median_time
 
 from monarch_nb import Actor, endpoint, this_host
 
 # Workers cannot import benchmarks/: send this module's actors by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-_ECHO_SERVER = """
-import os, sys, zmq
-parent = os.getppid()
-ctx = zmq.Context()
-s = ctx.socket(zmq.DEALER)
-s.setsockopt(zmq.SNDHWM, 0)
-s.setsockopt(zmq.RCVHWM, 0)
-s.connect(sys.argv[1])
-s.send(b"ready")
-while True:
-    if not s.poll(1000):
-        if os.getppid() != parent:  # the benchmark died: do not outlive it
-            break
-        continue
-    frames = s.recv_multipart(copy=False)
-    if frames[0].bytes == b"stop":
-        break
-    s.send_multipart(frames, copy=False)
-"""
-
-
-def median_time(fn: Callable[[], object], repeat: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 class Noop(Actor):
@@ -139,39 +107,6 @@ class Caller(Actor):
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
         return out.getvalue()
-
-
-class RawEcho:
-    """A raw pyzmq echo peer in another process, reached at ``address``."""
-
-    def __init__(self, address: str) -> None:
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.SNDHWM, 0)
-        self.router.setsockopt(zmq.RCVHWM, 0)
-        if address.startswith("tcp://"):
-            port = self.router.bind_to_random_port(address)
-            address = f"{address}:{port}"
-        else:
-            self.router.bind(address)
-        self.proc = subprocess.Popen([sys.executable, "-c", _ECHO_SERVER, address])
-        self.peer = self.router.recv_multipart()[0]
-
-    def round_trip(self) -> None:
-        self.router.send_multipart([self.peer, b"x"], copy=False)
-        self.router.recv_multipart(copy=False)
-
-    def pipelined(self, n: int) -> None:
-        for _ in range(n):
-            self.router.send_multipart([self.peer, b"x"], copy=False)
-        for _ in range(n):
-            self.router.recv_multipart(copy=False)
-
-    def close(self) -> None:
-        self.router.send_multipart([self.peer, b"stop"])
-        self.proc.wait(10)
-        self.router.close(0)
-        self.ctx.term()
 
 
 @dataclass

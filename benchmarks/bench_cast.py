@@ -25,8 +25,8 @@ import statistics
 import tempfile
 from collections.abc import Callable
 
-from bench_runtime import median_time
-from bench_scale import RawGather, Tiny  # registers itself to go by value
+from bench_scale import Tiny  # registers itself to go by value
+from raw_echo import RawEcho, median_time
 
 from monarch_nb import this_host
 
@@ -84,7 +84,7 @@ def one_round() -> tuple[Series, Series]:
         mesh.stop()
     with tempfile.TemporaryDirectory(prefix="monarch_nb-bench-") as ipc_dir:
         for size in SIZES:
-            gather = RawGather(size, ipc_dir)
+            gather = RawEcho(f"ipc://{ipc_dir}/gather", peers=size)
             try:
                 pids = [os.getpid(), *(child.pid for child in gather.children)]
                 for series, figure in zip(

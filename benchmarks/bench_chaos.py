@@ -274,9 +274,9 @@ def _rss_mib() -> float:
 
 class _RawEcho:
     def __init__(self) -> None:
-        from bench_scale import RawGather
+        from raw_echo import RawEcho
 
-        self.raw = RawGather(1)
+        self.raw = RawEcho("tcp://127.0.0.1")
 
     def pipelined(self, n: int) -> float:
         t0 = time.perf_counter()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ import cloudpickle
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "multihost"))
 sys.path.insert(0, HERE)
+
+from raw_echo import median_time  # noqa: E402
 
 from monarch_nb import Actor, endpoint, ssh_hosts  # noqa: E402
 
@@ -116,15 +117,6 @@ class Reader(Actor):
         return best
 
 
-def _median(fn, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def raw_round_trip(cluster, n: int) -> float:
     argv = cluster.host_argv(0, [sys.executable, "-c", _ECHO, cluster.hosts[0]])
     return _raw_round_trip(argv, cluster.hosts[0], n)
@@ -139,15 +131,12 @@ def _raw_round_trip(argv: list[str], address: str, n: int) -> float:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.connect(f"tcp://{address}:{port}")
-        for _ in range(20):
-            sock.send(b"x")
-            sock.recv()
 
         def once() -> None:
             sock.send(b"x")
             sock.recv()
 
-        result = _median(once, n)
+        result = median_time(once, n, warmup=20)
         sock.send(b"stop")
         sock.close(0)
         ctx.term()
@@ -233,9 +222,7 @@ def measure(quick: bool = False) -> list[dict]:
 
 def _cast_time(procs, calls: int) -> float:
     echo = procs.spawn("echo", Echo)
-    for _ in range(10):
-        echo.ping.call().get(timeout=30)
-    return _median(lambda: echo.ping.call().get(timeout=30), calls)
+    return median_time(lambda: echo.ping.call().get(timeout=30), calls, warmup=10)
 
 
 def _read_row(cluster, procs, reps: int) -> dict:

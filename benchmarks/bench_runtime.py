@@ -12,44 +12,22 @@ the same payload echoed as raw pyzmq frames on it; 4 bare
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import cloudpickle
 import torch
-import zmq
+from raw_echo import RawEcho, median_time
 
 from monarch_nb import Actor, endpoint, this_host
 
 # Workers cannot import benchmarks/: send this module's actors by value, as if
 # they were defined in a notebook, also when another script imports us.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-_ECHO_SERVER = """
-import os, sys, zmq
-parent = os.getppid()
-ctx = zmq.Context()
-s = ctx.socket(zmq.DEALER)
-s.setsockopt(zmq.SNDHWM, 0)
-s.setsockopt(zmq.RCVHWM, 0)
-s.connect(sys.argv[1])
-s.send(b"ready")
-while True:
-    if not s.poll(1000):
-        if os.getppid() != parent:  # the benchmark died: do not outlive it
-            break
-        continue
-    frames = s.recv_multipart(copy=False)
-    if frames[0].bytes == b"stop":
-        break
-    s.send_multipart(frames, copy=False)
-"""
 
 
 @dataclass
@@ -75,54 +53,6 @@ class Noop(Actor):
     @endpoint
     def echo(self, x: object) -> object:
         return x
-
-
-def median_time(fn: Callable[[], object], repeat: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
-class RawEcho:
-    """A raw pyzmq echo peer in another process: the floor for the wire."""
-
-    def __init__(self) -> None:
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        # Unbounded queues, like monarch_nb's own sockets: a ROUTER past its
-        # high-water mark drops messages, which would hang the pipelined row.
-        self.router.setsockopt(zmq.SNDHWM, 0)
-        self.router.setsockopt(zmq.RCVHWM, 0)
-        # The transport a local mesh uses: a Unix socket in a private directory.
-        self.dir = tempfile.mkdtemp(prefix="monarch_nb-bench-")
-        address = f"ipc://{os.path.join(self.dir, 'echo')}"
-        self.router.bind(address)
-        self.proc = subprocess.Popen([sys.executable, "-c", _ECHO_SERVER, address])
-        self.peer = self.router.recv_multipart()[0]
-
-    def round_trip(self, frames: list) -> None:
-        self.router.send_multipart([self.peer, *frames], copy=False)
-        self.router.recv_multipart(copy=False)
-
-    def pipelined(self, n: int) -> None:
-        for _ in range(n):
-            self.router.send_multipart([self.peer, b"x"], copy=False)
-        for _ in range(n):
-            self.router.recv_multipart(copy=False)
-
-    def close(self) -> None:
-        self.router.send_multipart([self.peer, b"stop"])
-        self.proc.wait(10)
-        self.router.close(0)
-        self.ctx.term()
-        for name in os.listdir(self.dir):
-            os.unlink(os.path.join(self.dir, name))
-        os.rmdir(self.dir)
 
 
 def bare_processes(n: int) -> None:

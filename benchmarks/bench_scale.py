@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 import cloudpickle
 import psutil
-import zmq
-from bench_runtime import median_time
+from raw_echo import RawEcho, median_time
 
 from monarch_nb import Actor, endpoint, this_host
 
@@ -38,25 +36,6 @@ from monarch_nb import Actor, endpoint, this_host
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MONARCH_512_ACTORS_S = 2.6e-3
-
-_ECHO = """
-import os, sys, zmq
-parent = os.getppid()
-s = zmq.Context().socket(zmq.DEALER)
-s.setsockopt(zmq.SNDHWM, 0)
-s.setsockopt(zmq.RCVHWM, 0)
-s.connect(sys.argv[1])
-s.send(b"ready")
-while True:
-    if not s.poll(1000):
-        if os.getppid() != parent:
-            break
-        continue
-    frames = s.recv_multipart(copy=False)
-    if frames[0].bytes == b"stop":
-        break
-    s.send_multipart(frames, copy=False)
-"""
 
 
 class Tiny(Actor):
@@ -84,42 +63,6 @@ class ScaleRow:
         return self.procs * self.actors_per_proc
 
 
-class RawGather:
-    """``procs`` bare echo processes behind one ROUTER: the floor for a gather."""
-
-    def __init__(self, procs: int, ipc_dir: str | None = None) -> None:
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.SNDHWM, 0)
-        self.router.setsockopt(zmq.RCVHWM, 0)
-        if ipc_dir is None:
-            port = self.router.bind_to_random_port("tcp://127.0.0.1")
-            address = f"tcp://127.0.0.1:{port}"
-        else:  # a local mesh's transport: a Unix socket in a private directory
-            address = f"ipc://{ipc_dir}/gather"
-            self.router.bind(address)
-        self.children = [
-            subprocess.Popen([sys.executable, "-c", _ECHO, address]) for _ in range(procs)
-        ]
-        self.peers = [self.router.recv_multipart()[0] for _ in range(procs)]
-
-    def gather(self, per_peer: int) -> None:
-        send = self.router.send_multipart
-        for _ in range(per_peer):
-            for peer in self.peers:
-                send([peer, b"x"])
-        for _ in range(per_peer * len(self.peers)):
-            self.router.recv_multipart(copy=False)
-
-    def close(self) -> None:
-        for peer in self.peers:
-            self.router.send_multipart([peer, b"stop"])
-        for child in self.children:
-            child.wait(30)
-        self.router.close(0)
-        self.ctx.term()
-
-
 def measure_one(procs: int, actors_per_proc: int, repeat: int) -> ScaleRow:
     t0 = time.perf_counter()
     # 256 processes on 2 cores is past the sanity limit on purpose: force it.
@@ -142,7 +85,7 @@ def measure_one(procs: int, actors_per_proc: int, repeat: int) -> ScaleRow:
         workers_rss = sum(psutil.Process(pid).memory_info().rss for pid in mesh.pids)
     finally:
         mesh.stop()
-    raw = RawGather(procs)
+    raw = RawEcho("tcp://127.0.0.1", peers=procs)
     try:
         floor_s = median_time(lambda: raw.gather(actors_per_proc), repeat, warmup=3)
     finally:
@@ -190,7 +133,7 @@ def measure_processes(procs: int, repeat: int = 20) -> ProcessesRow:
     finally:
         mesh.stop()
     t0 = time.perf_counter()
-    raw = RawGather(procs)
+    raw = RawEcho("tcp://127.0.0.1", peers=procs)
     try:
         raw.gather(1)
         floor_start_s = time.perf_counter() - t0
