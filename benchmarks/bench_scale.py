@@ -24,7 +24,10 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import cloudpickle
 import psutil
@@ -117,21 +120,29 @@ class ProcessesRow:
     floor_gather_s: float
 
 
-def measure_processes(procs: int, repeat: int = 20) -> ProcessesRow:
-    """Single-process ranks: start to the first gather, memory, a gather; then the
-    floor, ``procs`` bare pyzmq echo processes, the same way."""
+@contextmanager
+def _tiny_ranks(procs: int, name: str) -> Iterator[tuple[Any, Any, float]]:
+    """``(mesh, actors, start_s)``: ``procs`` single-process ranks with a Tiny actor
+    each, and the seconds from the start to their first gather answered; the mesh
+    stops after."""
     t0 = time.perf_counter()
     mesh = this_host().spawn_procs(
-        per_host={"procs": procs}, name="scale", echo_output=False, force=True
+        per_host={"procs": procs}, name=name, echo_output=False, force=True
     )
     try:
         actors = mesh.spawn("tiny", Tiny)
         actors.ping.call().get(timeout=600)
-        start_s = time.perf_counter() - t0
-        pss = sum(_pss(pid) for pid in mesh.pids)
-        gather_s = median_time(lambda: actors.ping.call().get(timeout=60), repeat, warmup=3)
+        yield mesh, actors, time.perf_counter() - t0
     finally:
         mesh.stop()
+
+
+def measure_processes(procs: int, repeat: int = 20) -> ProcessesRow:
+    """Single-process ranks: start to the first gather, memory, a gather; then the
+    floor, ``procs`` bare pyzmq echo processes, the same way."""
+    with _tiny_ranks(procs, "scale") as (mesh, actors, start_s):
+        pss = sum(_pss(pid) for pid in mesh.pids)
+        gather_s = median_time(lambda: actors.ping.call().get(timeout=60), repeat, warmup=3)
     t0 = time.perf_counter()
     raw = RawEcho("tcp://127.0.0.1", peers=procs)
     try:
@@ -157,19 +168,10 @@ def zygote_ab(procs: int, pairs: int = 2, repeat: int = 30) -> str:
         for _ in range(pairs):
             for mode, label in (("1", "forked from the zygote"), ("0", "fresh interpreters")):
                 os.environ["MONARCH_NB_ZYGOTE"] = mode  # read at each rank's start
-                t0 = time.perf_counter()
-                mesh = this_host().spawn_procs(
-                    per_host={"procs": procs}, name="ab", echo_output=False, force=True
-                )
-                try:
-                    actors = mesh.spawn("tiny", Tiny)
-                    actors.ping.call().get(timeout=600)
-                    start_s = time.perf_counter() - t0
+                with _tiny_ranks(procs, "ab") as (_, actors, start_s):
                     gather_s = median_time(
                         lambda a=actors: a.ping.call().get(timeout=60), repeat, warmup=5
                     )
-                finally:
-                    mesh.stop()
                 lines.append(f"| {label} | {start_s:.2f} s | {gather_s * 1e3:.1f} ms |")
     finally:
         if saved is None:

@@ -10,24 +10,65 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-_AREAS = [
-    "runtime",
-    "floor",
-    "actors",
-    "native",
-    "notebook",
-    "scale",
-    "cast",
-    "chaos",
-    "recovery",
-    "multihost",
-    "tensor",
-    "logs",
-]
+
+def _native(module: Any, quick: bool) -> str:
+    rows: list[dict[str, Any]] = []
+    module.run(rows, quick=quick)
+    return module.format_table(rows)
+
+
+def _notebook(module: Any, quick: bool) -> str:
+    runs = 50 if quick else 200
+    return module.render(module.measure(runs, 4), runs)
+
+
+def _logs(module: Any, quick: bool) -> str:
+    lines = 100_000 if quick else 1_000_000
+    return module.table(module.run(lines, 3), lines)
+
+
+def _rounds(quick_rounds: int, rounds: int) -> Callable[[Any, bool], None]:
+    """A benchmark that prints its own table: its main, with ``--rounds``."""
+    return lambda module, quick: module.main(["--rounds", str(quick_rounds if quick else rounds)])
+
+
+def _table(module: Any, quick: bool) -> str:
+    return module.table(module.run(quick=quick))
+
+
+def _render(module: Any, quick: bool) -> str:
+    return module.render(module.measure(quick=quick))
+
+
+# area: (module, heading, what prints its table: the table's text, or None where
+# the module printed it itself)
+_AREAS: dict[str, tuple[str, str, Callable[[Any, bool], str | None]]] = {
+    "runtime": ("bench_runtime", "Core runtime", _table),
+    "floor": (
+        "bench_floor",
+        "What the control path's floor is made of (raw pyzmq, a plain Unix socket)",
+        _rounds(2, 4),
+    ),
+    "actors": ("bench_actors", "Actors talking to actors", _table),
+    "native": ("bench_native", "Native data plane", _native),
+    "notebook": ("bench_notebook", "Notebook (%%mesh through a real kernel)", _notebook),
+    "scale": ("bench_scale", "Scale (a call gathered from many ranks)", _render),
+    "cast": ("bench_cast", "Cast (what one more rank adds)", _rounds(2, 5)),
+    "chaos": ("bench_chaos", "Hardening (faults, load, bad input)", _render),
+    "recovery": ("bench_recovery", "Recovery (a rank SIGKILLed, the mesh usable again)", _table),
+    "multihost": (
+        "bench_multihost",
+        "Multi-host (network-namespace hosts through ssh)",
+        lambda module, quick: module.main(["--quick"] if quick else []),
+    ),
+    "tensor": ("bench_tensor", "Tensor engine (mesh tensors driven from the controller)", _table),
+    "logs": ("bench_logs", "Rank log files (a print() flood with and without them)", _logs),
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,68 +76,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 1 GiB rows")
     parser.add_argument(
         "--only",
-        choices=_AREAS,
+        choices=list(_AREAS),
         action="append",
         help="run just these",
     )
     args = parser.parse_args(argv)
-    wanted = args.only or _AREAS
-
-    if "runtime" in wanted:
-        runtime = importlib.import_module("bench_runtime")
-        print("## Core runtime\n")
-        print(runtime.table(runtime.run(quick=args.quick)), "\n", flush=True)
-    if "floor" in wanted:
-        floor = importlib.import_module("bench_floor")
-        print("## What the control path's floor is made of (raw pyzmq, a plain Unix socket)\n")
-        floor.main(["--rounds", "2" if args.quick else "4"])
-        print(flush=True)
-    if "actors" in wanted:
-        actors = importlib.import_module("bench_actors")
-        print("## Actors talking to actors\n")
-        print(actors.table(actors.run(quick=args.quick)), "\n", flush=True)
-    if "native" in wanted:
-        native = importlib.import_module("bench_native")
-        rows: list[dict[str, Any]] = []
-        native.run(rows, quick=args.quick)
-        print("## Native data plane\n")
-        print(native.format_table(rows), "\n", flush=True)
-    if "notebook" in wanted:
-        notebook = importlib.import_module("bench_notebook")
-        runs = 50 if args.quick else 200
-        print("## Notebook (%%mesh through a real kernel)\n")
-        print(notebook.render(notebook.measure(runs, 4), runs), "\n", flush=True)
-    if "scale" in wanted:
-        scale = importlib.import_module("bench_scale")
-        print("## Scale (a call gathered from many ranks)\n")
-        print(scale.render(scale.measure(quick=args.quick)), "\n", flush=True)
-    if "cast" in wanted:
-        cast = importlib.import_module("bench_cast")
-        print("## Cast (what one more rank adds)\n")
-        cast.main(["--rounds", "2" if args.quick else "5"])
-        print(flush=True)
-    if "chaos" in wanted:
-        chaos = importlib.import_module("bench_chaos")
-        print("## Hardening (faults, load, bad input)\n")
-        print(chaos.render(chaos.measure(quick=args.quick)), "\n", flush=True)
-    if "recovery" in wanted:
-        recovery = importlib.import_module("bench_recovery")
-        print("## Recovery (a rank SIGKILLed, the mesh usable again)\n")
-        print(recovery.table(recovery.run(quick=args.quick)), "\n", flush=True)
-    if "multihost" in wanted:
-        multihost = importlib.import_module("bench_multihost")
-        print("## Multi-host (network-namespace hosts through ssh)\n")
-        multihost.main(["--quick"] if args.quick else [])
-        print(flush=True)
-    if "tensor" in wanted:
-        tensor = importlib.import_module("bench_tensor")
-        print("## Tensor engine (mesh tensors driven from the controller)\n")
-        print(tensor.table(tensor.run(quick=args.quick)), "\n", flush=True)
-    if "logs" in wanted:
-        logs = importlib.import_module("bench_logs")
-        lines = 100_000 if args.quick else 1_000_000
-        print("## Rank log files (a print() flood with and without them)\n")
-        print(logs.table(logs.run(lines, 3), lines), "\n", flush=True)
+    wanted = args.only or list(_AREAS)
+    for area, (name, heading, report) in _AREAS.items():
+        if area not in wanted:
+            continue
+        module = importlib.import_module(name)
+        print(f"## {heading}\n")
+        text = report(module, args.quick)
+        if text is None:
+            print(flush=True)
+        else:
+            print(text, "\n", flush=True)
 
 
 if __name__ == "__main__":
