@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tensor",),  # the tensor engine (torch)
     ("debug", "widgets"),  # the notebook's debugger prompt and its widgets
     ("magics",),  # %mesh, %%mesh, the dashboard panel
-    ("",),  # the face: monarch_nb/__init__.py, actor.py, rdma.py, job.py, ...
+    ("", "job"),  # the face: monarch_nb/__init__.py, actor.py, rdma.py, job/, ...
 ]
 SIDES = {"_controller", "_worker", "_agent"}
 MAX_FILE_LINES = 800

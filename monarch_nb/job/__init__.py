@@ -10,9 +10,9 @@
 
 from __future__ import annotations
 
-from ._jobs._admin import MeshAdminConfig
-from ._jobs._exec_command import exec_command
-from ._jobs._job import (
+from .._jobs._admin import MeshAdminConfig
+from .._jobs._exec_command import exec_command
+from .._jobs._job import (
     DEFAULT_JOB_PATH,
     JobState,
     JobTrait,
@@ -21,12 +21,12 @@ from ._jobs._job import (
     job_load,
     job_loads,
 )
-from ._jobs._kubernetes import KubernetesJob
-from ._jobs._local import LocalJob
-from ._jobs._port_forward import PortForwarder
-from ._jobs._shell import shell
-from ._jobs._slurm import SlurmJob
-from ._jobs._telemetry import TelemetryConfig
+from .._jobs._kubernetes import KubernetesJob
+from .._jobs._local import LocalJob
+from .._jobs._port_forward import PortForwarder
+from .._jobs._shell import shell
+from .._jobs._slurm import SlurmJob
+from .._jobs._telemetry import TelemetryConfig
 
 __all__ = [
     "DEFAULT_JOB_PATH",
