@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         ReplayError,
         SerializationError,
         SpawnError,
+        SupervisionError,
     )
     from ._model._future import Future
     from ._model._shape import Extent, Point, Shape
@@ -128,6 +129,7 @@ _DEFINED_IN = {
     "RankState": "_controller._events",
     "RankStatus": "_controller._status",
     "ReplayError": "_model._errors",
+    "SupervisionError": "_model._errors",
     "RemoteError": "_model._errors",
     "RemoteFailure": "_model._errors",
     "ReplyStream": "_runtime._pending",
@@ -270,6 +272,7 @@ __all__ = [
     "SpawnError",
     "Stacks",
     "Stream",
+    "SupervisionError",
     "TelemetrySample",
     "Timeline",
     "ValueMesh",

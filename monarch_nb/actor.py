@@ -13,6 +13,11 @@ one ``monarch_nb`` itself exports (loaded on first use, as there), except:
   :mod:`monarch_nb._controller._supervision`). The default does nothing more
   than monarch_nb always does: the mesh is failed, and its next call or cell
   raises the ``MeshFailure``. Monarch's default exits the process instead.
+- ``SupervisionError`` is what a call to an actor that has failed raises (its
+  endpoint raised a ``BaseException`` that is not an ``Exception``, its
+  process died, its mesh failed), as Monarch's; Monarch exports it from
+  ``monarch._rust_bindings.monarch_hyperactor.supervision``. Here it is also a
+  ``MeshFailure``.
 
 Names of ``monarch.actor`` not provided here: ``as_endpoint``,
 ``enable_transport``, ``ChannelTransport``, ``ProcId``, ``Uid``, ``config``,
@@ -37,7 +42,7 @@ if TYPE_CHECKING:
     from ._controller._legacy_spawn import proc_mesh
     from ._controller._proc_mesh import HostMesh, ProcMesh, shutdown_context, this_host
     from ._jobs._worker_loop import attach_to_workers, run_worker_loop_forever
-    from ._model._errors import MeshFailure
+    from ._model._errors import MeshFailure, SupervisionError
     from ._model._errors import RemoteError as ActorError
     from ._model._future import Future
     from ._model._shape import Extent, Point
@@ -71,6 +76,7 @@ _DEFINED_IN = {
     "Future": ("_model._future", "Future"),
     "HostMesh": ("_controller._proc_mesh", "HostMesh"),
     "MeshFailure": ("_model._errors", "MeshFailure"),
+    "SupervisionError": ("_model._errors", "SupervisionError"),
     "Point": ("_model._shape", "Point"),
     "ProcMesh": ("_controller._proc_mesh", "ProcMesh"),
     "ValueMesh": ("_model._value_mesh", "ValueMesh"),
@@ -151,6 +157,7 @@ __all__ = [
     "Port",
     "PortReceiver",
     "ProcMesh",
+    "SupervisionError",
     "ValueMesh",
     "attach_to_workers",
     "concurrent_endpoint",

@@ -16,6 +16,7 @@ from monarch_nb import (
     MeshUsageError,
     RemoteError,
     SpawnError,
+    SupervisionError,
     ValueMesh,
     context,
     current_rank,
@@ -263,7 +264,7 @@ def test_an_actor_mesh_reads_its_shape_and_stop_returns_a_future(procs4):
     assert flat.add.call(1).get(timeout=10).item(rank=3) == 2
     stopped = counters.stop()
     assert stopped.get(timeout=5) is None
-    with pytest.raises(RemoteError, match="it was stopped"):
+    with pytest.raises(SupervisionError, match="was stopped"):
         counters.add.call(1).get(timeout=10)
 
 

@@ -20,6 +20,7 @@ from monarch_nb import (
     RemoteError,
     SerializationError,
     SpawnError,
+    SupervisionError,
     current_rank,
     endpoint,
     this_host,
@@ -150,7 +151,9 @@ def test_sigkill_during_a_call_fails_it_within_a_second_then_fails_fast(procs2):
     with pytest.raises(MeshFailure, match="SIGKILL"):
         procs2.spawn("again", Worker)
     assert time.monotonic() - started < 0.5
-    assert procs2.failure is info.value
+    # The call's error is Monarch's SupervisionError, raised from the mesh's failure.
+    assert isinstance(info.value, SupervisionError)
+    assert procs2.failure is info.value.__cause__
     # ... while rank 0 keeps its actor, and its share of the failed call was
     # stopped, so it answers at once.
     assert workers.slice(procs=0).pid.call_one().get(timeout=10) == procs2.pids[0]

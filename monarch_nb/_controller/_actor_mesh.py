@@ -24,7 +24,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from .._model._errors import MeshFailure, MeshUsageError
+from .._model._errors import (
+    EndpointFailed,
+    MeshFailure,
+    MeshUsageError,
+    supervision_error_of,
+)
 from .._model._future import Future, completed, done_as_none
 from .._model._public import publish
 from .._model._shape import Shape
@@ -35,6 +40,7 @@ from .._runtime._mesh_base import ActorMeshBase, endpoints_over_methods
 from .._runtime._peer_mesh import rebuild_actors
 from .._runtime._pending import PendingCall
 from .._wire._messages import Call, StopActor
+from ._actor_failures import stopped, with_ranks_of
 from ._calls import send_call
 
 if TYPE_CHECKING:
@@ -145,6 +151,12 @@ class ActorMesh(ActorMeshBase, Generic[A]):
         record = group.spawned.get(self._actor_id)
         if record is not None:  # not to be spawned again on a rank that restarts
             record.stopped.update(self._shape.ranks)
+            # Its later calls raise SupervisionError at once, as Monarch's.
+            failures = group.actor_failures
+            failures[self._actor_id] = with_ranks_of(
+                failures.get(self._actor_id),
+                stopped(record, self._shape.ranks, reason, group.name),
+            )
         if group.failure_for(self._shape.ranks) is not None:
             return completed(None)  # the mesh takes no message: nothing to wait for
         actor_id = self._actor_id
@@ -172,7 +184,10 @@ class ActorMesh(ActorMeshBase, Generic[A]):
                 f"spawn it again with procs.spawn({self._name!r}, {self._cls_name}, ...)",
                 ranks=self._shape.ranks,
             )
-        error = group.actor_failures.get(self._actor_id) or group.init_failures.get(self._actor_id)
+        failed = group.actor_failures.get(self._actor_id)
+        if failed is not None and any(r in failed.ranks for r in self._shape.ranks):
+            return failed  # (a slice of its other ranks works on, as in Monarch)
+        error = group.init_failures.get(self._actor_id)
         if error is not None:
             return error
         return group.failure_for(self._shape.ranks) or group.actor_missing(
@@ -218,7 +233,7 @@ class Endpoint(EndpointBase[R]):
         mesh = self._mesh
         error = mesh._check_usable()
         if error is not None:
-            raise error
+            raise supervision_error_of(error, self.label)
         group = mesh._group
         message = Call(0, mesh._actor_id, self._name, False, mesh._sent_to(mesh._shape))
         try:
@@ -239,6 +254,7 @@ class Endpoint(EndpointBase[R]):
             actor=mesh._cls_name,
             endpoint=name,
             collect=collect,
+            error_class=EndpointFailed,
             check=mesh._check_usable,
             encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
         )

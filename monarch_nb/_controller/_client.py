@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
-from .._model._errors import MeshFailure, MeshUsageError, RemoteFailure
+from .._model._errors import MeshFailure, MeshUsageError, RemoteFailure, for_call
 from .._model._future import set_before_wait
 from .._services import _config
 from .._wire import _rundir
@@ -286,7 +286,7 @@ class Controller(CallerReceiver, FoldAnswers):
                 pending_input = socket_events(router) & _POLLIN
         if failure is not None:
             if call is not None:
-                call.fail(failure)
+                call.fail(for_call(call, failure))
             return
         if call is not None and group.events.calls_observed:
             group.events.flush_soon()
@@ -309,7 +309,7 @@ class Controller(CallerReceiver, FoldAnswers):
             group.state = state
             calls = [c for c in self._calls.values() if c.group is group]
         for call in calls:
-            call.fail(error)
+            call.fail(for_call(call, error))
         return len(calls)
 
     def end_ranks(
@@ -328,7 +328,7 @@ class Controller(CallerReceiver, FoldAnswers):
                 if c.group is group and gone.intersection(c.unanswered_ranks())
             ]
         for call in calls:
-            call.fail(error)
+            call.fail(for_call(call, error))
         return calls
 
     def calls_waiting_on(self, group: ClientGroup, rank: int) -> list[str]:

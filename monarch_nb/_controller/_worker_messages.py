@@ -14,8 +14,8 @@ from typing import Any
 
 from .._model._errors import MeshFailure, RemoteError
 from .._model._future import Future
-from .._model._shape import Point, Shape
 from .._runtime import _context
+from .._runtime._peer_supervision import failed_actor_text
 from .._wire._messages import (
     BroadcastFailure,
     CommFromRank,
@@ -36,8 +36,9 @@ from .._wire._messages import (
 )
 from .._wire._signed import decode_payload
 from . import _events as ev
+from ._actor_failures import point_in, qualified, with_ranks_of
 from ._group_core import GroupCore
-from ._lifecycle import Running, SpawnRecord, Starting
+from ._lifecycle import Running, Starting
 
 _log = logging.getLogger("monarch_nb")
 NO_DEBUGGER = (
@@ -93,23 +94,23 @@ class WorkerMessages:
                 error = RemoteError([failure], actor=actor, endpoint=endpoint)
                 record = self._group.spawned.get(actor_id)
                 which = f"actor mesh {record.name!r}" if record is not None else "this actor mesh"
-                self._group.actor_failures[actor_id] = MeshFailure(
-                    f"broadcast of {label} failed on rank {rank}, so {which} is failed; "
-                    f"spawn it again: {error}",
+                failed = MeshFailure(
+                    failed_actor_text(label, failure, which, error),
                     ranks=(rank,),
                     cause=error,
                     mesh=self._group.name,
                     actor=record.name if record is not None else actor,
-                    actor_class=_qualified(record.cls) if record is not None else None,
-                    point=_point(record, rank) if record is not None else None,
+                    actor_class=qualified(record.cls) if record is not None else None,
+                    point=point_in(record, rank) if record is not None else None,
                 )
-                _log.error("monarch_nb: %s", self._group.actor_failures[actor_id])
+                self._group.actor_failures[actor_id] = with_ranks_of(
+                    self._group.actor_failures.get(actor_id), failed
+                )
+                _log.error("monarch_nb: %s", failed)
                 self._group.note_failure(rank, f"{failure.type_name}: {failure.message}")
                 # Up the supervision tree, as a mesh failure: the owner's
                 # __supervise__, or the unhandled_fault_hook.
-                _context.report_child_failure(
-                    self._group.owner, self._group.actor_failures[actor_id]
-                )
+                _context.report_child_failure(self._group.owner, failed)
                 if self._group.events.observed:
                     self._group.events.emit(
                         ev.RankFailed(
@@ -248,14 +249,3 @@ class WorkerMessages:
         if len(replies) == expected:
             del self._queries[reply.query_id]
             future.set_result(replies)
-
-
-def _qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _point(record: SpawnRecord, rank: int) -> Point | None:
-    """Where ``rank`` is in the actor mesh ``record`` spawned (None: not one of its)."""
-    if rank not in record.ranks:
-        return None
-    return Shape(list(record.labels), list(record.sizes), list(record.ranks)).point_of_rank(rank)

@@ -5,6 +5,8 @@
     MonarchNbError
      ├── MeshFailure          a process died, a broadcast failed, or the mesh was stopped:
      │    │                   the mesh is unusable until restart()
+     │    ├── SupervisionError  an endpoint call reached an actor that has failed (also a
+     │    │                   RuntimeError, as Monarch's): the call's own MeshFailure
      │    └── StuckRanksKilled  ranks that did not stop within the grace after an
      │                        interrupt were killed (stuck in C, in a collective)
      ├── RemoteError          user code raised on one or more ranks (the mesh stays usable)
@@ -113,6 +115,10 @@ class RemoteFailure:
     type_name: str
     message: str
     traceback: str  # the remote traceback as text, source lines included
+    # The failure ended its actor on that rank (an endpoint raised a BaseException
+    # that is not an Exception): Monarch's supervision event. The call raises
+    # SupervisionError, not RemoteError, and so do later calls to that actor.
+    actor_failed: bool = False
 
 
 def never_constructed(failure: RemoteFailure) -> RemoteFailure:
@@ -336,6 +342,128 @@ class MeshFailure(MonarchNbError):
         failure, and the remote traceback of its cause."""
         story = "\n".join(self._render_traceback_())
         return story if self.actor_class is None else f"{self.headline()}\n{story}"
+
+
+class SupervisionError(MeshFailure, RuntimeError):
+    """An endpoint call reached an actor that has failed: Monarch's ``SupervisionError``.
+
+    The actor is gone on ``.ranks``: an endpoint of it raised a ``BaseException``
+    that is not an ``Exception`` (``SystemExit``, a class of one's own), its
+    process died, or its actor mesh failed (a failed ``broadcast()``). The call
+    that met the failure raises this, and so does every later call to that
+    actor, until it is spawned again. ``.endpoint`` names the call
+    (``Cls.endpoint``); the message begins ``Endpoint call Cls.endpoint()
+    failed,`` and says which actor failed, where and why, as Monarch's. What
+    the actor's owner gets in ``__supervise__`` (or ``unhandled_fault_hook``)
+    is the :class:`MeshFailure` itself; this is the call's error. It is a
+    ``MeshFailure`` (``except MeshFailure`` still catches it) and, as
+    Monarch's, a ``RuntimeError``. An ``Exception`` an endpoint raises is not
+    this but :class:`RemoteError` (Monarch's ``ActorError``): the actor lives on.
+    """
+
+    def __init__(self, message: str, *, endpoint: str | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.endpoint = endpoint
+
+    def __str__(self) -> str:
+        # The message already names the actor (MeshFailure's own tail is in it).
+        text = Exception.__str__(self)
+        endpoint = getattr(self, "endpoint", None)
+        return f"Endpoint call {endpoint}() failed, {text}" if endpoint else text
+
+    def headline(self) -> str:
+        return str(self)
+
+    @classmethod
+    def of(cls, failure: MeshFailure, endpoint: str) -> SupervisionError:
+        """``failure`` (of the actor mesh or the processes a call of ``endpoint``
+        went to) as that call's error."""
+        if failure.actor_class is not None:
+            message = failure.headline()
+        else:  # the processes failed: the actor the call went to is gone with them
+            actor = endpoint.partition(".")[0]
+            where = f" on rank(s) {format_ranks(failure.ranks)}" if failure.ranks else ""
+            message = f"The actor {actor}{where} and all its descendants have failed: {failure}"
+        error = cls(
+            message,
+            endpoint=endpoint,
+            ranks=failure.ranks,
+            cause=failure.cause,
+            mesh=failure.mesh,
+            actor=failure.actor,
+            actor_class=failure.actor_class,
+            point=failure.point,
+        )
+        error.__cause__ = failure
+        return error
+
+    @classmethod
+    def of_failures(
+        cls, failures: Sequence[RemoteFailure], *, actor: str, endpoint: str
+    ) -> SupervisionError:
+        """The error of a call whose ranks answered ``failures``, some of which
+        ended their actor (``actor_failed``): the first of those says why, the
+        rest are in ``.cause`` (a RemoteError with every failure)."""
+        fatal = sorted((f for f in failures if f.actor_failed), key=lambda f: f.rank)
+        ranks = tuple(f.rank for f in fatal)
+        message = fatal[0].message
+        if len(ranks) > 1:
+            message += f" (the same call ended it on rank(s) {format_ranks(ranks[1:])} too)"
+        return cls(
+            message,
+            endpoint=f"{actor}.{endpoint}" if endpoint else actor,
+            ranks=ranks,
+            cause=RemoteError(failures, actor=actor, endpoint=endpoint),
+        )
+
+
+class _EndingCall(Protocol):
+    """A call in flight, as :func:`for_call` reads it (a PendingCall)."""
+
+    @property
+    def label(self) -> str: ...
+
+    error_class: type[RemoteError]
+
+
+def for_call(call: _EndingCall, error: BaseException) -> BaseException:
+    """``error``, which ends ``call`` before its ranks answered, as the call raises
+    it: for an endpoint call, a plain MeshFailure is a SupervisionError."""
+    if call.error_class is EndpointFailed:
+        return supervision_error_of(error, call.label)
+    return error
+
+
+def supervision_error_of(error: BaseException, endpoint: str) -> BaseException:
+    """``error`` as a call of ``endpoint`` raises it: a plain :class:`MeshFailure`
+    (the actor mesh, or the processes it runs on, failed) becomes a
+    :class:`SupervisionError`, as Monarch's calls raise; anything else (a
+    :class:`StuckRanksKilled`, a RemoteError) stays as it is."""
+    if type(error) is MeshFailure:
+        return SupervisionError.of(error, endpoint)
+    return error
+
+
+class EndpointFailed(RemoteError):
+    """The ``error_class`` of endpoint calls: what their ranks' failures become.
+
+    A :class:`RemoteError` (Monarch's ``ActorError``: the endpoint raised, the
+    actor lives on), or a :class:`SupervisionError` where a failure ended its
+    actor (``RemoteFailure.actor_failed``). Constructing it returns one of those
+    two, never an instance of this class, so ``type(error)`` reads as ever.
+    """
+
+    def __new__(  # type: ignore[misc]
+        cls,
+        failures: Sequence[RemoteFailure],
+        *,
+        actor: str = "",
+        endpoint: str = "",
+        values: SucceededValues | None = None,
+    ) -> MonarchNbError:
+        if any(f.actor_failed for f in failures):
+            return SupervisionError.of_failures(failures, actor=actor, endpoint=endpoint)
+        return RemoteError(failures, actor=actor, endpoint=endpoint, values=values)
 
 
 class StuckRanksKilled(MeshFailure):

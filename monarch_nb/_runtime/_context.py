@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from .._model._errors import MeshFailure, MeshUsageError
 from .._model._public import publish
@@ -33,6 +33,17 @@ class ActorInstance:
         """This rank's own process, as a one-process mesh."""
         mesh = self.proc_mesh
         return None if mesh is None else mesh._view_of_rank(self.rank.rank)
+
+    def abort(self, reason: str | None = None) -> NoReturn:
+        """End this actor now, as a failure (Monarch's ``abort``): the call running
+        raises ``SupervisionError`` naming ``reason``, and so do later calls to it;
+        its owner's ``__supervise__`` (else ``unhandled_fault_hook``) hears of it."""
+        raise ActorAborted(reason or "no reason provided")
+
+
+class ActorAborted(BaseException):
+    """Raised by ``context().actor_instance.abort(reason)``: not an ``Exception``,
+    so nothing in between catches it, and it ends the actor as any such one does."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from typing import Any
 
 import zmq
 
-from .._model._errors import MeshFailure, RemoteFailure
+from .._model._errors import MeshFailure, RemoteFailure, for_call
 from .._wire._eventfd import clear_eventfd
 from .._wire._handshake_guard import HandshakeGuard
 from .._wire._messages import Failure, Interrupt, Message, PortSend, UnknownMessage, Value
@@ -555,7 +555,8 @@ class PeerNode:
             return
         mesh = getattr(call.group, "name", "")  # the ProcsRef a reference sent through
         where = f"rank {rank} of mesh {mesh!r}" if mesh else f"rank {rank}"
-        call.fail(MeshFailure(f"{call.label}: {where} cannot be reached: {why}", ranks=[rank]))
+        error = MeshFailure(f"{call.label}: {where} cannot be reached: {why}", ranks=[rank])
+        call.fail(for_call(call, error))
 
     def forget(self, address: str) -> None:
         """Drop the outbox to ``address`` (a peer known to be gone), so a later call

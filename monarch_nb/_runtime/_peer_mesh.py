@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Generic, TypeVar
 
-from .._model._errors import MeshUsageError, SerializationError, SpawnError
+from .._model._errors import EndpointFailed, MeshUsageError, SerializationError, SpawnError
 from .._model._future import Future, completed, done_as_none
 from .._model._shape import Selector, Shape
 from .._wire._messages import Call, Spawn, StopActor
@@ -163,6 +163,7 @@ class PeerEndpoint(EndpointBase[R]):
             actor=mesh._cls_name,
             endpoint=name,
             collect=collect,
+            error_class=EndpointFailed,
             encode_error=lambda exc: unpicklable_argument(self.label, args, kwargs, exc),
         )
 

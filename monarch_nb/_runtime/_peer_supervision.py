@@ -63,12 +63,26 @@ def _failure(
     rank = failure.rank
     point = shape.point_of_rank(rank) if rank in shape.ranks else None
     return MeshFailure(
-        f"broadcast of {label} failed on rank {rank}, so actor mesh {name!r} is failed; "
-        f"spawn it again: {error}",
+        failed_actor_text(label, failure, f"actor mesh {name!r}", error),
         ranks=(rank,),
         cause=error,
         mesh=procs,
         actor=name,
         actor_class=f"{cls.__module__}.{cls.__qualname__}",
         point=point,
+    )
+
+
+def failed_actor_text(label: str, failure: RemoteFailure, which: str, error: RemoteError) -> str:
+    """What the owner of actor mesh ``which`` hears when ``label`` failed on a rank
+    with nobody waiting (a broadcast), or ended its actor there (``actor_failed``:
+    it raised a BaseException that is not an Exception)."""
+    rank = failure.rank
+    if failure.actor_failed:
+        return (
+            f"{label} raised {failure.type_name} on rank {rank}, which ended its actor there, "
+            f"so {which} is failed; spawn it again: {error}"
+        )
+    return (
+        f"broadcast of {label} failed on rank {rank}, so {which} is failed; spawn it again: {error}"
     )

@@ -5,7 +5,9 @@ at a time, in the order sent. A call of an ``async def`` endpoint becomes a
 task on the actors' event loop (:mod:`._endpoint_tasks`), which runs between
 messages: such calls interleave at their awaits. Stopping an actor cancels its
 calls in flight, then runs its ``__cleanup__``; a mesh it started that fails
-reaches its ``__supervise__``.
+reaches its ``__supervise__``. An endpoint that raises a ``BaseException``
+that is not an ``Exception`` ends its actor here, as in Monarch (see
+:meth:`Actors._end_actor`).
 """
 
 from __future__ import annotations
@@ -141,6 +143,9 @@ class Actors:
         # arguments did not unpickle): a call to one answers what this holds
         # (spawning does not wait, so calls sent meanwhile queue behind the spawn).
         self._failed_inits: dict[int, RemoteFailure] = {}
+        # Actors that failed here (see _end_actor): a call to one answers this
+        # (``actor_failed``: its caller raises SupervisionError).
+        self._failed_actors: dict[int, RemoteFailure] = {}
         # Bound once: each call uses them.
         self._active = running.active
         self._user_code = running.user_code
@@ -218,6 +223,12 @@ class Actors:
             self._answers.undecodable(exc, call_id, reply, label, actor_id, route)
             return
         if live is None:
+            ended = self._failed_actors.get(actor_id)
+            if ended is not None:
+                # A broadcast to it is dropped: its owner heard of the failure once.
+                if message.reply:
+                    route.send(Failure(call_id, ended, False))
+                return
             failed = self._failed_inits.get(actor_id)
             if failed is not None:
                 self._report(call_id, reply, actor_id, label, failed, route)
@@ -246,7 +257,10 @@ class Actors:
                 method = getattr(live.instance, endpoint)
             result = self._user_code(label, method, args, kwargs)
         except BaseException as exc:
-            self._report(call_id, reply, actor_id, label, self._failure_of(exc), route)
+            if _ends_actor(exc, facts.response_port):
+                self._end_actor(live, exc, call_id, reply, label, route, args)
+            else:
+                self._report(call_id, reply, actor_id, label, self._failure_of(exc), route)
             return
         finally:
             self._active.pop()
@@ -277,6 +291,7 @@ class Actors:
         call_id, actor_id = message.call_id, message.actor_id
         ticket = running.ticket if message.reply else NO_TICKET
         call = TaskCall(ticket, actor_id, label, ctx, time.monotonic(), loop)
+        port_answers = bool(args) and isinstance(args[0], _ResponsePort)
 
         async def run() -> None:
             call.started = True
@@ -294,7 +309,10 @@ class Actors:
                     args[0].fail(failure)  # its caller may still wait on the port
                 # (else a broadcast: nobody waits, and a stop fails no actor mesh)
             except BaseException as exc:
-                self._report(call_id, reply, actor_id, label, self._failure_of(exc), route)
+                if _ends_actor(exc, port_answers):
+                    self._end_actor(live, exc, call_id, reply, label, route, args)
+                else:
+                    self._report(call_id, reply, actor_id, label, self._failure_of(exc), route)
             else:
                 if reply:
                     self._reply_value(call_id, result, route)
@@ -307,6 +325,42 @@ class Actors:
             running.task_started(call)
         call.task = self._inbox.start_task(run())
         live.tasks.add(call)
+
+    def _end_actor(
+        self,
+        live: LiveActor,
+        exc: BaseException,
+        call_id: int,
+        reply: bool,
+        label: str,
+        route: Route,
+        args: tuple,
+    ) -> None:
+        """An endpoint of ``live`` raised ``exc``, which ends its actor on this rank,
+        as in Monarch (:func:`_ends_actor`): its call answers a failure marked
+        ``actor_failed`` (the caller raises SupervisionError), and so does every
+        later call to it; its owner hears of it once (``__supervise__``, else
+        ``unhandled_fault_hook``); then it stops as an actor mesh's stop stops it
+        (its other calls cancelled, ``__cleanup__(exc)``, the meshes it started
+        stopped: "the actor and all its descendants have failed")."""
+        actor_id = live.context.actor_id
+        failure = self._failure_of(exc)
+        answer = dataclasses.replace(
+            failure, message=_ended_text(live, label, failure, exc), actor_failed=True
+        )
+        if self.live.get(actor_id) is live:  # the first of its calls to end it
+            del self.live[actor_id]
+            self._failed_actors[actor_id] = answer
+            # No caller: supervision takes it (the controller, or its spawner's port).
+            why = dataclasses.replace(failure, actor_failed=True)
+            self._report(0, False, actor_id, label, why, route)
+            # Between messages: this may be one of its own tasks, which the stop waits for.
+            self._inbox.post(lambda: self._cleanup(live, exc))
+        port = args[0] if args and isinstance(args[0], _ResponsePort) else None
+        if port is not None:
+            port.fail(answer)
+        elif reply:
+            route.send(Failure(call_id, answer, False))
 
     def _cancelled(self, call: TaskCall, exc: BaseException) -> RemoteFailure:
         """The failure an async call reports when its task was cancelled."""
@@ -342,6 +396,10 @@ class Actors:
         live = self.live.pop(actor_id, None)
         self._answers.supervisors.pop(actor_id, None)
         if live is not None:
+            # Its later calls (from any caller) raise SupervisionError, as Monarch's.
+            self._failed_actors[actor_id] = RemoteFailure(
+                self._host.rank, "Stopped", _stopped_text(live, self._host.rank), "", True
+            )
             self._cleanup(live)
 
     def stop_all(self) -> None:
@@ -349,18 +407,20 @@ class Actors:
         for actor_id in list(self.live):
             self._cleanup(self.live.pop(actor_id))
         self._failed_inits.clear()
+        self._failed_actors.clear()
         self._answers.supervisors.clear()
 
-    def _cleanup(self, live: LiveActor) -> None:
+    def _cleanup(self, live: LiveActor, error: BaseException | None = None) -> None:
         """A stopped actor: cancel its async calls in flight and let them unwind
-        (their ``except CancelledError`` and ``finally`` run), then ``__cleanup__(None)``,
-        then stop the meshes it started (it may still use them in ``__cleanup__``)."""
+        (their ``except CancelledError`` and ``finally`` run), then ``__cleanup__``
+        (of None, or of the ``error`` that ended it), then stop the meshes it
+        started (it may still use them in ``__cleanup__``)."""
         self._stop_tasks(live.tasks)
         cleanup = getattr(live.instance, "__cleanup__", None)
         if cleanup is not None:
             previous = _context.set_current(live.context)
             try:
-                self._user_code(f"{live.label}.__cleanup__", cleanup, (None,))
+                self._user_code(f"{live.label}.__cleanup__", cleanup, (error,))
             except BaseException as exc:
                 failure = self._failure_of(exc)
                 self._send(
@@ -430,6 +490,50 @@ class Actors:
             self._send(
                 Supervision(f"{type(owner).__name__} did not handle ({why}): {error.headline()}")
             )
+
+
+def _ends_actor(exc: BaseException, port_answers: bool) -> bool:
+    """Whether ``exc``, raised out of an endpoint, ends its actor, as in Monarch: a
+    ``BaseException`` that is not an ``Exception`` (``SystemExit``, a class of
+    one's own), or anything out of an ``explicit_response_port`` endpoint (its
+    caller waits on the port, not on a return). Not ``KeyboardInterrupt`` nor a
+    cancellation: that is how an interrupt or a stop reaches user code here."""
+    if isinstance(exc, Exception):
+        return port_answers
+    if isinstance(exc, KeyboardInterrupt):
+        return False
+    import asyncio  # (only here, on a failure: a worker starts without it)
+
+    return not isinstance(exc, asyncio.CancelledError)
+
+
+def _ended_text(live: LiveActor, label: str, failure: RemoteFailure, exc: BaseException) -> str:
+    """What a call to an actor that ``exc`` ended answers: which actor, where, why,
+    and what to do (Monarch's supervision words first, as its programs match them)."""
+    ctx = live.context
+    cls = type(live.instance)
+    if isinstance(exc, _context.ActorAborted):
+        kind = "by context().actor_instance.abort()"
+    elif isinstance(exc, Exception):
+        kind = "out of an explicit_response_port endpoint"
+    else:
+        kind = "a BaseException that is not an Exception"
+    return (
+        f"The actor {cls.__module__}.{cls.__qualname__} {ctx.actor_name}{ctx.point} and all "
+        f"its descendants have failed: {label} raised {failure.type_name}: {failure.message} "
+        f"on rank {failure.rank}, {kind}, which ends its actor (as in Monarch); "
+        f"spawn the actor mesh {ctx.actor_name!r} again to use it"
+    )
+
+
+def _stopped_text(live: LiveActor, rank: int) -> str:
+    ctx = live.context
+    cls = type(live.instance)
+    return (
+        f"The actor {cls.__module__}.{cls.__qualname__} {ctx.actor_name}{ctx.point} and all "
+        f"its descendants have failed: it was stopped on rank {rank} (its actor mesh's "
+        f"stop()); spawn the actor mesh {ctx.actor_name!r} again to use it"
+    )
 
 
 def _construct(cls: type, args: tuple, kwargs: dict) -> Any:
