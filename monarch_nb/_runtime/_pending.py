@@ -305,7 +305,8 @@ class PendingCall(CallFuture):
             return
         # The reply that completes a call that had no failure (most calls): the
         # rank's answer and the call's end are one step of the tracker's.
-        result = self._collected()
+        # call_one's value as it is: no method call on the path of every call
+        result = value if self.collect == "one" else self._collected()
         with _settle_lock:
             settled, self._settled = self._settled, True
         if settled:  # failed or cancelled first: only the answer is news
