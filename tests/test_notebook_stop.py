@@ -45,6 +45,7 @@ def test_stop_kills_and_replaces_stuck_ranks_and_agrees_with_mesh_why():
     with _kernel() as kernel:
         _no_block_cell_is_stopped_and_its_ranks_replaced(kernel)
         _blocking_cell_stop_says_what_mesh_why_says(kernel)
+        _the_panels_interrupt_kills_and_replaces_too(kernel)
 
 
 def test_grouped_failures_and_a_quiet_replay():
@@ -88,6 +89,17 @@ def _no_block_cell_is_stopped_and_its_ranks_replaced(kernel: Kernel) -> None:
     assert VERDICT in marked
     assert marked.splitlines()[-1] == "False"
     assert "ranks 0,2 wait" in kernel.ok("print(board.grid.tile(1))").text()
+    # Its actions bar picked rank 1 and shows the diagnosis unasked; the kernel is
+    # idle (--no-block), so its "why" button answers too: one verdict, %mesh why's.
+    bar = kernel.ok(
+        "print(board.actions.picker.value)\n"
+        "print(board.actions.output.value)\n"
+        "print(board.actions.run('why'))"
+    ).text()
+    assert bar.splitlines()[0] == "1", bar
+    assert 'data-action="offer" data-rank="1"' in bar
+    assert 'data-action="why" data-rank="1"' in bar
+    assert _verdicts(bar) == [_verdicts(why)[0]] * 2, bar
 
     kernel.manager.interrupt_kernel()  # the stop button, while the kernel is idle
     late = kernel.iopub_for(
@@ -141,6 +153,30 @@ def _blocking_cell_stop_says_what_mesh_why_says(kernel: Kernel) -> None:
     _usable(kernel)
 
 
+def _the_panels_interrupt_kills_and_replaces_too(kernel: Kernel) -> None:
+    # The issue's report: the panel's interrupt said "interrupted ranks [0, 2, 3]"
+    # and the ranks stayed busy. Its button runs run_action("interrupt").
+    msg_id = kernel.execute(SKIP.format(options=" --no-block"), wait=False)
+    first = kernel.collect(msg_id).stream().count("started")
+    kernel.iopub_for(msg_id, lambda ms: first + _text(ms).count("started") >= 3)
+    _in_collective(kernel)
+    said = kernel.ok(
+        "from monarch_nb.magics._panel import run_action\n"
+        "r = run_action('interrupt', 'm')\n"
+        "print(r['ok'], r['message'])\n"
+        "print(current_mesh().procs.busy_ranks())"
+    ).text()
+    assert said.startswith("True interrupted ranks [0, 2]; StuckRanksKilled: "), said
+    assert "rank(s) 0,2 did not stop within 1.0 s of the interrupt" in said
+    assert "monarch_nb replaced rank(s) 0,2 with fresh processes" in said
+    assert said.splitlines()[-1] == "[]"  # nobody is left busy
+    _usable(kernel)
+
+
+def _verdicts(text: str) -> list[str]:
+    return re.findall(r"→ [^\n<]*", plain(text))
+
+
 def _failure_on_every_rank_prints_one_traceback(kernel: Kernel) -> None:
     reply = kernel.execute("%%mesh\nraise ValueError(f'bad value {rank % 2}')")
     assert reply.error["ename"] == "CellError"
@@ -165,19 +201,21 @@ def _replay_shows_one_header_per_cell_and_hides_the_output(kernel: Kernel) -> No
     kernel.ok("%%mesh\nimport sys\nfor i in range(3):\n    print('step', i, file=sys.stderr)")
     kernel.ok("%%mesh\nz = rank * 10")
     kernel.ok("%%mesh\nprint(z)")
+    kernel.ok("%%mesh\ndisplay(rank + 100)")  # a display (a figure, a widget) per rank
 
     reply = kernel.ok("%mesh restart --replay", timeout=120)
     text = reply.text()
-    headers = re.findall(r"replaying \[[\d.]+\] \((\d)/4\)", text)
-    assert headers == ["1", "2", "3", "4"], text
-    for shown_first_time in ("hello from", "step 0", "[0] 0"):
+    headers = re.findall(r"replaying \[[\d.]+\] \((\d)/5\)", text)
+    assert headers == ["1", "2", "3", "4", "5"], text
+    for shown_first_time in ("hello from", "step 0", "[0] 0", "[0] 100"):
         assert shown_first_time not in text
-    assert "not shown again: --show-output shows it" in text
+    assert "[0] 100" not in str(reply.outputs)
+    assert "3 display(s)) is not shown again: --show-output shows it" in text
     assert kernel.ok("%%mesh\nz").text() == "[0] 0\n[1] 10\n[2] 20\n"
 
     skipping = kernel.ok("%mesh restart --replay --skip-display", timeout=120).text()
-    # the two prints, and the cell that showed z: none builds state
-    assert "skipped 3 cell(s) that only display" in skipping
+    # the two prints, the cell that showed z and the display: none builds state
+    assert "skipped 4 cell(s) that only display" in skipping
     assert re.findall(r"\((\d)/2\)", skipping) == ["1", "2"]
 
     shown = kernel.ok("%mesh restart --replay --show-output", timeout=120).text()

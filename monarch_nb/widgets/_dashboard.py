@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from .._controller import _interrupt
 from .._controller._events import (
     CallFinished,
     CallStarted,
@@ -138,6 +139,7 @@ class Dashboard:
         self.failure_records: tuple[FailureRecord, ...] = ()
         self.stragglers: dict[int, Straggler] = {}
         self.hang = HangWatch()  # the tile of a rank a collective waits for (see _hang)
+        self._hang_offered: tuple[int, ...] = ()  # the ranks the actions bar was set to
         self._stragglers_at = 0.0
         self._drawn = threading.Condition()
         self._closed = threading.Event()
@@ -204,6 +206,7 @@ class Dashboard:
             self._refresh_history()
             # A hang mark is one more row of the tile, after the sparkline.
             marks = self.hang.update(self.mesh.procs, status.ranks)
+            self._offer_why(marks)
             rows = {r: self.sparks.get(r, "") + marks.get(r, "") for r in {*self.sparks, *marks}}
             self.grid.update(status.ranks, progress, self._stragglers(), rows)
             self.failures.update(failures)
@@ -212,6 +215,21 @@ class Dashboard:
             self.draws += 1
             self.throttle.drew(time.monotonic())
             self._drawn.notify_all()
+
+    def _offer_why(self, marks: dict[int, str]) -> None:
+        """A hang newly found: the actions bar picks the first rank it names and shows
+        what its "why" would (the diagnosis the marks come from, every rank's place),
+        before anyone presses stop. Its buttons cannot answer while a cell holds the
+        kernel, as a hang's cell does. Once per hang, so a rank the user picks
+        afterwards stays picked."""
+        ranks = tuple(sorted(marks))
+        if ranks and ranks != self._hang_offered:
+            note = (
+                "a hang: %mesh why, read now (stop interrupts the ranks, then kills and "
+                f"replaces those still waiting {_interrupt.GRACE_S:g} s later)"
+            )
+            self.actions.offer(ranks[0], note, self.hang.report)
+        self._hang_offered = ranks
 
     def _stragglers(self) -> dict[int, Straggler]:
         """Ranks much slower than the others on one of the last few calls, from the

@@ -7,7 +7,8 @@ busy on every rank is no hang), the dashboard runs the one diagnosis
 py-spy, so it never stalls the redraws) at most every ``CHECK_EVERY_S``, and
 marks the tiles of the ranks it names as never having entered the collective:
 ``never joined all_reduce #3 · ranks 0,2 wait`` and a pointer to the rank's
-"why" action below the tiles, before anyone presses stop.
+"why" action below the tiles, before anyone presses stop. The dashboard's
+actions bar picks that rank and shows the diagnosis, as its "why" would.
 
 ``MONARCH_NB_HANG_AFTER`` (seconds, default 5) is how long ranks must be busy
 while another is not before the diagnosis runs.
@@ -62,12 +63,12 @@ class HangWatch:
         self.after_s = hang_after_s() if after_s is None else after_s
         self.marks: dict[int, str] = {}
         self.verdict = ""  # the diagnosis's last line, while marks are shown
+        self.report = ""  # the whole diagnosis, as %mesh why shows it
         self._checked = 0.0
 
     def update(self, procs: Any, ranks: Sequence[RankStatus]) -> dict[int, str]:
         if not suspect(ranks, self.after_s):
-            self.marks, self.verdict = {}, ""
-            return self.marks
+            return self._clear()
         now = time.monotonic()
         if now - self._checked < CHECK_EVERY_S:
             return self.marks
@@ -75,14 +76,16 @@ class HangWatch:
         try:
             report = diagnose_all(procs._group, timeout=1.0, py_spy=False)
         except Exception:  # a stopped or replaced mesh: nothing to mark
-            self.marks, self.verdict = {}, ""
-            return self.marks
+            return self._clear()
         collectives = report.collectives()
         missing = report.missing()
         if len(collectives) != 1 or not missing:
-            self.marks, self.verdict = {}, ""
-            return self.marks
+            return self._clear()
         ((name, waiting),) = collectives.items()
         self.marks = {rank: mark_html(name, waiting) for rank in missing}
-        self.verdict = report.verdict()
+        self.verdict, self.report = report.verdict(), str(report)
+        return self.marks
+
+    def _clear(self) -> dict[int, str]:
+        self.marks, self.verdict, self.report = {}, "", ""
         return self.marks

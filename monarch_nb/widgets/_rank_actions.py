@@ -200,6 +200,16 @@ class RankActions:
     def pick(self, rank: int) -> None:
         self.picker.value = rank
 
+    def offer(self, rank: int, note: str, detail: str = "") -> None:
+        """Pick ``rank`` and show ``note`` (and ``detail``) under the bar, unasked: a
+        hang the dashboard found, with the diagnosis it read. Shown at once because a
+        button cannot answer while a cell holds the kernel, which a hang usually
+        does. A restart waiting for its second click is left as it is."""
+        if self._armed is not None:
+            return
+        self.pick(rank)
+        self.output.value = result_html(ActionResult("offer", rank, True, note, detail))
+
     def _disarm(self) -> None:
         self._armed = None
         self.buttons["restart"].description = "restart"
