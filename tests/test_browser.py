@@ -8,6 +8,7 @@ the cell runs, folded values, the aggregated remote traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,6 +62,7 @@ def test_a_mesh_cell_in_a_real_browser(notebook_url: str) -> None:
             page.wait_for_selector("text=[1] 10", **wait)
             # Named by the notebook's own count: the fourth cell run is In [4].
             page.wait_for_selector("text=CellError: %%mesh cell [4] failed on rank(s) 1", **wait)
+            failed = _prompt_number(page, 3)
             # An error stops the cells queued after it, as in any notebook: run the last now.
             page.keyboard.press("Shift+Enter")
             page.wait_for_selector("text=mesh 'mesh' stopped", **wait)
@@ -68,8 +70,17 @@ def test_a_mesh_cell_in_a_real_browser(notebook_url: str) -> None:
         finally:
             browser.close()
     assert "[0] 0\n[1] 10" in text
+    # ... as the page shows it beside the cell.
+    assert f"CellError: %%mesh cell [{failed}] failed on rank(s) 1" in text
     assert "ZeroDivisionError: division by zero" in text
     assert "1 / (rank - 1)" in text  # the cell's own line, in the remote traceback
+
+
+def _prompt_number(page, index: int) -> str:
+    """N of the ``[N]:`` the front end shows beside its cell ``index`` once it ran."""
+    prompt = page.locator(".jp-Notebook .jp-Cell").nth(index).locator(".jp-InputPrompt")
+    prompt.filter(has_text=re.compile(r"\[\d+\]")).wait_for(timeout=90_000)
+    return re.search(r"\[(\d+)\]", prompt.inner_text()).group(1)
 
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -120,11 +131,13 @@ def test_figures_and_a_live_failure_in_jupyterlab(rich_notebook: tuple[str, Path
         assert not page.is_visible("text=CellError")
         (directory / "go").touch()
         page.wait_for_selector("text=rank(s) 0 succeeded", **wait)
+        failed = _prompt_number(page, 4)
         ARTIFACTS.mkdir(exist_ok=True)
         page.locator(".jp-Notebook").screenshot(path=str(ARTIFACTS / "rich_output.png"))
         text = page.inner_text(".jp-Notebook")
     assert all(width > 100 for width in widths)  # real pictures, not broken images
     assert "CellError: %%mesh cell [5] failed on rank(s) 1" in text
+    assert failed == "5"  # the number beside the cell on the page
     assert bar_texts == ["[0] 100%|##########| 10/10", "[1] 100%|##########| 10/10"]
     assert "[0] 'rank 0 finished'" in text  # the value of the rank that succeeded
 

@@ -104,6 +104,9 @@ def test_text_keeps_its_contrast_in_either_theme(themed_lab: tuple[str, str]) ->
         page.locator(".mnb-tile").nth(1).wait_for(**wait)
         page.keyboard.press("Shift+Enter")  # rank 1 straggles
         page.locator(".mnb-straggler").first.wait_for(**wait)
+        # The badge's row: "slow 3.1x in cell [3]".
+        straggler = page.locator(".mnb-straggler").first.evaluate("e => e.parentElement.innerText")
+        prompt = page.locator(".jp-Notebook .jp-Cell").nth(2).locator(".jp-InputPrompt")
         page.keyboard.press("Shift+Enter")  # the failing cell
         page.locator(".mnb-failure").first.wait_for(**wait)
         page.keyboard.press("Shift+Enter")  # %mesh timeline
@@ -112,6 +115,7 @@ def test_text_keeps_its_contrast_in_either_theme(themed_lab: tuple[str, str]) ->
         page.click('.jp-SideBar [data-id="monarch-nb-panel"]')
         page.locator("#monarch-nb-panel .jp-MonarchNb-mesh").wait_for(**wait)
         page.locator("#monarch-nb-panel .jp-MonarchNb-failures li").first.wait_for(**wait)
+        prompt_text = prompt.inner_text()
         light = "true" if theme == "JupyterLab Light" else "false"
         assert page.evaluate("document.body.dataset.jpThemeLight") == light
         ratios = {}
@@ -128,6 +132,8 @@ def test_text_keeps_its_contrast_in_either_theme(themed_lab: tuple[str, str]) ->
         clipped = page.evaluate(CLIPPED)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / f"theme_{theme.split()[-1].lower()}.png"))
+    # The mark names its cell by the number beside it on the page (issue 62 item 2).
+    assert f" in cell {prompt_text.strip().removesuffix(':')}" in straggler, straggler
     low = {what: round(r, 2) for what, r in ratios.items() if r < 4.5}
     assert not low, f"below 4.5:1 in {theme}: {low} (all: {ratios})"
     if theme == "JupyterLab Dark":  # dark tiles on a dark page, not bright pastel
