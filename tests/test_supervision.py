@@ -142,7 +142,8 @@ def test_sigkill_during_a_call_fails_it_within_a_second_then_fails_fast(procs2):
         fut.get(timeout=10)
     assert time.monotonic() - killed_at < 1.0
     assert info.value.ranks == (1,)
-    assert (info.value.mesh, info.value.actor) == (procs2.name, None)  # which mesh, which rank
+    # Which mesh, which rank, and (the call's SupervisionError) which actor mesh.
+    assert (info.value.mesh, info.value.actor) == (procs2.name, "w")
     # Fail fast: later calls that include rank 1 raise at once, with the cause,
     # until restart() ...
     started = time.monotonic()

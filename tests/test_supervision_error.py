@@ -244,7 +244,10 @@ def test_a_process_that_dies_under_a_call_fails_it_with_supervision_error(faults
         ) as info:
             doomed.ok.call().get(timeout=T)
         text = str(info.value)
-        assert "failed, The actor Doomed on rank(s) 0 and all its descendants have failed" in text
+        assert (
+            "failed, The actor test_supervision_error.Doomed doomed{'procs': 0/1} and all its "
+            "descendants have failed: rank 0 (pid" in text
+        )
         assert "killed by signal SIGKILL" in text
         assert isinstance(info.value, MeshFailure)
         assert info.value.ranks == (0,)

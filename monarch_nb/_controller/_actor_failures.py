@@ -10,10 +10,15 @@ of its other ranks is called as ever, as in Monarch.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
-from .._model._errors import MeshFailure
+from .._model._errors import EndpointFailed, MeshFailure, SupervisionError
 from .._model._shape import Point, Shape
 from ._lifecycle import SpawnRecord, plural_ranks
+
+if TYPE_CHECKING:
+    from .._runtime._pending import PendingCall
+    from ._group_protocol import ClientGroup
 
 
 def qualified(cls: type) -> str:
@@ -48,4 +53,33 @@ def stopped(record: SpawnRecord, ranks: tuple[int, ...], reason: str, mesh: str)
         actor=record.name,
         actor_class=qualified(record.cls),
         point=point_in(record, ranks[0]),
+    )
+
+
+def call_error(group: ClientGroup, call: PendingCall, error: BaseException) -> BaseException:
+    """``error``, which ends ``call`` before its ranks answered, as the call raises
+    it: an endpoint call's plain ``MeshFailure`` (its processes failed or
+    stopped) is a ``SupervisionError``, as Monarch's, naming the actor mesh the
+    call went to where it is known (the one actor mesh of the call's class on
+    those ranks)."""
+    if call.error_class is not EndpointFailed or type(error) is not MeshFailure:
+        return error
+    if error.actor_class is not None:  # it names its actor already
+        return SupervisionError.of(error, call.label)
+    ranks = error.ranks or call.ranks
+    callees = [
+        record
+        for record in group.spawned.values()
+        if record.cls.__name__ == call.actor and any(r in record.ranks for r in ranks)
+    ]
+    if len(callees) != 1:  # none, or several of that class: say the class only
+        return SupervisionError.of(error, call.label)
+    (record,) = callees
+    first = next(r for r in ranks if r in record.ranks)
+    return SupervisionError.of(
+        error,
+        call.label,
+        actor=record.name,
+        actor_class=qualified(record.cls),
+        point=point_in(record, first),
     )

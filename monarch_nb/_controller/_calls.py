@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._model._errors import RemoteError, SerializationError, for_call
+from .._model._errors import RemoteError, SerializationError
 from .._model._public import publish
 from .._model._shape import Shape
 from .._runtime._pending import CallFuture, PendingCall, ReplyStream, set_wait_hook
 from .._runtime._reduced_call import FOLD_PREFIX, ReducedCall
 from .._wire._messages import Message
+from ._actor_failures import call_error
 from ._interrupt import GRACE_S, stop_call
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def send_call(
     call.grace = GRACE_S
     refused = check() if check is not None else None
     if refused is not None:
-        call.fail(for_call(call, refused))
+        call.fail(call_error(group, call, refused))
         return call
     try:
         encoded = group.signer.encode(message_for(call.call_id), payload)

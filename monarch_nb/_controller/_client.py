@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 
-from .._model._errors import MeshFailure, MeshUsageError, RemoteFailure, for_call
+from .._model._errors import MeshFailure, MeshUsageError, RemoteFailure
 from .._model._future import set_before_wait
 from .._services import _config
 from .._wire import _rundir
@@ -65,6 +65,7 @@ from .._wire._signed import (
 )
 from .._wire._sockets import socket_events
 from .._wire._unix_link import LinkFrame, LinkRouter
+from ._actor_failures import call_error
 from ._agent_links import AgentLinks, close_guard, watch_guard
 from ._calls import PendingCall
 from ._client_receive import HANDLING_FAILED, CallerReceiver, Peer, Verified
@@ -286,7 +287,7 @@ class Controller(CallerReceiver, FoldAnswers):
                 pending_input = socket_events(router) & _POLLIN
         if failure is not None:
             if call is not None:
-                call.fail(for_call(call, failure))
+                call.fail(call_error(group, call, failure))
             return
         if call is not None and group.events.calls_observed:
             group.events.flush_soon()
@@ -309,7 +310,7 @@ class Controller(CallerReceiver, FoldAnswers):
             group.state = state
             calls = [c for c in self._calls.values() if c.group is group]
         for call in calls:
-            call.fail(for_call(call, error))
+            call.fail(call_error(group, call, error))
         return len(calls)
 
     def end_ranks(
@@ -328,7 +329,7 @@ class Controller(CallerReceiver, FoldAnswers):
                 if c.group is group and gone.intersection(c.unanswered_ranks())
             ]
         for call in calls:
-            call.fail(for_call(call, error))
+            call.fail(call_error(group, call, error))
         return calls
 
     def calls_waiting_on(self, group: ClientGroup, rank: int) -> list[str]:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .._wire._signed import Encoded, Signer
     from ._events import EventStream
     from ._io_loop import IOLoop
-    from ._lifecycle import State
+    from ._lifecycle import SpawnRecord, State
     from ._timeline import TimelineRecorder
     from ._workers import WorkerProcess
 
@@ -83,6 +83,9 @@ class ClientGroup(Protocol):
     def idle_since(self) -> dict[int, float]: ...
 
     def failure_for(self, ranks: tuple[int, ...]) -> MeshFailure | None: ...
+
+    @property
+    def spawned(self) -> dict[int, SpawnRecord]: ...
 
     def routes(self, ranks: tuple[int, ...]) -> list[tuple[bytes | None, list[bytes]]]: ...
 

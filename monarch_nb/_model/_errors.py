@@ -375,24 +375,36 @@ class SupervisionError(MeshFailure, RuntimeError):
         return str(self)
 
     @classmethod
-    def of(cls, failure: MeshFailure, endpoint: str) -> SupervisionError:
+    def of(
+        cls,
+        failure: MeshFailure,
+        endpoint: str,
+        *,
+        actor: str | None = None,
+        actor_class: str | None = None,
+        point: object = None,
+    ) -> SupervisionError:
         """``failure`` (of the actor mesh or the processes a call of ``endpoint``
-        went to) as that call's error."""
-        if failure.actor_class is not None:
-            message = failure.headline()
-        else:  # the processes failed: the actor the call went to is gone with them
-            actor = endpoint.partition(".")[0]
-            where = f" on rank(s) {format_ranks(failure.ranks)}" if failure.ranks else ""
-            message = f"The actor {actor}{where} and all its descendants have failed: {failure}"
+        went to) as that call's error. ``actor``, ``actor_class`` and ``point``
+        name the actor the call went to where ``failure`` does not (its
+        processes failed: the actor is gone with them)."""
+        actor = actor or failure.actor
+        actor_class = actor_class or failure.actor_class
+        point = failure.point if point is None else point
+        if actor_class is not None:
+            where = f"{actor_class} {actor}{'' if point is None else point}"
+        else:
+            where = endpoint.partition(".")[0]
+            where += f" on rank(s) {format_ranks(failure.ranks)}" if failure.ranks else ""
         error = cls(
-            message,
+            f"The actor {where} and all its descendants have failed: {failure}",
             endpoint=endpoint,
             ranks=failure.ranks,
             cause=failure.cause,
             mesh=failure.mesh,
-            actor=failure.actor,
-            actor_class=failure.actor_class,
-            point=failure.point,
+            actor=actor,
+            actor_class=actor_class,
+            point=point,
         )
         error.__cause__ = failure
         return error
