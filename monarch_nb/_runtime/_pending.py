@@ -305,8 +305,12 @@ class PendingCall(CallFuture):
             return
         # The reply that completes a call that had no failure (most calls): the
         # rank's answer and the call's end are one step of the tracker's.
-        # call_one's value as it is: no method call on the path of every call
-        result = value if self.collect == "one" else self._collected()
+        # (_collected, inlined: this is the path of every call that succeeds; a
+        # ReducedCall never comes here)
+        if self.collect == "one":
+            result = value
+        else:
+            result = ValueMesh(self.shape, [self.values[r] for r in self.ranks])
         with _settle_lock:
             settled, self._settled = self._settled, True
         if settled:  # failed or cancelled first: only the answer is news
