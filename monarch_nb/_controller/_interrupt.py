@@ -118,12 +118,26 @@ def stop_call(future: CallFuture, *, why: str, grace: float) -> Any:
 
 def _wait_dead(group: InterruptibleGroup, ranks: list[int]) -> None:
     """Until the I/O thread has seen ``ranks`` exit (their pidfds report a SIGKILL at
-    once), so that what follows (a restart, a status) sees them dead."""
+    once) and reported it, so that what follows (a restart, a status) sees them dead
+    and their deaths are on record."""
     deadline = time.monotonic() + _AFTER_KILL_S
     while time.monotonic() < deadline:
         if all(group.workers[r].returncode is not None for r in ranks):
-            return
+            break
         time.sleep(0.02)
+    loop = group.controller.loop
+    if loop.in_loop_thread:
+        return
+    # The I/O thread sets a returncode first, then drains the rank's output and
+    # reports its death, in the same callback. A restart begun before that report
+    # took it for the replaced process's exit and dropped it: the rank's death
+    # was never recorded (seen under load). One more turn of the loop waits for it.
+    reported = threading.Event()
+    try:
+        loop.call_soon(reported.set)
+    except RuntimeError:
+        return  # the controller shut down: nothing left to report
+    reported.wait(max(0.0, deadline - time.monotonic()) + 1.0)
 
 
 def _where_stuck(group: InterruptibleGroup) -> str:
