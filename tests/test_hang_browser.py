@@ -46,6 +46,9 @@ def test_a_hang_is_named_on_its_tile_before_stop_and_stop_says_the_same(
     # suspects a hang after 1 s of rank 0 busy while rank 1 is not.
     monkeypatch.setenv("MONARCH_NB_INTERRUPT_GRACE", "1")
     monkeypatch.setenv("MONARCH_NB_HANG_AFTER", "1")
+    # gloo gives up on the collective after this (60 s by default): never before
+    # the stop, on however loaded a machine.
+    monkeypatch.setenv("MONARCH_NB_COLLECTIVE_TIMEOUT", "300")
     wait = {"timeout": 90_000}
     served = served_notebook(tmp_path, CELLS, name="hang.ipynb")
     with served as url, notebook_page(url, height=1200) as page:
