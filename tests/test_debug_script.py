@@ -8,6 +8,7 @@ not say hello, without stalling.
 
 from __future__ import annotations
 
+import glob
 import os
 import select
 import shutil
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,10 +56,26 @@ print("done", flush=True)
 """
 
 
+# Runs the rest of its argv with SIGINT ignored (inherited across exec).
+IGNORING_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execvp(sys.argv[1], sys.argv[1:])",
+]
+
+
 class Terminal:
     """A process on a pseudo-terminal: what it wrote, and lines typed to it."""
 
-    def __init__(self, argv: list[str], cwd: Path, *, stdin_is_terminal: bool = True) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: Path,
+        *,
+        stdin_is_terminal: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.master, slave = os.openpty()
         self.text = ""
         self.proc = subprocess.Popen(
@@ -67,7 +85,7 @@ class Terminal:
             stderr=slave,
             cwd=cwd,
             start_new_session=True,  # the terminal is its controlling one
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
         )
         os.close(slave)
 
@@ -180,16 +198,44 @@ def _connect_as(uid: int, path: str) -> str:
     return out.stdout.strip() or out.stderr
 
 
-def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminals, request):
-    from monarch_nb.debug._attach import find_sockets
+@pytest.fixture
+def own_tmpdir() -> Iterator[dict[str, str]]:
+    """An environment whose programs only see each other's debug sockets.
 
-    run = Terminal([sys.executable, str(script)], script.parent, stdin_is_terminal=False)
+    ``monarch-nb debug`` without ``--pid`` looks at every program of this user
+    (in the temporary directory and ``XDG_RUNTIME_DIR``) and attaches only if
+    one is paused: any other paused program on the machine (another test run,
+    someone's script) makes it list them and exit, as it should. A temporary
+    directory of our own (short: the run directory's socket paths must fit in
+    108 bytes) makes "the only paused program" true here whatever else runs.
+    The script inherits its run directory, as one started from a kernel does.
+    """
+    private = tempfile.mkdtemp(prefix="nbd")
+    inherited = os.path.join(private, "monarch_nb-run-inherited")
+    os.mkdir(inherited, 0o700)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "MONARCH_NB_TREE_ROOT")
+    }
+    env["TMPDIR"] = private
+    env["MONARCH_NB_RUN_DIR"] = inherited
+    yield env
+    shutil.rmtree(private, ignore_errors=True)
+
+
+def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(
+    script, terminals, request, own_tmpdir
+):
+    from monarch_nb.debug._attach import SOCKET_GLOB, socket_name
+
+    env = own_tmpdir
+    run = Terminal([sys.executable, str(script)], script.parent, stdin_is_terminal=False, env=env)
     terminals.append(run)
     run.expect("this script's stdin is not a terminal: attach from another one")
     assert "monarch_nb: rank(s) 0 paused (rank 0 at " in run.text
     assert f"`python -m monarch_nb debug --pid {run.proc.pid}`" in run.text
-    found = dict(find_sockets(run.proc.pid))
-    path = found[run.proc.pid]
+    sockets = glob.glob(os.path.join(env["TMPDIR"], SOCKET_GLOB))
+    assert [os.path.basename(p) for p in sockets] == [socket_name(run.proc.pid)], sockets
+    path = sockets[0]
     assert (os.stat(os.path.dirname(path)).st_mode & 0o777) == 0o700
 
     # Another user cannot even reach the socket.
@@ -213,7 +259,7 @@ def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminal
 
     command = shutil.which("monarch-nb")
     argv = [command] if command else [sys.executable, "-m", "monarch_nb"]
-    client = Terminal([*argv, "debug", "--pid", str(run.proc.pid)], script.parent)
+    client = Terminal([*argv, "debug", "--pid", str(run.proc.pid)], script.parent, env=env)
     terminals.append(client)
     client.expect(f"attached to pid {run.proc.pid}")
     client.expect("── rank 0 paused at ")
@@ -236,16 +282,26 @@ def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminal
     assert client.wait() == 0, client.text
     assert "first" not in run.text
 
-    again = Terminal([*argv, "debug"], script.parent)  # the only paused program: no --pid
+    # The only paused program: no --pid. Started with SIGINT ignored, as the child of
+    # a shell's background job is (a CI runner's): the take-over below must still
+    # end its input() (the client interrupts it with a SIGINT of its own).
+    again = Terminal([*IGNORING_SIGINT, *argv, "debug"], script.parent, env=env)
     terminals.append(again)
     again.expect("── rank 0 paused at ")
     at = again.expect("(Pdb rank 0) ")
     again.send("attach 1")
     again.expect("(Pdb rank 1) ", again.expect("── rank 1 paused at ", at))
 
-    third = Terminal([*argv, "debug"], script.parent)  # takes over, as Monarch's does
+    third = Terminal([*argv, "debug"], script.parent, env=env)  # takes over, as Monarch's does
     terminals.append(third)
-    again.expect("another client attached; this one is detached")
+    try:
+        again.expect("another client attached; this one is detached")
+    except AssertionError as exc:  # what the third client saw tells why
+        third._pump(1.0)
+        run._pump(1.0)
+        raise AssertionError(
+            f"{exc}\nthe third client wrote:\n{third.text}\nthe script wrote:\n{run.text}"
+        ) from None
     assert again.wait() == 0, again.text
     at = third.expect("(Pdb rank 1) ", third.expect("── rank 1 paused at "))
     third.send("continue all")
@@ -257,4 +313,7 @@ def test_a_script_without_a_terminal_waits_for_monarch_nb_debug(script, terminal
     assert run.wait() == 0, run.text
     assert "first [5, 10]" in run.text
     assert "second 7" in run.text
+    # Its socket went with it, though the run directory stays: a later process
+    # given its pid is not listed as a paused program.
+    assert glob.glob(os.path.join(env["TMPDIR"], SOCKET_GLOB)) == []
     silent.close()

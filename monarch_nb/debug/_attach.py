@@ -21,6 +21,7 @@ detaches: the ranks stay paused for the next client.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import json
 import os
@@ -159,6 +160,11 @@ class AttachServer:
         os.chmod(self.path, 0o600)
         self._listener.listen(16)
         self._pending = threading.Semaphore(MAX_PENDING)
+        # The run directory may be inherited (a script started from a kernel, or
+        # from a program that uses monarch_nb) and outlive us: our socket must not,
+        # or a later process given our pid would be listed as a paused program.
+        owner = os.getpid()
+        atexit.register(lambda: self.close() if os.getpid() == owner else None)
         threading.Thread(target=self._accept, name="monarch_nb-debug-attach", daemon=True).start()
 
     def _accept(self) -> None:
@@ -270,6 +276,21 @@ def run_client(pid: int | None = None, wait: float | None = None) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
 
+    if threading.current_thread() is not threading.main_thread():
+        return _attach_terminal(pid, wait, say)
+    # Ctrl-C detaches, and the session's end interrupts input() with a SIGINT (see
+    # _Session): an ignored SIGINT, inherited from whatever started us (a shell's
+    # background job, a CI runner), would leave us in input() for good, deaf to the
+    # server's bye.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _attach_terminal(pid, wait, say)
+    finally:
+        if previous is not None:  # None: not set from Python, nothing to put back
+            signal.signal(signal.SIGINT, previous)
+
+
+def _attach_terminal(pid: int | None, wait: float | None, say: Callable[[str], None]) -> int:
     try:
         path = choose_socket(pid, wait, say)
     except KeyboardInterrupt:
@@ -319,8 +340,8 @@ class _Session:
     def _end(self, why: str) -> None:
         self.ended = why
         self.messages.put({})
-        if self.in_input:
-            os.kill(os.getpid(), signal.SIGINT)  # to the main thread, in input()
+        if self.in_input:  # the main thread, in input(): its read must end (EINTR)
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
 
     def run(self) -> int:
         threading.Thread(target=self._read, name="monarch-nb-debug-reader", daemon=True).start()

@@ -56,6 +56,7 @@ class FrontEnd:
         # when one arrives, to wake the current client's read.
         self._offered: tuple[socket.socket, LineReader] | None = None
         self._offer_r, self._offer_w = os.pipe()
+        os.set_blocking(self._offer_r, False)  # only drained, and selected on
         os.set_blocking(self._offer_w, False)
         self._terminal_buffer = b""
 
@@ -128,29 +129,31 @@ class FrontEnd:
 
     # -- to monarch-nb debug ------------------------------------------------------------
 
+    # The wake byte is written and drained under the lock, with the offer: the pipe
+    # is readable exactly while an offer waits. Written after the lock, a byte
+    # could land once the serving thread (woken by a rank's pause) had taken the
+    # offer and drained: the new client's first read then saw a take-over that
+    # was none, and was closed without a word.
+
     def _offer(self, conn: socket.socket, reader: LineReader) -> None:
         with self._lock:
             old, self._offered = self._offered, (conn, reader)
+            try:
+                os.write(self._offer_w, b"!")
+            except BlockingIOError:  # full: readable already
+                pass
         if old is not None:  # offered but never served: the newer one wins
             Client(old[0], old[1], self._offer_r).close("another client attached")
-        try:
-            os.write(self._offer_w, b"!")
-        except BlockingIOError:
-            pass
         self._changed.set()
 
     def _take_offer(self) -> Client | None:
         with self._lock:
             offered, self._offered = self._offered, None
-        while True:  # drain the wake-ups of the offers taken
             try:
-                os.set_blocking(self._offer_r, False)
-                if not os.read(self._offer_r, 4096):
-                    break
+                while os.read(self._offer_r, 4096):  # the wake-ups of the offers taken
+                    pass
             except BlockingIOError:
-                break
-            finally:
-                os.set_blocking(self._offer_r, True)
+                pass
         return None if offered is None else Client(offered[0], offered[1], self._offer_r)
 
     def _serve_clients(self) -> None:
