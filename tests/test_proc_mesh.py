@@ -10,7 +10,7 @@ import psutil
 import pytest
 from process_checks import wait_for_exit
 
-from monarch_nb import Actor, MeshFailure, MeshUsageError, endpoint, this_host
+from monarch_nb import Actor, MeshFailure, MeshStopped, MeshUsageError, endpoint, this_host
 from monarch_nb._controller._process_group import STOP_GRACE_S
 
 
@@ -69,6 +69,10 @@ def test_extra_env_and_context_manager():
     assert not wait_for_exit(set(pids), 1.0)
     with pytest.raises(MeshFailure, match="was stopped"):
         probes.env.call("X").get(timeout=10)
+    # A spawn on it says so in Monarch's words too, and is a RuntimeError as Monarch's.
+    with pytest.raises(MeshStopped, match="`ProcMesh` has already been stopped") as late:
+        procs.spawn("late", Probe).initialized.get(timeout=10)
+    assert isinstance(late.value, RuntimeError)
 
 
 def test_slices_are_views_over_the_same_processes(procs4):

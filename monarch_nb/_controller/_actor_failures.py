@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING
 
-from .._model._errors import EndpointFailed, MeshFailure, SupervisionError
+from .._model._errors import EndpointFailed, MeshFailure, MeshStopped, SupervisionError
 from .._model._shape import Point, Shape
 from ._lifecycle import SpawnRecord, plural_ranks
 
@@ -62,7 +62,11 @@ def call_error(group: ClientGroup, call: PendingCall, error: BaseException) -> B
     stopped) is a ``SupervisionError``, as Monarch's, naming the actor mesh the
     call went to where it is known (the one actor mesh of the call's class on
     those ranks)."""
-    if call.error_class is not EndpointFailed or type(error) is not MeshFailure:
+    if (
+        call.error_class is not EndpointFailed
+        or not isinstance(error, MeshFailure)
+        or type(error) not in (MeshFailure, MeshStopped)  # not a SupervisionError already
+    ):
         return error
     if error.actor_class is not None:  # it names its actor already
         return SupervisionError.of(error, call.label)

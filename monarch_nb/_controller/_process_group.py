@@ -30,7 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._model._errors import MeshFailure, MeshUsageError, SpawnError
+from .._model._errors import MeshFailure, MeshStopped, MeshUsageError, SpawnError
 from .._model._future import Future
 from .._model._shape import Shape
 from .._runtime import _context, _refs
@@ -227,8 +227,9 @@ class ProcGroup:
                     ranks=ranks,
                 )
             case Stopped():
-                return MeshFailure(
-                    f"process mesh {self.name!r} was stopped; start a new one or call restart()",
+                return MeshStopped(
+                    f"process mesh {self.name!r} was stopped (`ProcMesh` has already been "
+                    "stopped); start a new one or call restart()",
                     ranks=ranks,
                 )
             case Starting():

@@ -344,6 +344,11 @@ class MeshFailure(MonarchNbError):
         return story if self.actor_class is None else f"{self.headline()}\n{story}"
 
 
+class MeshStopped(MeshFailure, RuntimeError):
+    """A call or spawn on a process mesh after its ``stop()``: a ``MeshFailure``
+    and, as Monarch's "`ProcMesh` has already been stopped", a ``RuntimeError``."""
+
+
 class SupervisionError(MeshFailure, RuntimeError):
     """An endpoint call reached an actor that has failed: Monarch's ``SupervisionError``.
 
@@ -451,7 +456,7 @@ def supervision_error_of(error: BaseException, endpoint: str) -> BaseException:
     (the actor mesh, or the processes it runs on, failed) becomes a
     :class:`SupervisionError`, as Monarch's calls raise; anything else (a
     :class:`StuckRanksKilled`, a RemoteError) stays as it is."""
-    if type(error) is MeshFailure:
+    if isinstance(error, MeshFailure) and type(error) in (MeshFailure, MeshStopped):
         return SupervisionError.of(error, endpoint)
     return error
 
