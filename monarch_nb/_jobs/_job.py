@@ -310,7 +310,7 @@ class JobTrait:
             # Local agents need no command to stop: those still provably the
             # saved ones (boot, start time, command line) are signalled.
             for agent in _saved_agents(running):
-                _state_file.terminate(agent)
+                _stop_agent(agent)
         else:
             raise MeshUsageError(
                 f"{path!r} holds a {record.get('kind')!r} job with another spec than this "
@@ -484,12 +484,7 @@ class ProcessJob(JobTrait):
 
     def _kill(self) -> None:
         for agent in _saved_agents(self._running or {}):
-            child = _CHILDREN.get(agent["pid"])
-            if child is not None and child.args == agent.get("argv"):
-                del _CHILDREN[agent["pid"]]
-                _stop_child(child)
-            else:
-                _state_file.terminate(agent)
+            _stop_agent(agent)
 
 
 class SSHJob(JobTrait):
@@ -710,6 +705,18 @@ def _idle_timeout_export() -> str:
 
 def _free_port() -> int:
     return free_port("127.0.0.1")
+
+
+def _stop_agent(agent: dict[str, Any]) -> None:
+    """Stop a saved local agent: through its Popen if this process started it (so it is
+    reaped, not left a zombie that warns at exit), else by its saved identity."""
+    pid = agent.get("pid")
+    child = _CHILDREN.get(pid) if isinstance(pid, int) else None  # the file's: unchecked
+    if child is not None and child.args == agent.get("argv"):
+        del _CHILDREN[child.pid]
+        _stop_child(child)
+    else:
+        _state_file.terminate(agent)
 
 
 def _stop_child(child: subprocess.Popen[bytes], grace: float = 10.0) -> None:
