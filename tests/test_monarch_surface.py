@@ -272,7 +272,8 @@ def test_an_endpoint_named_like_a_mesh_method_is_what_the_mesh_calls(procs2):
         "scorer 0 stopped",
         "scorer 1 stopped",
     ]
-    # The mesh's own stop, through its class: the actors are gone after it.
+    # The mesh's own stop, through its class: the actors are gone after it, and a
+    # call to them raises SupervisionError, as Monarch's.
     monarch_nb.actor.ActorMesh.stop(scorers).get(timeout=60)
-    with pytest.raises(monarch_nb.RemoteError):
+    with pytest.raises(monarch_nb.SupervisionError, match="stopped"):
         scorers.stop.call().get(timeout=60)
