@@ -17,10 +17,10 @@ import asyncio
 import os
 import re
 import signal
-import threading
 from collections.abc import Iterator
 
 import pytest
+from fault_hooks import Faults, recording_faults
 from polling import wait_until
 
 import monarch_nb
@@ -110,24 +110,10 @@ class Owner(Actor):
         return True
 
 
-class Faults:
-    """An ``unhandled_fault_hook`` that records what it is called with."""
-
-    def __init__(self) -> None:
-        self.seen: list[MeshFailure] = []
-        self.called = threading.Event()
-
-    def __call__(self, failure: MeshFailure) -> None:
-        self.seen.append(failure)
-        self.called.set()
-
-
 @pytest.fixture
 def faults() -> Iterator[Faults]:
-    recorder = Faults()
-    monarch_nb.actor.unhandled_fault_hook = recorder
-    yield recorder
-    monarch_nb.actor.unhandled_fault_hook = None
+    with recording_faults() as recorder:
+        yield recorder
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +160,8 @@ def test_a_base_exception_ends_its_actor_and_the_hook_hears_once(procs, faults, 
     with pytest.raises(SupervisionError, match="Ended: the end"):
         doomed.slice(procs=1).ok.call_one().get(timeout=T)
     assert doomed.slice(procs=0).ok.call_one().get(timeout=T) == pids[0]
-    assert len(faults.seen) == 1, [str(f) for f in faults.seen]
-    (failure,) = faults.seen
+    assert len(faults.failures) == 1, [str(f) for f in faults.failures]
+    (failure,) = faults.failures
     assert type(failure) is MeshFailure
     assert failure.ranks == (1,)
     assert "(MeshFailure(mesh_name=doomed, crashed_ranks=[1]))" in str(failure)
@@ -214,7 +200,7 @@ def test_abort_ends_the_actor_naming_its_reason(procs, faults, tmp_path, reason)
     with pytest.raises(SupervisionError, match=f"ActorAborted: {words} on rank 0, by context"):
         doomed.abort.call_one(reason).get(timeout=T)
     assert faults.called.wait(T)
-    assert words in faults.seen[0].report()
+    assert words in faults.failures[0].report()
 
 
 def test_an_owner_hears_once_and_its_own_calls_raise_supervision_error(procs, faults, tmp_path):
@@ -228,7 +214,7 @@ def test_an_owner_hears_once_and_its_own_calls_raise_supervision_error(procs, fa
     assert len(seen) == 1, seen
     assert re.match(r"The actor test_supervision_error\.Doomed child\S* and all its", seen[0])
     assert "Doomed.end raised Ended on rank 1, which ended its actor there" in seen[0]
-    assert not faults.seen  # its owner handled it
+    assert not faults.failures  # its owner handled it
     owner.stop().get(timeout=T)
 
 
