@@ -510,29 +510,32 @@ def _ends_actor(exc: BaseException, port_answers: bool) -> bool:
 def _ended_text(live: LiveActor, label: str, failure: RemoteFailure, exc: BaseException) -> str:
     """What a call to an actor that ``exc`` ended answers: which actor, where, why,
     and what to do (Monarch's supervision words first, as its programs match them)."""
-    ctx = live.context
-    cls = type(live.instance)
     if isinstance(exc, _context.ActorAborted):
         kind = "by context().actor_instance.abort()"
     elif isinstance(exc, Exception):
         kind = "out of an explicit_response_port endpoint"
     else:
         kind = "a BaseException that is not an Exception"
-    return (
-        f"The actor {cls.__module__}.{cls.__qualname__} {ctx.actor_name}{ctx.point} and all "
-        f"its descendants have failed: {label} raised {failure.type_name}: {failure.message} "
-        f"on rank {failure.rank}, {kind}, which ends its actor (as in Monarch); "
-        f"spawn the actor mesh {ctx.actor_name!r} again to use it"
+    why = (
+        f"{label} raised {failure.type_name}: {failure.message} on rank {failure.rank}, "
+        f"{kind}, which ends its actor (as in Monarch)"
     )
+    return _failed_actor_text(live, why)
 
 
 def _stopped_text(live: LiveActor, rank: int) -> str:
+    return _failed_actor_text(live, f"it was stopped on rank {rank} (its actor mesh's stop())")
+
+
+def _failed_actor_text(live: LiveActor, why: str) -> str:
+    """Monarch's supervision words first (its programs match them), then ``why``
+    and what to do."""
     ctx = live.context
     cls = type(live.instance)
     return (
         f"The actor {cls.__module__}.{cls.__qualname__} {ctx.actor_name}{ctx.point} and all "
-        f"its descendants have failed: it was stopped on rank {rank} (its actor mesh's "
-        f"stop()); spawn the actor mesh {ctx.actor_name!r} again to use it"
+        f"its descendants have failed: {why}; spawn the actor mesh {ctx.actor_name!r} "
+        "again to use it"
     )
 
 
